@@ -1,0 +1,264 @@
+"""IR passes that run after Triton's own ``ttir`` / ``ttgir`` stages.
+
+A pass is a named rewrite of the module's textual IR, registered with the stage it follows and the
+options it accepts. :func:`run_stage_passes` runs the passes of one stage in order, re-parses the
+result with Triton and verifies it; if any pass raises or its output does not verify, the stage
+keeps the unpatched module and emits one warning (or raises :class:`~tritonpatch.errors.PassError`
+in strict mode), so a pass can never miscompile quietly.
+
+A pass spec is ``(name, ((key, value), ...))`` with option pairs sorted by key: hashable, so a
+Pipeline can hold it and fingerprint it. Text form: ``"name"`` or ``"name(key=value,key=value)"``.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from ..errors import PassError, PipelineError
+
+PassSpec = tuple[str, tuple[tuple[str, object], ...]]
+STAGES = ("ttir", "ttgir")
+
+logger = logging.getLogger("tritonpatch.passes")
+
+
+@dataclass(frozen=True)
+class PassOption:
+    """One option of a pass: its type (bool, int, float or str), default and meaning."""
+    type: type
+    default: Any
+    help: str
+
+
+@dataclass(frozen=True)
+class PassInfo:
+    """A registered pass. ``run(text, options) -> (new_text, counts)`` rewrites the module's IR
+    text; ``counts`` says what changed (e.g. ``{"selects_elided": 1}``), all zero when nothing did."""
+    name: str
+    stage: str
+    description: str
+    options: Mapping[str, PassOption]
+    run: Callable[[str, Mapping[str, Any]], tuple[str, dict[str, int]]]
+
+
+@dataclass
+class PassReport:
+    """What one pass did to one module: the stage, the kernel, the counts, and whether the
+    stage's result was kept (False when the stage fell back to the unpatched IR)."""
+    name: str
+    stage: str
+    kernel: str
+    counts: dict[str, int] = field(default_factory=dict)
+    kept: bool = True
+
+
+_REGISTRY: dict[str, PassInfo] = {}
+_COLLECTORS: contextvars.ContextVar[tuple[list, ...]] = contextvars.ContextVar("tritonpatch_pass_reports", default=())
+
+
+def register_pass(name: str, stage: str, description: str, options: Mapping[str, PassOption] | None = None):
+    """Decorator registering ``run(text, options) -> (text, counts)`` as pass ``name``."""
+    if stage not in STAGES:
+        raise ValueError(f"pass {name!r}: stage must be one of {STAGES}, got {stage!r}")
+
+    def decorate(run):
+        if name in _REGISTRY:
+            raise ValueError(f"a pass named {name!r} is already registered")
+        _REGISTRY[name] = PassInfo(name, stage, description, dict(options or {}), run)
+        return run
+    return decorate
+
+
+def unregister_pass(name: str) -> None:
+    """Remove a pass registered with :func:`register_pass` (tests and experiments)."""
+    _REGISTRY.pop(name, None)
+
+
+def available_passes() -> dict[str, str]:
+    """Name -> one-line description of every registered pass."""
+    _load_builtin_passes()
+    return {name: info.description for name, info in sorted(_REGISTRY.items())}
+
+
+def pass_info(name: str) -> PassInfo:
+    """The registration of pass ``name``; PipelineError naming the known passes if there is none."""
+    _load_builtin_passes()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise PipelineError(f"unknown pass {name!r}; known passes: {', '.join(sorted(_REGISTRY)) or '(none)'}") from None
+
+
+def pass_stage(name: str) -> str:
+    """``"ttir"`` or ``"ttgir"``: the Triton stage after which pass ``name`` runs."""
+    return pass_info(name).stage
+
+
+def _coerce(pass_name: str, key: str, option: PassOption, value: Any) -> Any:
+    """``value`` converted to the option's type (strings from the text form are parsed)."""
+    if option.type is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.strip().lower() in ("1", "true", "yes", "on")
+    elif option.type in (int, float):
+        if isinstance(value, option.type) and not isinstance(value, bool):
+            return value
+        if option.type is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return option.type(value.strip())
+            except ValueError:
+                pass
+    elif option.type is str and isinstance(value, str):
+        return value
+    raise PipelineError(f"pass {pass_name!r}: option {key}={value!r} is not a valid {option.type.__name__} "
+                        f"({option.help})")
+
+
+def validate_pass_spec(name: str, options: Mapping[str, Any] | None = None) -> PassSpec:
+    """Check pass ``name`` and its ``options`` (keys may use ``-`` or ``_``); return the spec with
+    every option present only when given, values converted, pairs sorted by key."""
+    info = pass_info(name)
+    pairs = {}
+    for raw_key, value in (options or {}).items():
+        key = str(raw_key).strip().replace("-", "_")
+        if key not in info.options:
+            known = ", ".join(sorted(info.options)) or "(none)"
+            raise PipelineError(f"pass {name!r} has no option {raw_key!r}; its options: {known}")
+        pairs[key] = _coerce(name, key, info.options[key], value)
+    return name, tuple(sorted(pairs.items()))
+
+
+def parse_pass_spec(text: str) -> PassSpec:
+    """Parse ``"name"`` or ``"name(key=value,key=value)"`` into a validated PassSpec."""
+    if not isinstance(text, str) or not text.strip():
+        raise PipelineError(f"empty pass spec {text!r}; known passes: {', '.join(available_passes())}")
+    text = text.strip()
+    name, options = text, {}
+    if "(" in text:
+        if not text.endswith(")"):
+            raise PipelineError(f"malformed pass spec {text!r}: expected 'name(key=value,...)'")
+        name, body = text[:-1].split("(", 1)
+        name = name.strip()
+        for token in filter(None, (t.strip() for t in body.split(","))):
+            key, sep, value = token.partition("=")
+            if not sep or not key.strip():
+                raise PipelineError(f"malformed option {token!r} in pass spec {text!r}: expected key=value")
+            options[key.strip()] = value.strip()
+    return validate_pass_spec(name, options)
+
+
+def resolved_options(spec: PassSpec) -> dict[str, Any]:
+    """Every option of the spec's pass: defaults overridden by the spec's pairs."""
+    info = pass_info(spec[0])
+    values = {key: opt.default for key, opt in info.options.items()}
+    values.update(dict(spec[1]))
+    return values
+
+
+@contextlib.contextmanager
+def collect_reports() -> Iterator[list[PassReport]]:
+    """Collect a :class:`PassReport` for every pass run in this context (thread / task local)."""
+    reports: list[PassReport] = []
+    token = _COLLECTORS.set(_COLLECTORS.get() + (reports,))
+    try:
+        yield reports
+    finally:
+        _COLLECTORS.reset(token)
+
+
+def _kernel_name(text: str) -> str:
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("tt.func"):
+            return stripped.split("@", 1)[1].split("(", 1)[0] if "@" in stripped else "?"
+    return "?"
+
+
+def parse_module(text: str, context):
+    """Parse IR text with Triton in ``context`` and verify it; returns the new ``ir.module``."""
+    from triton._C.libtriton import ir
+
+    fd, path = tempfile.mkstemp(suffix=".mlir", prefix="tritonpatch_")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        module = ir.parse_mlir_module(path, context)
+    finally:
+        os.unlink(path)
+    module.context = context
+    if not module.verify():
+        raise PassError("the rewritten module does not verify")
+    return module
+
+
+def run_stage_passes(stage: str, module, specs: Sequence[PassSpec], *, strict: bool):
+    """Run the passes of ``specs`` that follow ``stage``, in order, on ``module`` (the output of
+    Triton's ``make_<stage>``). Returns the re-parsed, verified module, or ``module`` unchanged
+    when no pass changed anything. On failure: one warning and ``module`` unchanged, or
+    :class:`PassError` when ``strict``."""
+    selected = [spec for spec in specs if pass_stage(spec[0]) == stage]
+    if not selected:
+        return module
+    original = module.str()
+    kernel = _kernel_name(original)
+    text, reports, changed = original, [], False
+    try:
+        for spec in selected:
+            info = pass_info(spec[0])
+            try:
+                new_text, counts = info.run(text, resolved_options(spec))
+            except Exception as exc:  # noqa: BLE001 - any failure of a pass means: fall back
+                raise PassError(f"pass {info.name!r} failed on kernel {kernel!r}: {type(exc).__name__}: {exc}") from exc
+            reports.append(PassReport(info.name, stage, kernel, dict(counts)))
+            if new_text != text:
+                try:
+                    parse_module(new_text, module.context)
+                except Exception as exc:  # noqa: BLE001
+                    raise PassError(f"pass {info.name!r} produced IR that Triton rejects on kernel {kernel!r}: "
+                                    f"{type(exc).__name__}: {exc}") from exc
+                text, changed = new_text, True
+        result = parse_module(text, module.context) if changed else module
+    except PassError as exc:
+        for report in reports:
+            report.kept = False
+        _publish(reports)
+        if strict:
+            raise
+        warnings.warn(f"tritonpatch: {exc}; using the unpatched {stage} IR", RuntimeWarning, stacklevel=2)
+        return module
+    _publish(reports)
+    return result
+
+
+def _publish(reports: list[PassReport]) -> None:
+    for report in reports:
+        logger.info("pass %s (%s) on %s: %s%s", report.name, report.stage, report.kernel,
+                    ", ".join(f"{k}={v}" for k, v in sorted(report.counts.items())) or "no change",
+                    "" if report.kept else " (discarded: stage fell back)")
+        for collector in _COLLECTORS.get():
+            collector.append(report)
+
+
+_BUILTINS_LOADED = False
+
+
+def _load_builtin_passes() -> None:
+    """Import the modules that register the built-in passes (once, lazily: no cycle at import)."""
+    global _BUILTINS_LOADED
+    if not _BUILTINS_LOADED:
+        _BUILTINS_LOADED = True
+        from . import builtin  # noqa: F401
+
+
+__all__ = ["PassSpec", "PassOption", "PassInfo", "PassReport", "STAGES", "register_pass", "unregister_pass",
+           "available_passes", "pass_info", "pass_stage", "parse_pass_spec", "validate_pass_spec",
+           "resolved_options", "collect_reports", "run_stage_passes", "parse_module"]
