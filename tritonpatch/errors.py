@@ -1,0 +1,27 @@
+"""Exceptions raised by tritonpatch. Each message names the problem and what to do about it."""
+
+
+class TritonpatchError(Exception):
+    """Base class of every tritonpatch error."""
+
+
+class NativeUnavailableError(TritonpatchError, RuntimeError):
+    """The native LLVM-option module cannot work in this process (build missing, Triton version,
+    stripped libtriton, unrecognised registry layout). Only the LLVM-option features need it."""
+
+
+class UnknownOptionError(TritonpatchError, ValueError):
+    """An LLVM option name that is not registered in Triton's LLVM."""
+
+
+class OptionTypeError(TritonpatchError, TypeError):
+    """A value that does not fit the option's type, or an option whose type cannot be set."""
+
+
+class PipelineError(TritonpatchError, ValueError):
+    """An invalid Pipeline setting (bad pass name, malformed environment variable, ...)."""
+
+
+class PassError(TritonpatchError, RuntimeError):
+    """An IR pass failed or produced IR that Triton rejects (raised only in strict mode;
+    otherwise the stage falls back to the unpatched IR with a warning)."""

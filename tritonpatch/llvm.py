@@ -1,0 +1,288 @@
+"""Typed, reversible control of the LLVM command-line options (``cl::opt``) inside Triton.
+
+Triton links LLVM statically into ``libtriton.so`` and exports none of it. The native module
+(``tritonpatch._native``) finds LLVM's option registry in the loaded library; this module gives it
+a typed Python face:
+
+    list_options(pattern)           every registered option with its type, value and default
+    get_option(name)                one option
+    set_option(name, value)         process-wide, low level; returns the previous value
+    llvm_options({...})             a context manager that restores the exact previous state
+
+Values are set only through LLVM's own command-line parser, after validation, and read back.
+Restoring is exact: an option that had never been specified goes back through
+``Option::reset()`` (LLVM code tests ``getNumOccurrences()``), its occurrence count included.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import fnmatch
+import struct
+import threading
+from typing import Any, Iterator, Mapping
+
+from .errors import NativeUnavailableError, OptionTypeError, UnknownOptionError
+
+__all__ = [
+    "LLVMOption", "available", "native_info", "list_options", "get_option", "set_option",
+    "normalize_value", "apply_options", "restore_options", "llvm_options",
+    "NativeUnavailableError", "UnknownOptionError", "OptionTypeError",
+]
+
+_INT_RANGES = {
+    "int": (-(2**31), 2**31 - 1),
+    "unsigned": (0, 2**32 - 1),
+    "long": (-(2**63), 2**63 - 1),
+    "long long": (-(2**63), 2**63 - 1),
+    "unsigned long": (0, 2**64 - 1),
+    "unsigned long long": (0, 2**64 - 1),
+}
+_BOOL_WORDS = {"true": True, "1": True, "on": True, "false": False, "0": False, "off": False}
+SETTABLE_TYPES = frozenset({"bool", "float", "double", "string", "boolOrDefault", "enum", *_INT_RANGES})
+
+
+@dataclasses.dataclass(frozen=True)
+class LLVMOption:
+    """One registered LLVM option as it is now.
+
+    ``type`` is one of ``bool, int, unsigned, long, unsigned long, long long, unsigned long long,
+    float, double, string, boolOrDefault, enum`` (settable) or ``list, bits, other`` (listed only).
+    ``boolOrDefault`` values are ``True``, ``False`` or ``None`` (unset); enum values are the choice
+    names. ``value``/``default`` are ``None`` where LLVM holds none or it cannot be read safely.
+    """
+
+    name: str
+    type: str
+    value: Any
+    default: Any
+    specified: bool
+    help: str
+    choices: tuple[str, ...] | None = None
+    external: bool = False
+
+    @property
+    def settable(self) -> bool:
+        return self.type in SETTABLE_TYPES and (self.type != "enum" or bool(self.choices))
+
+    @property
+    def changed(self) -> bool:
+        """True when the value differs from the default or the option was given explicitly."""
+        return self.specified or self.value != self.default
+
+
+_lock = threading.RLock()
+_registry_instance = None
+
+
+def _registry():
+    """The native registry of the LLVM inside the loaded libtriton.so (opened once)."""
+    global _registry_instance
+    with _lock:
+        if _registry_instance is not None:
+            return _registry_instance
+        try:
+            from . import _native
+        except ImportError as exc:
+            raise NativeUnavailableError(
+                f"tritonpatch._native is not built ({exc}); reinstall tritonpatch with "
+                "`pip install -e .` (it needs a C++17 compiler, CMake and pybind11)") from exc
+        try:
+            import triton._C.libtriton as libtriton
+        except ImportError as exc:
+            raise NativeUnavailableError(f"cannot import Triton's libtriton ({exc}); install triton") from exc
+        try:
+            _registry_instance = _native.Registry(libtriton.__file__)
+        except RuntimeError as exc:
+            import triton
+            raise NativeUnavailableError(
+                f"LLVM options are unavailable with triton {triton.__version__} "
+                f"({libtriton.__file__}): {exc}. Supported: triton 3.6.0 to 3.9.0 with an unstripped "
+                "libtriton.so; the rest of tritonpatch works without this.") from exc
+        return _registry_instance
+
+
+def available() -> bool:
+    """Whether LLVM options can be listed and set in this process."""
+    try:
+        _registry()
+        return True
+    except NativeUnavailableError:
+        return False
+
+
+def native_info() -> dict:
+    """How the native module found LLVM: library path, registry layout, calibrated offsets."""
+    return dict(_registry().info())
+
+
+def _to_option(raw: Mapping[str, Any]) -> LLVMOption:
+    choices = raw.get("choices")
+    return LLVMOption(
+        name=raw["name"], type=raw["type"], value=raw["value"], default=raw["default"],
+        specified=raw["occurrences"] > 0, help=raw["help"],
+        choices=tuple(choices) if choices is not None else None, external=raw["external"])
+
+
+def _unknown(name: str) -> UnknownOptionError:
+    close = difflib.get_close_matches(name, _registry().names(), n=5, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return UnknownOptionError(
+        f"unknown LLVM option {name!r}{hint} (`tritonpatch llvm-options PATTERN` lists them)")
+
+
+def _raw(name: str) -> Mapping[str, Any]:
+    if not isinstance(name, str) or not name:
+        raise UnknownOptionError(f"an LLVM option name must be a non-empty string, got {name!r}")
+    raw = _registry().option(name.lstrip("-"))
+    if raw is None:
+        raise _unknown(name)
+    return raw
+
+
+def list_options(pattern: str | None = None) -> list[LLVMOption]:
+    """All registered options sorted by name; ``pattern`` is a case-insensitive substring, or a
+    glob when it contains ``*?[``."""
+    options = [_to_option(raw) for raw in _registry().options()]
+    if pattern:
+        pat = pattern.lower()
+        if any(ch in pat for ch in "*?["):
+            options = [o for o in options if fnmatch.fnmatchcase(o.name.lower(), pat)]
+        else:
+            options = [o for o in options if pat in o.name.lower()]
+    return sorted(options, key=lambda o: o.name)
+
+
+def get_option(name: str) -> LLVMOption:
+    """The option ``name`` (leading dashes allowed) as it is now."""
+    return _to_option(_raw(name))
+
+
+def normalize_value(name: str, value: Any) -> Any:
+    """Validate ``value`` for option ``name`` without touching LLVM; return its canonical Python
+    form (bool, int, float, str, or None for an unset boolOrDefault)."""
+    return _normalize(_to_option(_raw(name)), value)
+
+
+def _normalize(opt: LLVMOption, value: Any) -> Any:
+    kind = opt.type
+    if not opt.settable:
+        why = "enum choices could not be read" if kind == "enum" else f"type {kind!r} is read-only here"
+        raise OptionTypeError(f"LLVM option {opt.name!r} cannot be set: {why}")
+
+    def bad(expected: str) -> OptionTypeError:
+        return OptionTypeError(f"LLVM option {opt.name!r} ({kind}) expects {expected}, got {value!r}")
+
+    if kind in ("bool", "boolOrDefault"):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
+            return _BOOL_WORDS[value.strip().lower()]
+        raise bad("a bool (True/False, 1/0, 'true'/'false')")
+    if kind in _INT_RANGES:
+        lo, hi = _INT_RANGES[kind]
+        if isinstance(value, str):
+            try:
+                value = int(value.strip(), 0)
+            except ValueError:
+                raise bad(f"an integer in [{lo}, {hi}]") from None
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise bad(f"an integer in [{lo}, {hi}]")
+        return int(value)
+    if kind in ("float", "double"):
+        if isinstance(value, str):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise bad("a number") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad("a number")
+        value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise bad("a finite number")
+        return struct.unpack("f", struct.pack("f", value))[0] if kind == "float" else value
+    if kind == "string":
+        if not isinstance(value, str) or "\0" in value:
+            raise bad("a string without NUL characters")
+        return value
+    if kind == "enum":
+        if not isinstance(value, str) or value not in opt.choices:
+            raise bad(f"one of {', '.join(repr(c) for c in opt.choices)}")
+        return value
+    raise bad("a settable type")  # pragma: no cover - SETTABLE_TYPES covers every branch above
+
+
+def _as_argument(kind: str, value: Any) -> str:
+    """The text LLVM's parser gets after ``-name=``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if kind in ("float", "double"):
+        return repr(value)
+    return str(value)
+
+
+def _set(opt: LLVMOption, value: Any) -> None:
+    reg = _registry()
+    reg.parse(opt.name, _as_argument(opt.type, value))
+    now = reg.option(opt.name)["value"]
+    if now != value:
+        raise OptionTypeError(
+            f"LLVM did not take {opt.name}={value!r} (reads back {now!r}); the option was restored")
+
+
+def apply_options(settings: Mapping[str, Any]) -> list:
+    """Set several options at once, all or nothing; return the saved states for
+    :func:`restore_options`. Prefer :func:`llvm_options`, which restores for you."""
+    with _lock:
+        reg = _registry()
+        planned = []
+        for name, value in settings.items():
+            opt = _to_option(_raw(name))
+            planned.append((opt, _normalize(opt, value)))
+        saved: list = []
+        try:
+            for opt, value in planned:
+                saved.append(reg.snapshot(opt.name))
+                _set(opt, value)
+        except BaseException:
+            restore_options(saved)
+            raise
+        return saved
+
+
+def restore_options(saved: list) -> None:
+    """Restore states saved by :func:`apply_options` (or the native ``snapshot``), newest first."""
+    with _lock:
+        reg = _registry()
+        errors = []
+        for state in reversed(saved):
+            try:
+                reg.restore(state)
+            except RuntimeError as exc:  # keep restoring the others, then report
+                errors.append(str(exc))
+        if errors:
+            raise RuntimeError("could not restore LLVM options exactly: " + "; ".join(errors))
+
+
+def set_option(name: str, value: Any) -> Any:
+    """Set one option process-wide (it stays set) and return its previous value.
+
+    Low level: prefer ``llvm_options({...})`` or ``tritonpatch.options(...)``, which restore."""
+    with _lock:
+        previous = get_option(name).value
+        apply_options({name: value})
+        return previous
+
+
+@contextlib.contextmanager
+def llvm_options(settings: Mapping[str, Any]) -> Iterator[None]:
+    """Set LLVM options for the duration of the block, then restore their exact previous state
+    (value and occurrence count), also when the block raises."""
+    saved = apply_options(settings)
+    try:
+        yield
+    finally:
+        restore_options(saved)
