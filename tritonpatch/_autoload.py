@@ -1,0 +1,82 @@
+"""Activation at interpreter start (``TRITONPATCH_AUTOLOAD=1``), for programs that never import
+tritonpatch: training scripts, ``torch.compile`` compile workers, any Python subprocess.
+
+The wheel ships ``tritonpatch_autoload.pth``; ``site`` runs its one line at start-up. When
+``TRITONPATCH_AUTOLOAD`` is set it imports this module, which imports nothing heavy: it puts a
+finder on ``sys.meta_path`` that waits for ``import triton`` and installs tritonpatch right after
+Triton's own import finishes (or at once if Triton is already imported). Nothing here may break
+interpreter start-up or ``import triton``: every error becomes one warning line on stderr and
+Triton runs unpatched.
+"""
+from __future__ import annotations
+
+import sys
+
+from . import env
+
+
+def _warn(message: str) -> None:
+    sys.stderr.write(f"tritonpatch warning: autoload disabled: {message}\n")
+
+
+def _install_quietly() -> None:
+    try:
+        from .hooks import install
+
+        install()
+    except Exception as exc:  # never let a bad setting break the user's `import triton`
+        _warn(f"{type(exc).__name__}: {exc}")
+
+
+class _LoaderThenInstall:
+    """Delegates to Triton's loader, then installs tritonpatch once Triton's module has run."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _install_quietly()
+
+    def __getattr__(self, name):  # resource readers and the like
+        return getattr(self._loader, name)
+
+
+class _TritonImportWatcher:
+    """A meta-path finder that reacts to the first ``import triton`` and then removes itself."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "triton":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        from importlib.util import find_spec
+
+        spec = find_spec("triton")
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _LoaderThenInstall(spec.loader)
+        return spec
+
+
+def activate() -> None:
+    """Install now if Triton is already imported, else as soon as it is."""
+    if "triton" in sys.modules:
+        _install_quietly()
+    elif not any(isinstance(finder, _TritonImportWatcher) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _TritonImportWatcher())
+
+
+def _from_site() -> None:
+    """The ``.pth`` entry point."""
+    try:
+        if env.parse_bool(env.AUTOLOAD):
+            activate()
+    except Exception as exc:
+        _warn(f"{type(exc).__name__}: {exc}")
+
+
+_from_site()

@@ -1,0 +1,139 @@
+"""Every difference between the supported Triton versions (3.6.0 to 3.9.x) that tritonpatch's
+hooks depend on, in one place.
+
+- Stages hook (``knobs.runtime.add_stages_inspection_hook``): 3.6 calls it only as
+  ``hook(backend, stages, options, language, capability)`` at the end of ``add_stages`` and
+  puts its effect in no cache key. 3.7+ also call it with no arguments, in ``compile()`` and on
+  every ``JITFunction.run``, and fold the returned ``(key, hash)`` into the disk key and the
+  in-memory JIT key. 3.4/3.5 have no hook at all (unsupported).
+- Cache keys on 3.6: ``get_cache_key`` (``triton.runtime.cache``) is bound by name into
+  ``triton.compiler.compiler`` and ``triton.runtime.jit``; the in-memory key is
+  ``triton.runtime.jit.compute_cache_key``. tritonpatch rebinds all of them (3.6 only).
+- ptxas options: every version builds the ptxas command from ``options.ptx_options`` inside
+  ``CUDABackend.make_cubin(src, metadata, options, arch)``; the cubin stage is rebuilt with a copy
+  of the (frozen) options whose ``ptx_options`` has the extra flags appended.
+- LLVM flags: 3.6-3.8 set Triton's own flags and the ``DISABLE_LLVM_OPT`` list with
+  ``*opt = true`` and never reset them; 3.9 wraps its LLVM runs in ``ScopedLLVMOptions``.
+  tritonpatch never uses Triton's scope (holding it across a compile would block every other
+  compile asking for a different set); it snapshots the ``DISABLE_LLVM_OPT`` names itself on
+  every version, which is a no-op where Triton already restores them.
+- 3.9's nanobind ``llvm.translate_to_asm`` (``sched4reg=``): tritonpatch wraps the stage callables
+  and never calls it, so the binding change needs no adapter.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+from typing import Callable
+
+import triton
+import triton.compiler.compiler as _compiler_module
+import triton.runtime.cache as _cache_module
+import triton.runtime.jit as _jit_module
+from triton import knobs
+from triton.backends.compiler import Language
+
+from .errors import TritonpatchError
+
+MINIMUM = (3, 6)
+MAXIMUM_EXCLUSIVE = (3, 10)
+
+
+def _parse_version(text: str) -> tuple[int, int]:
+    match = re.match(r"^(\d+)\.(\d+)", text)
+    if not match:
+        raise TritonpatchError(f"cannot read the Triton version {text!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+TRITON_VERSION = _parse_version(triton.__version__)
+# 3.7+: the hook's zero-argument call puts (key, hash) into both cache keys.
+HOOK_GIVES_CACHE_KEYS = TRITON_VERSION >= (3, 7)
+
+
+def check_supported() -> None:
+    """Raise a clear error on a Triton that lacks the stages hook or is newer than tested."""
+    if not hasattr(knobs, "runtime") or not hasattr(knobs.runtime, "add_stages_inspection_hook"):
+        raise TritonpatchError(
+            f"triton {triton.__version__} has no knobs.runtime.add_stages_inspection_hook; tritonpatch "
+            "pipelines need triton 3.6.0 to 3.9.x (pip install 'triton>=3.6,<3.10')")
+    if not MINIMUM <= TRITON_VERSION < MAXIMUM_EXCLUSIVE:
+        raise TritonpatchError(
+            f"triton {triton.__version__} is not supported by tritonpatch pipelines (3.6.0 to 3.9.x)")
+
+
+def get_stages_hook():
+    return knobs.runtime.add_stages_inspection_hook
+
+
+def set_stages_hook(hook) -> None:
+    knobs.runtime.add_stages_inspection_hook = hook
+
+
+def is_triton_language(language) -> bool:
+    """True for kernels written in Triton (not Gluon, whose TTGIR is written by hand)."""
+    return language == Language.TRITON
+
+
+# --- cache keys on 3.6 --------------------------------------------------------------------------
+
+_DISK_KEY_BINDINGS = (_cache_module, _compiler_module, _jit_module)
+_originals: dict[tuple[object, str], Callable] = {}
+
+
+def _tagged(original: Callable, tag: Callable[[], str]) -> Callable:
+    @functools.wraps(original)
+    def with_pipeline_tag(*args, **kwargs):
+        key = original(*args, **kwargs)
+        suffix = tag()
+        return key + suffix if suffix else key
+
+    with_pipeline_tag.__tritonpatch_original__ = original
+    return with_pipeline_tag
+
+
+def patch_cache_keys(tag: Callable[[], str]) -> None:
+    """3.6: append ``tag()`` (empty for an empty Pipeline) to the disk key and the in-memory JIT key."""
+    if HOOK_GIVES_CACHE_KEYS:
+        return
+    targets = [(module, "get_cache_key") for module in _DISK_KEY_BINDINGS] + [(_jit_module, "compute_cache_key")]
+    for module, name in targets:
+        original = getattr(module, name)
+        _originals[(module, name)] = original
+        setattr(module, name, _tagged(original, tag))
+
+
+def unpatch_cache_keys() -> None:
+    """Put back the original functions wherever our wrapper is still the one bound (a wrapper that
+    someone else bound on top stays; its tag is then empty because the hook is inactive)."""
+    for (module, name), original in list(_originals.items()):
+        if getattr(getattr(module, name), "__tritonpatch_original__", None) is original:
+            setattr(module, name, original)
+        del _originals[(module, name)]
+
+
+# --- stages -------------------------------------------------------------------------------------
+
+def cubin_stage_with_ptxas_options(backend, options, flags: tuple[str, ...]) -> Callable:
+    """The NVIDIA cubin stage, with ``flags`` appended to the options' own ``ptx_options``."""
+    extra = " ".join(flags)
+    merged = f"{options.ptx_options} {extra}" if options.ptx_options else extra
+    patched = dataclasses.replace(options, ptx_options=merged)
+    arch = backend.target.arch
+    return lambda src, metadata: backend.make_cubin(src, metadata, patched, arch)
+
+
+_BOOL_WORDS = frozenset({"1", "true", "on"})
+
+
+def disable_llvm_opt_names() -> tuple[str, ...]:
+    """The LLVM options Triton's ``DISABLE_LLVM_OPT`` will set during this compile.
+
+    Triton reads the variable in C++: a boolean value (``1/true/on``) switches optimization off
+    without touching any option; anything else is a comma-separated list of option names."""
+    value = os.environ.get("DISABLE_LLVM_OPT", "")
+    if not value or value.strip().lower() in _BOOL_WORDS:
+        return ()
+    return tuple(name for name in (part.strip() for part in value.split(",")) if name)

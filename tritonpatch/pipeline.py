@@ -1,0 +1,350 @@
+"""Pipelines: what a compile should change (LLVM options, IR passes, ptxas options), and which
+Pipeline is in effect for the compile happening now.
+
+Precedence, most specific first: a per-kernel Pipeline (:func:`use_pipeline`, used by
+``tritonpatch.jit``) replaces everything; otherwise the innermost :func:`options` block, merged key
+by key over the enclosing blocks and over the ``TRITONPATCH_*`` environment variables; otherwise
+Triton's defaults (the empty Pipeline, which changes nothing).
+
+The effective Pipeline lives in :mod:`contextvars`, so threads and asyncio tasks do not see each
+other's settings, and resolving it is O(1) (Triton 3.7+ asks for it on every kernel launch).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import hashlib
+import inspect
+import json
+import threading
+from typing import Any, Iterable, Iterator, Mapping
+
+from . import __version__, env
+from .errors import NativeUnavailableError, OptionTypeError, PipelineError, UnknownOptionError
+
+__all__ = ["Pipeline", "options", "use_pipeline", "current_pipeline", "environment_pipeline"]
+
+_FINGERPRINT_VERSION = "tritonpatch-pipeline-1"
+_JSON_SCALARS = (bool, int, float, str, type(None))
+
+
+def _canonical_value(value: Any, where: str) -> Any:
+    """A JSON-representable copy of a pass-option value, so the fingerprint is stable."""
+    if isinstance(value, _JSON_SCALARS):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_canonical_value(v, where) for v in value]
+    raise PipelineError(f"{where}: value {value!r} of type {type(value).__name__} cannot be fingerprinted; "
+                        "use bool, int, float, str, None or a tuple of those")
+
+
+def _normalize_llvm(settings: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    from . import llvm
+
+    if not isinstance(settings, Mapping):
+        raise PipelineError(f"llvm= takes a mapping of option name to value, got {settings!r}")
+    normalized = {}
+    for name, value in settings.items():
+        if not isinstance(name, str) or not name.lstrip("-"):
+            raise PipelineError(f"LLVM option names are non-empty strings, got {name!r}")
+        canonical = name.lstrip("-")
+        normalized[canonical] = llvm.normalize_value(canonical, value)
+    return tuple(sorted(normalized.items()))
+
+
+def _normalize_passes(passes: Iterable[Any]) -> tuple:
+    if isinstance(passes, (str, bytes)) or not isinstance(passes, Iterable):
+        raise PipelineError(f"passes= takes a list of pass specs, got {passes!r}")
+    try:
+        from .passes import parse_pass_spec, validate_pass_spec
+    except ImportError as exc:
+        raise PipelineError(f"IR passes are unavailable in this installation ({exc})") from exc
+    specs = []
+    for item in passes:
+        if isinstance(item, str):
+            spec = parse_pass_spec(item)
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            opts = item[1]
+            spec = validate_pass_spec(item[0], dict(opts.items() if isinstance(opts, Mapping) else opts))
+        else:
+            raise PipelineError(f"a pass spec is 'name', 'name(key=value,...)' or (name, {{options}}), got {item!r}")
+        for key, value in spec[1]:
+            _canonical_value(value, f"pass {spec[0]!r} option {key!r}")
+        specs.append(spec)
+    return _merge_by_key(specs, key=lambda spec: spec[0])
+
+
+def _ptxas_key(token: str) -> str:
+    return token.split("=", 1)[0]
+
+
+def _normalize_ptxas(flags: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(flags, str) or not isinstance(flags, Iterable):
+        raise PipelineError(f"ptxas= takes a list of flags such as ['--maxrregcount=128'], got {flags!r}")
+    tokens = []
+    for flag in flags:
+        if not isinstance(flag, str):
+            raise PipelineError(f"ptxas flags are strings, got {flag!r}")
+        tokens.extend(env.parse_ptxas_options(flag, variable="ptxas="))
+    return tuple(tokens)
+
+
+def _merge_by_key(items: Iterable, key) -> tuple:
+    """Later items replace earlier ones with the same key, keeping the first one's position."""
+    merged: dict = {}
+    for item in items:
+        merged[key(item)] = item
+    return tuple(merged.values())
+
+
+class Pipeline:
+    """A frozen, hashable compile configuration.
+
+    ``Pipeline(disable_lsr=True, llvm={"unroll-threshold": 50}, passes=["hoist-masks"],
+    ptxas=["--maxrregcount=200"])``. LLVM option names and values are validated against the LLVM
+    inside Triton (``tritonpatch.llvm``); pass specs against the pass registry; ptxas flags must
+    each be one ``-flag`` or ``-flag=value`` token. The canonical form sorts LLVM options by name
+    and keeps pass and ptxas order (order can matter there). ``Pipeline()`` changes nothing.
+    """
+
+    __slots__ = ("llvm", "passes", "ptxas", "_fingerprint", "_hash", "cache_tag")
+
+    def __init__(self, *, disable_lsr: bool | None = None, llvm: Mapping[str, Any] | None = None,
+                 passes: Iterable[Any] = (), ptxas: Iterable[str] = ()):
+        settings = dict(llvm or {})
+        if disable_lsr is not None:
+            if not isinstance(disable_lsr, bool):
+                raise PipelineError(f"disable_lsr= takes True or False, got {disable_lsr!r}")
+            clash = [k for k in settings if k.lstrip("-") == "disable-lsr"]
+            if clash:
+                raise PipelineError("disable-lsr given twice (disable_lsr= and llvm=); use one of them")
+            settings["disable-lsr"] = disable_lsr
+        self._init(_normalize_llvm(settings) if settings else (), _normalize_passes(passes),
+                   _normalize_ptxas(ptxas))
+
+    @classmethod
+    def _from_canonical(cls, llvm: tuple, passes: tuple, ptxas: tuple) -> "Pipeline":
+        pipeline = cls.__new__(cls)
+        pipeline._init(llvm, passes, ptxas)
+        return pipeline
+
+    def _init(self, llvm: tuple, passes: tuple, ptxas: tuple) -> None:
+        set_ = object.__setattr__
+        set_(self, "llvm", llvm)
+        set_(self, "passes", passes)
+        set_(self, "ptxas", ptxas)
+        payload = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        set_(self, "_fingerprint", hashlib.sha256(f"{_FINGERPRINT_VERSION}:{payload}".encode()).hexdigest()[:32])
+        set_(self, "_hash", hash((llvm, passes, ptxas)))
+        # What joins Triton's cache keys: nothing for an empty Pipeline (keys stay Triton's own);
+        # the tritonpatch version is included so that changed pass implementations recompile.
+        set_(self, "cache_tag", f"-tritonpatch-{__version__}-{self._fingerprint}" if (llvm or passes or ptxas) else "")
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Pipeline is frozen; use merge() to derive a new one")
+
+    __delattr__ = __setattr__
+
+    def __reduce__(self):  # pickles through the canonical form (no re-validation needed)
+        return (Pipeline._from_canonical, (self.llvm, self.passes, self.ptxas))
+
+    @property
+    def is_empty(self) -> bool:
+        """True when the Pipeline changes nothing (Triton's behaviour and cache keys stay as they are)."""
+        return not (self.llvm or self.passes or self.ptxas)
+
+    def __bool__(self) -> bool:
+        return not self.is_empty
+
+    def merge(self, other: "Pipeline") -> "Pipeline":
+        """``other`` over ``self``, key by key: LLVM options by name, passes by pass name, ptxas
+        flags by the text before ``=``; an overridden pass or flag keeps its first position."""
+        if not isinstance(other, Pipeline):
+            raise PipelineError(f"merge() takes a Pipeline, got {other!r}")
+        if other.is_empty:
+            return self
+        if self.is_empty:
+            return other
+        llvm = tuple(sorted({**dict(self.llvm), **dict(other.llvm)}.items()))
+        passes = _merge_by_key(self.passes + other.passes, key=lambda spec: spec[0])
+        ptxas = _merge_by_key(self.ptxas + other.ptxas, key=_ptxas_key)
+        return Pipeline._from_canonical(llvm, passes, ptxas)
+
+    def to_dict(self) -> dict:
+        """The canonical form as plain JSON data."""
+        return {
+            "llvm": [[name, value] for name, value in self.llvm],
+            "passes": [[name, [[k, _canonical_value(v, name)] for k, v in opts]] for name, opts in self.passes],
+            "ptxas": list(self.ptxas),
+        }
+
+    def fingerprint(self) -> str:
+        """32 hex digits identifying the canonical form; the same in every process and Python version."""
+        return self._fingerprint
+
+    def __eq__(self, other):
+        if not isinstance(other, Pipeline):
+            return NotImplemented
+        return (self.llvm, self.passes, self.ptxas) == (other.llvm, other.passes, other.ptxas)
+
+    def __hash__(self):
+        return self._hash
+
+    def __repr__(self):
+        parts = []
+        if self.llvm:
+            parts.append("llvm={" + ", ".join(f"{n!r}: {v!r}" for n, v in self.llvm) + "}")
+        if self.passes:
+            parts.append("passes=[" + ", ".join(_pass_text(spec) for spec in self.passes) + "]")
+        if self.ptxas:
+            parts.append(f"ptxas={list(self.ptxas)!r}")
+        return f"Pipeline({', '.join(parts)})"
+
+
+def _pass_text(spec) -> str:
+    name, opts = spec
+    return repr(f"{name}({','.join(f'{k}={v}' for k, v in opts)})" if opts else name)
+
+
+EMPTY = Pipeline._from_canonical((), (), ())
+
+
+# --- the environment's Pipeline -----------------------------------------------------------------
+
+def pipeline_from_environ(environ: Mapping[str, str]) -> Pipeline:
+    """The Pipeline the ``TRITONPATCH_*`` variables in ``environ`` ask for. A bad value raises
+    :class:`PipelineError` naming the variable and the token."""
+    settings = env.pipeline_settings(environ)
+    llvm = {}
+    for name, value in settings.get("llvm", {}).items():
+        variable = env.DISABLE_LSR if name == "disable-lsr" and env.DISABLE_LSR in environ else env.LLVM_OPTIONS
+        token = name if value is True else f"{name}={value}"
+        try:
+            llvm.update(_normalize_llvm({name: value}))
+        except (UnknownOptionError, OptionTypeError) as exc:
+            raise PipelineError(f"{variable}={environ.get(variable)!r}: bad token {token!r}: {exc}") from exc
+        except NativeUnavailableError as exc:
+            raise PipelineError(f"{variable} is set but LLVM options are unavailable: {exc}") from exc
+    passes = []
+    for text in settings.get("passes", ()):
+        try:
+            passes.extend(_normalize_passes([text]))
+        except PipelineError as exc:
+            raise PipelineError(f"{env.PASSES}={environ.get(env.PASSES)!r}: bad token {text!r}: {exc}") from exc
+    return Pipeline._from_canonical(tuple(sorted(llvm.items())), _merge_by_key(passes, key=lambda s: s[0]),
+                                    tuple(settings.get("ptxas", ())))
+
+
+_environment_lock = threading.Lock()
+_environment: Pipeline | None = None
+
+
+def environment_pipeline() -> Pipeline:
+    """The Pipeline of this process's ``TRITONPATCH_*`` variables, read once."""
+    global _environment
+    if _environment is None:
+        import os
+
+        with _environment_lock:
+            if _environment is None:
+                _environment = pipeline_from_environ(os.environ)
+    return _environment
+
+
+# --- the effective Pipeline ---------------------------------------------------------------------
+
+_scoped: contextvars.ContextVar[Pipeline | None] = contextvars.ContextVar("tritonpatch_options", default=None)
+_forced: contextvars.ContextVar[Pipeline | None] = contextvars.ContextVar("tritonpatch_kernel", default=None)
+
+
+def current_pipeline() -> Pipeline:
+    """The Pipeline a compile started here and now would use."""
+    forced = _forced.get()
+    if forced is not None:
+        return forced
+    scoped = _scoped.get()
+    if scoped is not None:
+        return scoped
+    return environment_pipeline()
+
+
+def _install() -> None:
+    from .hooks import install
+
+    install()
+
+
+@contextlib.contextmanager
+def use_pipeline(pipeline: Pipeline) -> Iterator[Pipeline]:
+    """Compile with exactly ``pipeline`` inside the block, ignoring ``options()`` and the environment
+    (for per-kernel pipelines: ``tritonpatch.jit`` wraps each launch in this)."""
+    if not isinstance(pipeline, Pipeline):
+        raise PipelineError(f"use_pipeline() takes a Pipeline, got {pipeline!r}")
+    _install()
+    token = _forced.set(pipeline)
+    try:
+        yield pipeline
+    finally:
+        _forced.reset(token)
+
+
+class _Block:
+    """One entry into an options() layer: sets the merged Pipeline, restores the previous one."""
+
+    __slots__ = ("layer", "token")
+
+    def __init__(self, layer: Pipeline):
+        self.layer = layer
+
+    def __enter__(self) -> Pipeline:
+        _install()
+        base = _scoped.get()
+        effective = (environment_pipeline() if base is None else base).merge(self.layer)
+        self.token = _scoped.set(effective)
+        return effective
+
+    def __exit__(self, *exc_info) -> None:
+        _scoped.reset(self.token)
+
+
+class options:
+    """Compile the kernels of a block (or of every call of a decorated function) with these settings.
+
+    ``with tritonpatch.options(disable_lsr=True, llvm={...}, passes=[...], ptxas=[...]):``. The
+    keywords are those of :class:`Pipeline` and are validated immediately. Blocks nest by merging
+    key by key over the enclosing block (and over the ``TRITONPATCH_*`` variables); the settings
+    are held in a context variable, so other threads and asyncio tasks are unaffected. Entering a
+    block installs tritonpatch into Triton if that has not happened yet. As a decorator (sync or
+    async functions) each call enters the block afresh.
+    """
+
+    def __init__(self, **settings: Any):
+        self.layer = Pipeline(**settings)
+        self._open = threading.local()
+
+    def __enter__(self) -> Pipeline:
+        block = _Block(self.layer)
+        effective = block.__enter__()
+        self._open.__dict__.setdefault("blocks", []).append(block)
+        return effective
+
+    def __exit__(self, *exc_info) -> None:
+        self._open.blocks.pop().__exit__(*exc_info)
+
+    def __call__(self, func):
+        if inspect.iscoroutinefunction(func):
+            @functools.wraps(func)
+            async def async_wrapper(*args, **kwargs):
+                with _Block(self.layer):
+                    return await func(*args, **kwargs)
+            return async_wrapper
+
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            with _Block(self.layer):
+                return func(*args, **kwargs)
+        return wrapper
+
+    def __repr__(self):
+        return f"tritonpatch.options({self.layer!r})"
