@@ -164,6 +164,7 @@ Registry::Registry(const std::string &libtriton_path) : path_(libtriton_path) {
   dlclose(handle);  // drops the reference RTLD_NOLOAD added; the library stays loaded
   if (status != 0 || map == nullptr) throw std::runtime_error("dlinfo failed on " + path_);
   load_bias_ = map->l_addr;
+  if (map->l_name != nullptr && map->l_name[0] != '\0') path_ = map->l_name;  // the file the loader mapped
 
   ElfSymbols symbols = read_elf_symbols(
       path_, {kParseSymbol, kRegisteredOptionsSymbol, kTopLevelSymbol, kResetSymbol});

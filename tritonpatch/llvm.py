@@ -68,8 +68,8 @@ class LLVMOption:
 
     @property
     def changed(self) -> bool:
-        """True when the value differs from the default or the option was given explicitly."""
-        return self.specified or self.value != self.default
+        """True when the option was given explicitly, or its value differs from a declared default."""
+        return self.specified or (self.default is not None and self.value != self.default)
 
 
 _lock = threading.RLock()

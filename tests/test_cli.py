@@ -1,0 +1,47 @@
+"""The tritonpatch console script, end to end in a subprocess."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def run_cli(*args):
+    script = os.path.join(os.path.dirname(sys.executable), "tritonpatch")
+    command = [script] if os.path.exists(script) else [sys.executable, "-m", "tritonpatch.cli"]
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_llvm_options_table_lists_lsr_options():
+    result = run_cli("llvm-options", "lsr")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "TYPE", "VALUE", "DEFAULT", "HELP"]
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert rows["disable-lsr"][1:3] == ["bool", "false"]
+    assert all("lsr" in name for name in rows)
+
+
+def test_llvm_options_json_matches_python_api():
+    import tritonpatch.llvm as llvm
+
+    result = run_cli("llvm-options", "unroll-threshold", "--json")
+    assert result.returncode == 0, result.stderr
+    records = {r["name"]: r for r in json.loads(result.stdout)}
+    expected = llvm.get_option("unroll-threshold")
+    assert records["unroll-threshold"]["type"] == expected.type == "unsigned"
+    assert records["unroll-threshold"]["settable"] is True
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["llvm-options", "no-such-option-anywhere"], 1, "no LLVM option matches"),
+    (["llvm-options", "zzz", "--changed"], 1, "no changed LLVM option"),
+    (["no-such-command"], 2, "invalid choice"),
+])
+def test_cli_errors(args, code, message):
+    result = run_cli(*args)
+    assert result.returncode == code
+    assert message in result.stderr
