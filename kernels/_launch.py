@@ -1,0 +1,51 @@
+"""Where our Triton kernels can run: CUDA devices, or CPU tensors under ``TRITON_INTERPRET=1``.
+
+``triton.jit`` decides at decoration time (from ``TRITON_INTERPRET``) whether functions are compiled
+or interpreted, the Triton standard library included, so the interpreter is a per-process choice.
+
+Triton 3.6's interpreter converts scalars to loop bounds with ``int(array_of_shape_1)``, which
+numpy >= 2.4 rejects ("only 0-dimensional arrays can be converted to Python scalars"); Triton 3.9
+fixed it. :func:`_fix_interpreter_index` applies the same fix when the installed Triton still has
+the old code and the interpreter is on.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+import triton
+
+
+def interpreting() -> bool:
+    """True when this process runs Triton kernels in the interpreter (``TRITON_INTERPRET=1``)."""
+    return bool(triton.knobs.runtime.interpret)
+
+
+def check_device(tensor: torch.Tensor, what: str) -> None:
+    """Raise a clear error when ``tensor`` lives where our kernels cannot run."""
+    if tensor.device.type == "cuda":
+        return
+    if tensor.device.type == "cpu" and interpreting():
+        return
+    raise ValueError(f"{what}: the Triton kernel needs CUDA tensors (got {tensor.device}); for CPU tensors "
+                     "set TRITON_INTERPRET=1 before importing triton, or use tritonpatch.kernels.reference")
+
+
+def _fix_interpreter_index() -> None:
+    """Make ``tensor.__index__`` accept the interpreter's shape-[1] scalars (Triton < 3.9 + numpy >= 2.4)."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_tritonpatch_index_fix", False) or "squeeze" in inspect.getsource(original):
+        return
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patch_lang_tensor._tritonpatch_index_fix = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+if interpreting():
+    _fix_interpreter_index()

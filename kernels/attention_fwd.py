@@ -1,0 +1,350 @@
+"""Block-sparse attention forward in Triton: kernel, launcher and tuner side by side.
+
+Per (batch, head, q-block) program: the *full* kv tiles of the block mask are visited in a loop
+without any mask work, then the *partial* tiles in a second loop that evaluates ``mask_mod`` (and
+the sequence end); empty tiles are never loaded. Softmax is online, in base 2 (``exp2`` with the
+scale folded into ``log2(e)``), accumulators in fp32, matmuls through ``tl.dot`` (wgmma on Hopper).
+Returns the output and the natural-log log-sum-exp per query row (for the backward).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import check_device, interpreting
+from .block_mask import BlockMask, build_block_mask
+from .masks import MaskMod, ScoreMod, allow_all
+
+LOG2E = 1.4426950408889634
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+
+
+@triton.jit
+def _attend_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                  num_tiles, tile_ids, b, h, q_idx, kv_len, sm_scale, qk_scale, mask_args, score_args,
+                  MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, APPLY_MASK: tl.constexpr,
+                  HAS_SCORE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Online-softmax update of (acc, l_i, m_i) over the kv tiles listed in ``tile_ids[:num_tiles]``.
+
+    APPLY_MASK selects, at compile time, the partial-tile body (mask + sequence-end checks) or the
+    full-tile body (none)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    for j in range(0, num_tiles):
+        kv_idx = tl.load(tile_ids + j) * BLOCK_N + offs_n
+        k_ptrs = k_base + kv_idx[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        v_ptrs = v_base + kv_idx[:, None] * stride_vn + offs_d[None, :] * stride_vd
+        if APPLY_MASK:
+            in_range = kv_idx < kv_len
+            k = tl.load(k_ptrs, mask=in_range[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        qk = tl.dot(q, k)
+        if HAS_SCORE:
+            s = SCORE_FN(qk * sm_scale, b, h, q_idx, kv_idx[None, :], score_args) * 1.4426950408889634
+        else:
+            s = qk * qk_scale
+        if APPLY_MASK:
+            kv_safe = tl.minimum(kv_idx, kv_len - 1)[None, :]
+            keep = MASK_FN(b, h, q_idx, kv_safe, mask_args) & in_range[None, :]
+            s = tl.where(keep, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)   # rows with nothing allowed yet
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_ref = m_new
+        p = tl.math.exp2(s - m_ref[:, None])
+        alpha = tl.math.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(Q, K, V, Out, LSE,
+                     stride_qb, stride_qh, stride_qm, stride_qd,
+                     stride_kb, stride_kh, stride_kn, stride_kd,
+                     stride_vb, stride_vh, stride_vn, stride_vd,
+                     stride_ob, stride_oh, stride_om, stride_od,
+                     stride_lb, stride_lh,
+                     partial_num, partial_ids, full_num, full_ids,
+                     stride_nb, stride_nh, stride_ib, stride_ih, stride_iq,
+                     num_heads, group_size, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
+                     MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, HAS_SCORE: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    # the last q-blocks usually carry the most tiles (causal-like masks): start them first
+    q_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // num_heads
+    h = bh % num_heads
+    kv_h = h // group_size
+
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < q_len
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    q_idx = tl.minimum(offs_m, q_len - 1)[:, None]   # mask/score functions never see rows past the end
+
+    k_base = K + b * stride_kb + kv_h * stride_kh
+    v_base = V + b * stride_vb + kv_h * stride_vh
+    num_off = b * stride_nb + h * stride_nh + q_block
+    ids_off = b * stride_ib + h * stride_ih + q_block * stride_iq
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                                  tl.load(full_num + num_off), full_ids + ids_off, b, h, q_idx, kv_len,
+                                  sm_scale, qk_scale, mask_args, score_args, MASK_FN, SCORE_FN,
+                                  False, HAS_SCORE, BLOCK_N, HEAD_DIM)
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                                  tl.load(partial_num + num_off), partial_ids + ids_off, b, h, q_idx, kv_len,
+                                  sm_scale, qk_scale, mask_args, score_args, MASK_FN, SCORE_FN,
+                                  True, HAS_SCORE, BLOCK_N, HEAD_DIM)
+
+    empty_row = l_i == 0.0
+    out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
+    lse = tl.where(empty_row, float("-inf"), (m_i + tl.math.log2(l_i)) * 0.6931471805599453)
+    o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(LSE + b * stride_lb + h * stride_lh + offs_m, lse, mask=row_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FwdConfig:
+    """One point of the tuning space."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
+    pipeline_label: str = ""
+
+    def label(self) -> str:
+        pipe = f"+{self.pipeline_label}" if self.pipeline is not None else ""
+        return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{pipe}"
+
+
+# Candidates for Hopper (H100/H200); the tuner times them on the first call per shape.
+_HOPPER_CONFIGS = {
+    64: [FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 8, 3), FwdConfig(128, 64, 4, 4), FwdConfig(128, 128, 4, 3)],
+    128: [FwdConfig(128, 64, 8, 3), FwdConfig(128, 128, 8, 2), FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 8, 3)],
+}
+_INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
+
+
+def candidate_configs(head_dim: int, device: torch.device) -> list:
+    """The configs the tuner tries for ``head_dim`` on ``device``."""
+    if device.type == "cpu":
+        return [_INTERPRETER_CONFIG]
+    base = _HOPPER_CONFIGS.get(head_dim) or [FwdConfig(64, 32, 4, 2)]
+    return list(base) + _pipeline_variants(base[:1])
+
+
+def _pipeline_variants(configs: list) -> list:
+    """The tritonpatch Pipeline axis (disable-lsr) for the given configs, when the toolkit has it."""
+    from tritonpatch import Pipeline, TritonpatchError
+
+    try:
+        pipeline = Pipeline(disable_lsr=True)
+    except TritonpatchError:       # e.g. the native LLVM-option module is unavailable: no pipeline axis
+        return []
+    return [FwdConfig(c.block_m, c.block_n, c.num_warps, c.num_stages, pipeline, "disable-lsr") for c in configs]
+
+
+def validate_inputs(q, k, v, enable_gqa: bool) -> None:
+    """Raise a clear error for shapes, dtypes and devices the kernel does not support."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"attention: {name} must be [B, H, S, D], got shape {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    allowed = (torch.float16, torch.bfloat16) + ((torch.float32,) if q.device.type == "cpu" else ())
+    if q.dtype not in allowed:
+        raise TypeError(f"attention: dtype {q.dtype} is not supported on {q.device.type}; use float16 or "
+                        "bfloat16 (float32 only in the interpreter), or tritonpatch.kernels.reference")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"attention: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    check_device(q, "attention")
+    batch, heads, _, head_dim = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"attention: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(f"attention: k/v shape {tuple(k.shape)} does not match q {tuple(q.shape)} in B or D")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"attention: head dim {head_dim} is not supported; use one of {SUPPORTED_HEAD_DIMS}")
+    kv_heads = k.shape[1]
+    if kv_heads != heads and not (enable_gqa and heads % kv_heads == 0):
+        hint = "pass enable_gqa=True" if heads % kv_heads == 0 else "H must be a multiple of Hkv"
+        raise ValueError(f"attention: q has {heads} heads, k/v {kv_heads}: {hint}")
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        raise ValueError("attention: sequence lengths must be positive")
+
+
+def _check_block_mask(block_mask: BlockMask, batch, heads, q_len, kv_len) -> None:
+    bm, hm = block_mask.kv_indices.shape[:2]
+    if (block_mask.q_len, block_mask.kv_len) != (q_len, kv_len):
+        raise ValueError(f"block_mask was built for (Sq, Skv) = ({block_mask.q_len}, {block_mask.kv_len}), "
+                         f"inputs have ({q_len}, {kv_len})")
+    if bm not in (1, batch) or hm not in (1, heads):
+        raise ValueError(f"block_mask has batch/head dims ({bm}, {hm}); expected 1 or ({batch}, {heads})")
+
+
+def _mask_signature(args: tuple):
+    return tuple(_arg_type(a) for a in args)
+
+
+def _arg_type(arg) -> str:
+    if isinstance(arg, torch.Tensor):
+        return "*" + {torch.int32: "i32", torch.int64: "i64", torch.float32: "fp32", torch.float16: "fp16",
+                      torch.bfloat16: "bf16"}[arg.dtype]
+    if isinstance(arg, bool):
+        return "i1"
+    return "i32" if isinstance(arg, int) else "fp32"
+
+
+def kernel_signature(dtype: torch.dtype, mask_mod: MaskMod, score_mod: ScoreMod | None) -> dict:
+    """Triton signature of ``_attn_fwd_kernel`` for compile-only use (``tritonpatch.targets``)."""
+    elem = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+    sig = {"Q": f"*{elem}", "K": f"*{elem}", "V": f"*{elem}", "Out": f"*{elem}", "LSE": "*fp32"}
+    ints = ["stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
+            "stride_vb", "stride_vh", "stride_vn", "stride_ob", "stride_oh", "stride_om", "stride_lb", "stride_lh",
+            "stride_nb", "stride_nh", "stride_ib", "stride_ih", "stride_iq", "num_heads", "group_size",
+            "q_len", "kv_len"]
+    sig.update({name: "i32" for name in ints})
+    sig.update({"stride_qd": "constexpr", "stride_kd": "constexpr", "stride_vd": "constexpr", "stride_od": "constexpr"})
+    sig.update({"partial_num": "*i32", "partial_ids": "*i32", "full_num": "*i32", "full_ids": "*i32",
+                "sm_scale": "fp32", "qk_scale": "fp32",
+                "mask_args": _mask_signature(mask_mod.args),
+                "score_args": _mask_signature(score_mod.args) if score_mod is not None else ()})
+    return sig
+
+
+def kernel_constexprs(head_dim: int, config: FwdConfig, mask_mod: MaskMod, score_mod: ScoreMod | None) -> dict:
+    """Compile-time arguments of ``_attn_fwd_kernel`` (contiguous last dims)."""
+    return {"stride_qd": 1, "stride_kd": 1, "stride_vd": 1, "stride_od": 1,
+            "MASK_FN": mask_mod.device_fn, "SCORE_FN": score_mod.device_fn if score_mod is not None else None,
+            "HAS_SCORE": score_mod is not None, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
+            "HEAD_DIM": head_dim}
+
+
+def _launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_mod, scale, config: FwdConfig):
+    batch, heads, q_len, head_dim = q.shape
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    expand = (batch, heads, block_mask.kv_num_blocks.shape[-1])
+    partial_num = block_mask.kv_num_blocks.expand(expand)
+    full_num = block_mask.full_kv_num_blocks.expand(expand)
+    partial_ids = block_mask.kv_indices.expand(expand + (block_mask.kv_indices.shape[-1],))
+    full_ids = block_mask.full_kv_indices.expand(expand + (block_mask.full_kv_indices.shape[-1],))
+    mask_args = tuple(a.to(q.device) if isinstance(a, torch.Tensor) else a for a in mask_mod.args)
+    score_args = tuple(a.to(q.device) if isinstance(a, torch.Tensor) else a for a in score_mod.args) \
+        if score_mod is not None else ()
+    grid = (triton.cdiv(q_len, config.block_m), batch * heads)
+    launch_args = (
+        q, k, v, out, lse,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), lse.stride(0), lse.stride(1),
+        partial_num, partial_ids, full_num, full_ids,
+        partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
+        partial_ids.stride(2),
+        heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E, mask_args, score_args)
+    kernel_kwargs = dict(MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod else None,
+                         HAS_SCORE=score_mod is not None, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                         HEAD_DIM=head_dim, num_warps=config.num_warps, num_stages=config.num_stages)
+    if full_ids.stride(-1) != 1 or partial_ids.stride(-1) != 1:
+        raise ValueError("block_mask index tensors must be contiguous in their last dim")
+    if config.pipeline is None:
+        _attn_fwd_kernel[grid](*launch_args, **kernel_kwargs)
+    else:
+        import tritonpatch
+        with tritonpatch.use_pipeline(config.pipeline):
+            _attn_fwd_kernel[grid](*launch_args, **kernel_kwargs)
+
+
+_tuned: dict = {}
+
+
+def _tuning_key(q, k, mask_mod, score_mod, block_mask):
+    return (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), mask_mod.structure,
+            None if score_mod is None else score_mod.name,
+            None if block_mask is None else (block_mask.block_m, block_mask.block_n))
+
+
+def attention_forward(q, k, v, *, mask_mod: MaskMod | None = None, score_mod: ScoreMod | None = None,
+                      block_mask: BlockMask | None = None, scale: float | None = None, enable_gqa: bool = False,
+                      config: FwdConfig | None = None):
+    """Run the forward kernel; returns ``(out, lse)``. ``config=None`` tunes (once per shape)."""
+    validate_inputs(q, k, v, enable_gqa)
+    batch, heads, q_len, head_dim = q.shape
+    kv_len = k.shape[2]
+    mask_mod = allow_all() if mask_mod is None else mask_mod
+    if not isinstance(mask_mod, MaskMod):
+        raise TypeError("attention: mask_mod must come from tritonpatch.kernels masks (causal(), prefix_lm(), ...)")
+    if score_mod is not None and not isinstance(score_mod, ScoreMod):
+        raise TypeError("attention: score_mod must come from tritonpatch.kernels (alibi(), softcap())")
+    if block_mask is not None:
+        _check_block_mask(block_mask, batch, heads, q_len, kv_len)
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format) if not q.is_contiguous() else torch.empty_like(q)
+    lse = torch.empty((batch, heads, q_len), dtype=torch.float32, device=q.device)
+
+    def masks_for(cfg):
+        if block_mask is not None:
+            return block_mask
+        return build_block_mask(mask_mod, batch, heads, q_len, kv_len, block_m=cfg.block_m,
+                                block_n=cfg.block_n, device=q.device)
+
+    if config is None:
+        config = _tune(q, k, v, out, lse, mask_mod, score_mod, block_mask, scale, masks_for)
+    elif block_mask is not None and (config.block_m, config.block_n) != (block_mask.block_m, block_mask.block_n):
+        raise ValueError(f"config {config.label()} does not match block_mask tiles "
+                         f"({block_mask.block_m}, {block_mask.block_n})")
+    _launch(q, k, v, out, lse, masks_for(config), mask_mod, score_mod, scale, config)
+    return out, lse
+
+
+def _tune(q, k, v, out, lse, mask_mod, score_mod, block_mask, scale, masks_for) -> FwdConfig:
+    key = _tuning_key(q, k, mask_mod, score_mod, block_mask)
+    if key in _tuned:
+        return _tuned[key]
+    candidates = candidate_configs(q.shape[-1], q.device)
+    if block_mask is not None:
+        candidates = [c for c in candidates if (c.block_m, c.block_n) == (block_mask.block_m, block_mask.block_n)]
+        if not candidates:
+            candidates = [FwdConfig(block_mask.block_m, block_mask.block_n, 8 if q.shape[-1] >= 128 else 4, 2)]
+    if len(candidates) == 1 or interpreting():
+        best = candidates[0]
+    else:
+        timings = {}
+        for cfg in candidates:
+            bm = masks_for(cfg)
+            try:
+                timings[cfg] = triton.testing.do_bench(
+                    lambda: _launch(q, k, v, out, lse, bm, mask_mod, score_mod, scale, cfg),
+                    warmup=5, rep=20, return_mode="median")
+            except triton.runtime.errors.OutOfResources:
+                continue
+        if not timings:
+            raise RuntimeError("attention: no kernel configuration fits this GPU (shared memory/registers)")
+        best = min(timings, key=timings.get)
+    _tuned[key] = best
+    return best
+
+
+def tuned_configs() -> dict:
+    """The winning config per tuning key so far (for benchmarks and reports)."""
+    return dict(_tuned)

@@ -1,0 +1,210 @@
+"""Block sparsity for attention: which (q-block, kv-block) tiles are full, partial or empty.
+
+The attention kernel visits *full* tiles without evaluating the mask, *partial* tiles with it, and
+never touches *empty* ones. The layout follows FlexAttention's ``BlockMask``: per q-block the number
+of partial kv-blocks and their indices (``kv_num_blocks``, ``kv_indices``), and the same for full
+ones (``full_kv_num_blocks``, ``full_kv_indices``). Memory is O(number of tiles); no S×S tensor is
+ever built.
+
+Classification uses the mask's ``tile_rule`` when it has one (closed form, exact for the affine
+factories), otherwise a Triton kernel that evaluates the mask on every tile (CUDA, or CPU tensors
+under ``TRITON_INTERPRET=1``). Results are cached per (mask values, shape, block sizes, device).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import check_device
+from .masks import MaskMod
+
+EMPTY, PARTIAL, FULL = 0, 1, 2
+_CACHE_SIZE = 64
+_cache: "OrderedDict[tuple, BlockMask]" = OrderedDict()
+
+
+@dataclass(frozen=True, eq=False)
+class BlockMask:
+    """Tile classification of one mask for one shape. Index tensors are int32 with leading dims
+    ``[Bm, Hm]`` where ``Bm`` is 1 or B and ``Hm`` 1 or H (1 = the same for every batch/head)."""
+
+    kv_num_blocks: torch.Tensor        # [Bm, Hm, NQ]        partial tiles per q-block
+    kv_indices: torch.Tensor           # [Bm, Hm, NQ, NKV]   their kv-block indices, first kv_num_blocks valid
+    full_kv_num_blocks: torch.Tensor   # [Bm, Hm, NQ]
+    full_kv_indices: torch.Tensor      # [Bm, Hm, NQ, NKV]
+    block_m: int
+    block_n: int
+    q_len: int
+    kv_len: int
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.kv_indices.shape)
+
+    def tile_classes(self) -> torch.Tensor:
+        """Dense ``[Bm, Hm, NQ, NKV]`` int8 tensor of EMPTY / PARTIAL / FULL (for tests and tools)."""
+        classes = torch.zeros(self.kv_indices.shape, dtype=torch.int8, device=self.kv_indices.device)
+        for num, idx, value in ((self.kv_num_blocks, self.kv_indices, PARTIAL),
+                                (self.full_kv_num_blocks, self.full_kv_indices, FULL)):
+            valid = torch.arange(idx.shape[-1], device=idx.device) < num[..., None].long()
+            _scatter_classes(classes, idx, valid, value)
+        return classes
+
+    def density(self) -> float:
+        """Fraction of tiles that the kernel visits (partial + full)."""
+        total = self.kv_indices.numel()
+        return float((self.kv_num_blocks.sum() + self.full_kv_num_blocks.sum()).item()) / max(total, 1)
+
+
+def _scatter_classes(classes, idx, valid, value):
+    """classes[..., idx[j]] = value for the valid entries j of each row (in place)."""
+    flat = classes.view(-1, classes.shape[-1])
+    rows = torch.arange(flat.shape[0], device=classes.device)[:, None].expand(-1, idx.shape[-1])
+    selected = valid.reshape(-1, idx.shape[-1])
+    flat[rows[selected], idx.reshape(-1, idx.shape[-1]).long()[selected]] = value
+
+
+def build_block_mask(mask_mod: MaskMod, batch: int, heads: int, q_len: int, kv_len: int, *,
+                     block_m: int = 128, block_n: int = 64, device="cuda", method: str = "auto") -> BlockMask:
+    """Classify every tile of ``mask_mod`` for a ``[batch, heads, q_len, kv_len]`` attention.
+
+    ``method``: ``"rule"`` (closed-form tile rule, error if the mask has none), ``"kernel"`` (evaluate
+    the mask on each tile with a Triton kernel) or ``"auto"`` (rule when available). Cached."""
+    if not isinstance(mask_mod, MaskMod):
+        raise TypeError("build_block_mask needs a MaskMod (causal(), prefix_lm(P), ..., and_masks(...))")
+    if method not in ("auto", "rule", "kernel"):
+        raise ValueError(f"method must be 'auto', 'rule' or 'kernel', got {method!r}")
+    if method == "rule" and mask_mod.tile_rule is None:
+        raise ValueError(f"mask {mask_mod.name} has no tile rule; use method='kernel' or 'auto'")
+    for name, value in (("batch", batch), ("heads", heads), ("q_len", q_len), ("kv_len", kv_len),
+                        ("block_m", block_m), ("block_n", block_n)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"build_block_mask: {name} must be a positive int, got {value!r}")
+    device = torch.device(device)
+    mask_batch = batch if mask_mod.batch_dependent else 1
+    mask_heads = heads if mask_mod.head_dependent else 1
+    use_rule = mask_mod.tile_rule is not None and method != "kernel"
+    key = (mask_mod.cache_key(), mask_batch, mask_heads, q_len, kv_len, block_m, block_n, str(device), use_rule)
+    cached = _cache.get(key)
+    if cached is not None:
+        _cache.move_to_end(key)
+        return cached
+    if use_rule:
+        classes = _classify_by_rule(mask_mod, mask_batch, mask_heads, q_len, kv_len, block_m, block_n, device)
+    else:
+        classes = _classify_by_kernel(mask_mod, mask_batch, mask_heads, q_len, kv_len, block_m, block_n, device)
+    result = block_mask_from_classes(classes, block_m, block_n, q_len, kv_len)
+    _cache[key] = result
+    if len(_cache) > _CACHE_SIZE:
+        _cache.popitem(last=False)
+    return result
+
+
+def _tile_bounds(length: int, block: int, device):
+    starts = torch.arange(0, length, block, device=device, dtype=torch.int64)
+    return starts, torch.clamp(starts + block, max=length) - 1
+
+
+def _classify_by_rule(mask_mod, mask_batch, mask_heads, q_len, kv_len, block_m, block_n, device):
+    q_lo, q_hi = _tile_bounds(q_len, block_m, device)
+    kv_lo, kv_hi = _tile_bounds(kv_len, block_n, device)
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in mask_mod.args)
+    all_true, any_true = mask_mod.tile_rule(q_lo[:, None], q_hi[:, None], kv_lo[None, :], kv_hi[None, :], *args)
+    shape = (mask_batch, mask_heads, q_lo.numel(), kv_lo.numel())
+    all_true = torch.as_tensor(all_true, device=device)
+    any_true = torch.as_tensor(any_true, device=device)
+    all_true, any_true = _to_tile_shape(all_true, shape), _to_tile_shape(any_true, shape)
+    return torch.where(all_true, FULL, torch.where(any_true, PARTIAL, EMPTY)).to(torch.int8)
+
+
+def _to_tile_shape(value: torch.Tensor, shape) -> torch.Tensor:
+    """Rules return [NQ, NKV] (or [Bm, NQ, NKV] for batch-dependent data): broadcast to 4-D."""
+    if value.dim() == 3:
+        value = value[:, None]
+    return value.expand(shape)
+
+
+@triton.jit
+def _classify_tiles_kernel(classes, stride_cb, stride_ch, stride_cq, mask_args, q_len, kv_len, num_kv_blocks,
+                           num_heads, MASK_FN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    q_block = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // num_heads
+    h = bh % num_heads
+    q_idx = q_block * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    q_valid = q_idx < q_len
+    q_idx = tl.minimum(q_idx, q_len - 1)
+    out = classes + b * stride_cb + h * stride_ch + q_block * stride_cq
+    for kv_block in range(0, num_kv_blocks):
+        kv_idx = kv_block * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        valid = q_valid & (kv_idx < kv_len)
+        keep = MASK_FN(b, h, q_idx, tl.minimum(kv_idx, kv_len - 1), mask_args)
+        any_true = tl.max(tl.max((keep & valid).to(tl.int32), 1), 0)
+        all_true = tl.min(tl.min((keep | ~valid).to(tl.int32), 1), 0)
+        tl.store(out + kv_block, (any_true + all_true).to(tl.int8))
+
+
+def _classify_by_kernel(mask_mod, mask_batch, mask_heads, q_len, kv_len, block_m, block_n, device):
+    num_q, num_kv = triton.cdiv(q_len, block_m), triton.cdiv(kv_len, block_n)
+    classes = torch.empty((mask_batch, mask_heads, num_q, num_kv), dtype=torch.int8, device=device)
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in mask_mod.args)
+    check_device(classes, "build_block_mask(method='kernel')")
+    _classify_tiles_kernel[(num_q, mask_batch * mask_heads)](
+        classes, classes.stride(0), classes.stride(1), classes.stride(2), args, q_len, kv_len, num_kv,
+        mask_heads, mask_mod.device_fn, block_m, block_n)
+    return classes
+
+
+def block_mask_from_classes(classes: torch.Tensor, block_m: int, block_n: int, q_len: int, kv_len: int) -> BlockMask:
+    """Compact a dense ``[Bm, Hm, NQ, NKV]`` EMPTY/PARTIAL/FULL tensor into index lists.
+
+    A FULL tile that crosses the end of the keys (``kv_len % block_n != 0``) is demoted to PARTIAL:
+    the kernel's full-tile loop has no bounds checks."""
+    classes = classes.to(torch.int8)
+    if kv_len % block_n:
+        last = classes[..., -1]
+        classes = classes.clone()
+        classes[..., -1] = torch.where(last == FULL, PARTIAL, last).to(torch.int8)
+    partial_num, partial_idx = _compact(classes == PARTIAL)
+    full_num, full_idx = _compact(classes == FULL)
+    return BlockMask(partial_num, partial_idx, full_num, full_idx, block_m, block_n, q_len, kv_len)
+
+
+def _compact(selected: torch.Tensor):
+    """Per row, the count of selected tiles and their indices first (ascending), stable."""
+    counts = selected.sum(-1, dtype=torch.int32)
+    order = torch.sort((~selected).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
+    return counts.contiguous(), order.contiguous()
+
+
+def from_flex_block_mask(flex_mask) -> BlockMask:
+    """Convert a ``torch.nn.attention.flex_attention.BlockMask`` (e.g. from ``create_block_mask``).
+
+    Its partial tiles still need a mask on the device: pass one of ours as ``mask_mod`` to
+    :func:`tritonpatch.kernels.attention` alongside it."""
+    block_m, block_n = flex_mask.BLOCK_SIZE
+    q_len, kv_len = flex_mask.seq_lengths
+    partial = _classes_from_lists(flex_mask.kv_num_blocks, flex_mask.kv_indices)
+    classes = partial * PARTIAL
+    if flex_mask.full_kv_num_blocks is not None:
+        full = _classes_from_lists(flex_mask.full_kv_num_blocks, flex_mask.full_kv_indices)
+        classes = torch.where(full.bool(), FULL, classes)
+    num_q, num_kv = triton.cdiv(q_len, block_m), triton.cdiv(kv_len, block_n)
+    classes = classes[..., :num_q, :num_kv].to(torch.int8)
+    return block_mask_from_classes(classes, block_m, block_n, q_len, kv_len)
+
+
+def _classes_from_lists(num: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    valid = torch.arange(idx.shape[-1], device=idx.device) < num[..., None]
+    dense = torch.zeros(idx.shape, dtype=torch.int8, device=idx.device)
+    dense.scatter_add_(-1, idx.long(), valid.to(torch.int8))
+    return (dense > 0).to(torch.int8)
+
+
+def clear_cache() -> None:
+    """Forget every cached block mask."""
+    _cache.clear()

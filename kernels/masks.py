@@ -1,0 +1,363 @@
+"""Mask and score modifiers for :func:`tritonpatch.kernels.attention`, in the attention-gym style.
+
+A modifier is a small frozen object holding three views of the same rule:
+
+* ``device_fn``: a ``@triton.jit`` function the attention kernel calls on a tile. Its signature is
+  ``(b, h, q_idx, kv_idx, args)`` for masks and ``(score, b, h, q_idx, kv_idx, args)`` for score
+  modifiers; ``args`` is the flat tuple of runtime arguments, so changing a window size or a
+  prefix length does not recompile the kernel.
+* ``torch_fn``: the same rule on broadcastable torch tensors, ``torch_fn(b, h, q_idx, kv_idx, *args)``;
+  the reference implementation and the brute-force tests evaluate it.
+* ``tile_rule`` (masks only, optional): for tiles ``q in [q_lo, q_hi]``, ``kv in [kv_lo, kv_hi]``
+  returns ``(all_true, any_true)`` without looking at single pairs. ``all_true`` must imply that
+  every pair is allowed and ``not any_true`` that none is; the block-mask builder uses it instead of
+  evaluating the mask. Masks without a rule are evaluated tile by tile by a Triton kernel.
+
+Composition (:func:`and_masks`, :func:`or_masks`) generates the device function's source once
+per structure (the leaves' functions and argument counts), so ``sliding_window(256)`` and
+``sliding_window(1024)`` share one compiled kernel.
+"""
+from __future__ import annotations
+
+import linecache
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+TileRule = Callable[..., tuple]
+
+
+@dataclass(frozen=True, eq=False)
+class MaskMod:
+    """A boolean attention mask: True keeps the (q_idx, kv_idx) pair."""
+
+    name: str
+    device_fn: Any
+    torch_fn: Callable
+    args: tuple = ()
+    tile_rule: Optional[TileRule] = None
+    batch_dependent: bool = False
+    head_dependent: bool = False
+    structure: tuple = field(default=(), repr=False)
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        """Evaluate on torch tensors (broadcasting), like a FlexAttention ``mask_mod``."""
+        return self.torch_fn(b, h, q_idx, kv_idx, *self.args)
+
+    def cache_key(self) -> tuple:
+        """Hashable identity of the mask *values* (structure and runtime arguments)."""
+        return (self.structure, tuple(_arg_key(a) for a in self.args))
+
+
+@dataclass(frozen=True, eq=False)
+class ScoreMod:
+    """A rewrite of the scaled score ``q·k * scale`` before the softmax."""
+
+    name: str
+    device_fn: Any
+    torch_fn: Callable
+    args: tuple = ()
+
+    def __call__(self, score, b, h, q_idx, kv_idx):
+        """Evaluate on torch tensors (broadcasting), like a FlexAttention ``score_mod``."""
+        return self.torch_fn(score, b, h, q_idx, kv_idx, *self.args)
+
+
+def _arg_key(arg):
+    if isinstance(arg, torch.Tensor):
+        return ("tensor", arg.data_ptr(), tuple(arg.shape), str(arg.dtype), str(arg.device), arg._version)
+    return ("scalar", arg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Device functions of the leaves (the kernel calls them through generated wrappers).
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _causal_dev(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+@triton.jit
+def _prefix_lm_dev(b, h, q_idx, kv_idx, prefix_len):
+    return (kv_idx < prefix_len) | (q_idx >= kv_idx)
+
+
+@triton.jit
+def _sliding_window_dev(b, h, q_idx, kv_idx, window):
+    return (q_idx >= kv_idx) & (q_idx - kv_idx <= window)
+
+
+@triton.jit
+def _document_dev(b, h, q_idx, kv_idx, doc_ids, batch_stride):
+    base = doc_ids + b * batch_stride
+    return tl.load(base + q_idx) == tl.load(base + kv_idx)
+
+
+@triton.jit
+def _alibi_dev(score, b, h, q_idx, kv_idx, slopes):
+    slope = tl.load(slopes + h).to(tl.float32)
+    return score + slope * (kv_idx - q_idx).to(tl.float32)
+
+
+@triton.jit
+def _softcap_dev(score, b, h, q_idx, kv_idx, cap):
+    # tanh(x) = 2 * sigmoid(2x) - 1 (triton.language has no tanh on every version)
+    return cap * (2.0 * tl.sigmoid(2.0 * score / cap) - 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Generated wrappers: (b, h, q, kv, args-tuple) -> leaf calls with their slice of args.
+# ---------------------------------------------------------------------------------------------
+
+_GENERATED: dict = {}
+
+
+def _generate(structure: tuple, leaves: list, body: str, params: str):
+    """Create (once per ``structure``) a ``@triton.jit`` function from ``body``.
+
+    The source is registered in ``linecache`` so Triton (and its interpreter) can read it."""
+    if structure in _GENERATED:
+        return _GENERATED[structure]
+    name = f"_tp_mod_{len(_GENERATED)}"
+    src = f"def {name}({params}):\n    return {body}\n"
+    filename = f"<tritonpatch-generated-{name}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    namespace = {"tl": tl, "triton": triton, "__name__": __name__}
+    namespace.update({f"_leaf{i}": fn for i, fn in enumerate(leaves)})
+    exec(compile(src, filename, "exec"), namespace)
+    jitted = triton.jit(namespace[name])
+    _GENERATED[structure] = jitted
+    return jitted
+
+
+def _call_expr(leaf_index: int, fixed: str, first_arg: int, nargs: int) -> str:
+    arg_list = "".join(f", args[{first_arg + i}]" for i in range(nargs))
+    return f"_leaf{leaf_index}({fixed}{arg_list})"
+
+
+def _leaf_mask(name, leaf_fn, torch_fn, args=(), tile_rule=None, batch_dependent=False):
+    structure = ("mask-leaf", name, len(args))
+    device_fn = _generate(structure, [leaf_fn], _call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
+                          "b, h, q_idx, kv_idx, args")
+    return MaskMod(name, device_fn, torch_fn, tuple(args), tile_rule, batch_dependent, False, structure)
+
+
+def _combine(kind: str, masks: tuple) -> MaskMod:
+    if not masks:
+        raise ValueError(f"{kind}_masks() needs at least one mask")
+    for m in masks:
+        if not isinstance(m, MaskMod):
+            raise TypeError(f"{kind}_masks() takes MaskMod objects (from causal(), prefix_lm(), ...); "
+                            f"got {type(m).__name__}")
+    op = " & " if kind == "and" else " | "
+    # each child receives its own tuple: _leafI(b, h, q_idx, kv_idx, (args[k], ...,))
+    calls = [_child_call(i, start, len(m.args)) for i, (m, start) in enumerate(zip(masks, _offsets(masks)))]
+    structure = (kind, tuple(m.structure for m in masks))
+    device_fn = _generate(structure, [m.device_fn for m in masks], op.join(f"({c})" for c in calls),
+                          "b, h, q_idx, kv_idx, args")
+    args = tuple(a for m in masks for a in m.args)
+    reduce = torch.logical_and if kind == "and" else torch.logical_or
+    spans = list(zip(_offsets(masks), [len(m.args) for m in masks]))
+
+    def torch_fn(b, h, q_idx, kv_idx, *flat):
+        result = None
+        for m, (start, n) in zip(masks, spans):
+            value = m.torch_fn(b, h, q_idx, kv_idx, *flat[start:start + n])
+            result = value if result is None else reduce(result, value)
+        return result
+
+    rule = None
+    if all(m.tile_rule is not None for m in masks):
+        rule = _and_rule(masks, spans) if kind == "and" else _or_rule(masks, spans)
+    name = f"{kind}_masks(" + ", ".join(m.name for m in masks) + ")"
+    return MaskMod(name, device_fn, torch_fn, args, rule,
+                   any(m.batch_dependent for m in masks), any(m.head_dependent for m in masks), structure)
+
+
+def _offsets(masks):
+    out, offset = [], 0
+    for m in masks:
+        out.append(offset)
+        offset += len(m.args)
+    return out
+
+
+def _child_call(index: int, start: int, nargs: int) -> str:
+    if nargs == 0:
+        return f"_leaf{index}(b, h, q_idx, kv_idx, ())"
+    items = "".join(f"args[{start + i}], " for i in range(nargs))
+    return f"_leaf{index}(b, h, q_idx, kv_idx, ({items}))"
+
+
+def _and_rule(masks, spans):
+    def rule(q_lo, q_hi, kv_lo, kv_hi, *flat):
+        all_true, any_true = True, True
+        for m, (start, n) in zip(masks, spans):
+            a, b = m.tile_rule(q_lo, q_hi, kv_lo, kv_hi, *flat[start:start + n])
+            all_true, any_true = all_true & a, any_true & b   # any: sound over-approximation
+        return all_true, any_true
+    return rule
+
+
+def _or_rule(masks, spans):
+    def rule(q_lo, q_hi, kv_lo, kv_hi, *flat):
+        all_true, any_true = False, False
+        for m, (start, n) in zip(masks, spans):
+            a, b = m.tile_rule(q_lo, q_hi, kv_lo, kv_hi, *flat[start:start + n])
+            all_true, any_true = all_true | a, any_true | b   # all: sound under-approximation
+        return all_true, any_true
+    return rule
+
+
+# ---------------------------------------------------------------------------------------------
+# Public factories.
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _allow_all_dev(b, h, q_idx, kv_idx):
+    return q_idx >= 0
+
+
+def allow_all() -> MaskMod:
+    """Every pair is allowed (what ``mask_mod=None`` means); the kernel then only checks sequence ends."""
+    return _leaf_mask("allow_all", _allow_all_dev, lambda b, h, q, kv: torch.ones_like(q >= kv),
+                      tile_rule=lambda q_lo, q_hi, kv_lo, kv_hi: (torch.ones_like(q_lo >= kv_lo),
+                                                                  torch.ones_like(q_lo >= kv_lo)))
+
+
+def causal() -> MaskMod:
+    """Each query sees itself and earlier keys: ``q_idx >= kv_idx`` (top-left aligned when Sq != Skv)."""
+    return _leaf_mask("causal", _causal_dev, lambda b, h, q, kv: q >= kv,
+                      tile_rule=lambda q_lo, q_hi, kv_lo, kv_hi: (q_lo >= kv_hi, q_hi >= kv_lo))
+
+
+def prefix_lm(prefix_len: int) -> MaskMod:
+    """Prefix-LM: the first ``prefix_len`` keys are visible to every query, the rest causally:
+    ``kv_idx < prefix_len | q_idx >= kv_idx``."""
+    prefix_len = _nonnegative_int("prefix_lm", "prefix_len", prefix_len)
+
+    def rule(q_lo, q_hi, kv_lo, kv_hi, p):
+        return (kv_hi < p) | (q_lo >= kv_hi), (kv_lo < p) | (q_hi >= kv_lo)
+
+    return _leaf_mask("prefix_lm", _prefix_lm_dev, lambda b, h, q, kv, p: (kv < p) | (q >= kv),
+                      (prefix_len,), rule)
+
+
+def sliding_window(window: int) -> MaskMod:
+    """Causal sliding window: ``0 <= q_idx - kv_idx <= window`` (``window + 1`` keys per query)."""
+    window = _nonnegative_int("sliding_window", "window", window)
+
+    def rule(q_lo, q_hi, kv_lo, kv_hi, w):
+        # d = q - kv takes every integer in [q_lo - kv_hi, q_hi - kv_lo] on the tile
+        d_lo, d_hi = q_lo - kv_hi, q_hi - kv_lo
+        return (d_lo >= 0) & (d_hi <= w), (d_hi >= 0) & (d_lo <= w)
+
+    return _leaf_mask("sliding_window", _sliding_window_dev,
+                      lambda b, h, q, kv, w: (q >= kv) & (q - kv <= w), (window,), rule)
+
+
+def document(doc_ids: torch.Tensor) -> MaskMod:
+    """Document (packed sequences) mask: a query sees keys of its own document.
+
+    ``doc_ids`` is an integer tensor of shape ``[S]`` (same packing for every batch) or ``[B, S]``.
+    Queries and keys share the packing, so Sq must equal Skv. Combine with :func:`causal` through
+    :func:`and_masks` for causal packed sequences."""
+    if not isinstance(doc_ids, torch.Tensor) or doc_ids.dtype not in (torch.int32, torch.int64) \
+            or doc_ids.dim() not in (1, 2):
+        raise TypeError("document(doc_ids) needs an int32/int64 tensor of shape [S] or [B, S]")
+    ids = doc_ids.to(torch.int32).contiguous()
+    batched = ids.dim() == 2
+    batch_stride = ids.shape[-1] if batched else 0
+
+    def torch_fn(b, h, q, kv, ids_arg, stride):
+        table = ids_arg.long() if ids_arg.dim() == 2 else ids_arg.long()[None]
+        bb = b if ids_arg.dim() == 2 else torch.zeros_like(b)
+        return table[bb, q] == table[bb, kv]
+
+    mask = _leaf_mask("document", _document_dev, torch_fn, (ids, batch_stride), batch_dependent=batched)
+    return _with_rule(mask, _document_rule(ids))
+
+
+def _with_rule(mask: MaskMod, rule) -> MaskMod:
+    return MaskMod(mask.name, mask.device_fn, mask.torch_fn, mask.args, rule,
+                   mask.batch_dependent, mask.head_dependent, mask.structure)
+
+
+def _document_rule(ids: torch.Tensor):
+    """Tile rule from per-position document ids: all-true iff both ranges lie in one document;
+    any-true unless the ranges of ids do not overlap (exact for sorted ids, sound for any)."""
+    table = ids if ids.dim() == 2 else ids[None]
+
+    def range_min_max(lo, hi):
+        # lo/hi: [..., NQ or NKV] tile bounds; min/max over positions of each tile, per batch row
+        n = table.shape[-1]
+        pos = torch.arange(n, device=table.device)
+        tile_of = torch.searchsorted(lo.flatten().contiguous(), pos, right=True) - 1
+        count = lo.numel()
+        mins = torch.full((table.shape[0], count), torch.iinfo(torch.int32).max, dtype=torch.int32, device=table.device)
+        maxs = torch.full((table.shape[0], count), torch.iinfo(torch.int32).min, dtype=torch.int32, device=table.device)
+        idx = tile_of.expand(table.shape[0], n)
+        mins.scatter_reduce_(1, idx, table, "amin")
+        maxs.scatter_reduce_(1, idx, table, "amax")
+        return mins, maxs
+
+    def rule(q_lo, q_hi, kv_lo, kv_hi, ids_arg, stride):
+        # q_lo/q_hi: [NQ, 1]; kv_lo/kv_hi: [1, NKV]  -> results [Bm, NQ, NKV]
+        qmin, qmax = range_min_max(q_lo[:, 0], q_hi[:, 0])
+        kmin, kmax = range_min_max(kv_lo[0], kv_hi[0])
+        qmin, qmax = qmin[:, :, None], qmax[:, :, None]
+        kmin, kmax = kmin[:, None, :], kmax[:, None, :]
+        all_true = (qmin == qmax) & (kmin == kmax) & (qmin == kmin)
+        any_true = (qmin <= kmax) & (kmin <= qmax)
+        return all_true, any_true
+
+    return rule
+
+
+def and_masks(*masks: MaskMod) -> MaskMod:
+    """Keep a pair only where every mask keeps it."""
+    return _combine("and", masks)
+
+
+def or_masks(*masks: MaskMod) -> MaskMod:
+    """Keep a pair where any mask keeps it."""
+    return _combine("or", masks)
+
+
+def alibi(slopes: torch.Tensor) -> ScoreMod:
+    """ALiBi bias: ``score + slopes[h] * (kv_idx - q_idx)``; ``slopes`` is a float tensor [H]."""
+    if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1 or not slopes.is_floating_point():
+        raise TypeError("alibi(slopes) needs a 1-D float tensor with one slope per query head")
+    slopes = slopes.to(torch.float32).contiguous()
+    device_fn = _generate(("score-leaf", "alibi", 1), [_alibi_dev],
+                          "_leaf0(score, b, h, q_idx, kv_idx, args[0])", "score, b, h, q_idx, kv_idx, args")
+
+    def torch_fn(score, b, h, q, kv, s):
+        return score + s[h] * (kv - q).to(score.dtype)
+
+    return ScoreMod("alibi", device_fn, torch_fn, (slopes,))
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """The ALiBi paper's geometric slopes ``2^(-8 i / H)`` for ``i = 1..H``."""
+    return torch.tensor([2.0 ** (-8.0 * (i + 1) / num_heads) for i in range(num_heads)], dtype=torch.float32)
+
+
+def softcap(cap: float) -> ScoreMod:
+    """Tanh soft-capping (Gemma 2): ``cap * tanh(score / cap)``."""
+    if not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap <= 0:
+        raise ValueError(f"softcap(cap) needs a positive finite number, got {cap!r}")
+    device_fn = _generate(("score-leaf", "softcap", 1), [_softcap_dev],
+                          "_leaf0(score, b, h, q_idx, kv_idx, args[0])", "score, b, h, q_idx, kv_idx, args")
+    return ScoreMod("softcap", device_fn, lambda score, b, h, q, kv, c: c * torch.tanh(score / c), (float(cap),))
+
+
+def _nonnegative_int(factory: str, name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{factory}({name}) needs a non-negative int, got {value!r}")
+    return value
