@@ -1,0 +1,275 @@
+"""tritonpatch inside Triton's compile: no state leaks, no cache confusion, thread isolation,
+ptxas flags, IR passes, hook chaining. Every PTX is compared with a compile in a brand-new process
+(plain Triton where the setting has a Triton equivalent)."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import pytest
+import triton
+from triton import knobs
+
+import tritonpatch
+import tritonpatch.llvm as tllvm
+from pipeline_helpers import BOTH, LSR, UNROLL, CompileOnlyDriver, compile_kernel, fresh_process_ptx, strided_sum
+from tritonpatch import hooks
+
+pytestmark = pytest.mark.skipif(not tllvm.available(), reason="tritonpatch._native is not usable here")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """PTX of each setting, each compiled in its own fresh process."""
+    return fresh_process_ptx({
+        "default": (None, {}),
+        "triton_lsr": (None, {"DISABLE_LLVM_OPT": "disable-lsr"}),
+        "lsr": (LSR, {}),
+        "unroll": (UNROLL, {}),
+        "both": (BOTH, {}),
+    })
+
+
+@pytest.fixture(autouse=True)
+def clean_state(monkeypatch, tmp_path):
+    """Each test: compile for real into a private cache, tritonpatch installed over no other hook,
+    and afterwards every LLVM option we touch back at its untouched default."""
+    monkeypatch.setenv("TRITON_ALWAYS_COMPILE", "1")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("DISABLE_LLVM_OPT", raising=False)
+    tritonpatch.uninstall()
+    knobs.runtime.add_stages_inspection_hook = None
+    before = [tllvm.get_option(name) for name in ("disable-lsr", "unroll-count")]
+    tritonpatch.install()
+    yield
+    tritonpatch.uninstall()
+    knobs.runtime.add_stages_inspection_hook = None
+    assert [tllvm.get_option(name) for name in ("disable-lsr", "unroll-count")] == before
+
+
+def ptx(**settings) -> str:
+    if not settings:
+        return compile_kernel().asm["ptx"]
+    with tritonpatch.options(**settings):
+        return compile_kernel().asm["ptx"]
+
+
+def test_references_differ(reference):
+    """The settings visibly change this kernel, and disable_lsr equals Triton's own switch."""
+    assert len({reference[k] for k in ("default", "lsr", "unroll", "both")}) == 4
+    assert reference["lsr"] == reference["triton_lsr"]
+
+
+def test_no_leak_sequence(reference, monkeypatch):
+    assert ptx() == reference["default"]
+    assert ptx(**LSR) == reference["lsr"]
+    assert ptx() == reference["default"]
+    assert ptx(**UNROLL) == reference["unroll"]
+    assert ptx() == reference["default"]
+    with tritonpatch.options(**LSR):  # nested blocks merge key by key
+        assert ptx(**UNROLL) == reference["both"]
+        assert ptx() == reference["lsr"]
+    assert ptx() == reference["default"]
+    # Triton's own DISABLE_LLVM_OPT list: sticky in Triton 3.6-3.8, restored by tritonpatch.
+    monkeypatch.setenv("DISABLE_LLVM_OPT", "disable-lsr")
+    assert ptx() == reference["triton_lsr"]
+    assert ptx(**UNROLL) == reference["both"]
+    monkeypatch.delenv("DISABLE_LLVM_OPT")
+    assert ptx() == reference["default"]
+    assert ptx(**UNROLL) == reference["unroll"]
+
+
+def test_exception_in_a_stage_restores(reference):
+    """A failure inside the ptx stage (after LLVM ran with the options) leaves nothing behind."""
+    def failing_hook(*args):
+        if not args:
+            return "", ""
+        stages = args[1]
+        original = stages["ptx"]
+
+        def ptx_then_fail(src, metadata):
+            original(src, metadata)
+            raise RuntimeError("injected failure")
+        stages["ptx"] = ptx_then_fail
+
+    tritonpatch.uninstall()
+    knobs.runtime.add_stages_inspection_hook = failing_hook
+    tritonpatch.install()
+    with pytest.raises(RuntimeError, match="injected failure"):
+        ptx(**BOTH)
+    tritonpatch.uninstall()
+    assert knobs.runtime.add_stages_inspection_hook is failing_hook
+    knobs.runtime.add_stages_inspection_hook = None
+    assert ptx() == reference["default"]
+
+
+def test_cache_a_b_a_and_empty_keys(reference, monkeypatch, tmp_path):
+    """One shared cache dir: A, B, A each get their artifact and the second A is a cache hit;
+    the empty Pipeline has plain Triton's disk key."""
+    monkeypatch.delenv("TRITON_ALWAYS_COMPILE")
+    hits = []
+    monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: hits.append(kw["cache_hit"]))
+
+    tritonpatch.uninstall()
+    plain = compile_kernel()
+    tritonpatch.install()
+    empty = compile_kernel()
+    assert empty.hash == plain.hash and hits == [False, True]
+
+    hits.clear()
+    with tritonpatch.options(**LSR):
+        first_a = compile_kernel()
+    with tritonpatch.options(**UNROLL):
+        b = compile_kernel()
+    with tritonpatch.options(**LSR):
+        second_a = compile_kernel()
+    assert hits == [False, False, True]
+    assert first_a.asm["ptx"] == second_a.asm["ptx"] == reference["lsr"]
+    assert b.asm["ptx"] == reference["unroll"]
+    assert len({plain.hash, first_a.hash, b.hash}) == 3 and second_a.hash == first_a.hash
+
+
+def test_jit_kernel_recompiles_inside_options(reference, monkeypatch):
+    """The in-memory JIT cache: outside, inside, outside again, inside again."""
+    monkeypatch.delenv("TRITON_ALWAYS_COMPILE")
+    torch = pytest.importorskip("torch")
+    from triton.runtime.driver import driver
+
+    monkeypatch.setattr(driver, "_active", CompileOnlyDriver())  # restored after the test
+
+    def warmup():
+        return strided_sum.warmup(torch.float32, torch.float32, 64, 128, BLOCK=128, grid=(1,))
+
+    outside = warmup()
+    with tritonpatch.options(**LSR):
+        inside = warmup()
+    assert outside.asm["ptx"] == reference["default"]
+    assert inside.asm["ptx"] == reference["lsr"]
+    assert warmup() is outside
+    with tritonpatch.options(**LSR):
+        assert warmup() is inside
+
+
+def test_threads_with_different_pipelines(reference):
+    """4 threads compiling 4 Pipelines at once, 3 times each, get their single-thread PTX."""
+    labels = {"default": {}, "lsr": LSR, "unroll": UNROLL, "both": BOTH}
+    start = threading.Barrier(len(labels))
+    results: dict[str, list[str]] = {label: [] for label in labels}
+    errors = []
+
+    def work(label):
+        try:
+            start.wait()
+            for _ in range(3):
+                results[label].append(ptx(**labels[label]))
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(label,)) for label in labels]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    for label, outputs in results.items():
+        assert outputs == [reference[label]] * 3, label
+
+
+def test_ptxas_flags_reach_cubin():
+    """options(ptxas=[...]) gives the cubin Triton builds from its own ptx_options."""
+    from tritonpatch.targets import compile_for_target
+    from pipeline_helpers import CONSTEXPRS, SIGNATURE
+
+    default = compile_kernel().asm["cubin"]
+    with tritonpatch.options(ptxas=["-O0"]):
+        patched = compile_kernel().asm["cubin"]
+    by_triton = compile_for_target(strided_sum, SIGNATURE, CONSTEXPRS, target="sm_90", num_warps=4,
+                                   ptx_options="-O0").asm["cubin"]
+    assert patched != default
+    assert patched == by_triton
+
+
+def test_ir_pass_runs_after_its_stage():
+    """A registered ttir pass rewrites the IR the next stages see (the accumulator starts at 1.0)."""
+    from tritonpatch.passes import register_pass, unregister_pass
+
+    @register_pass("test-acc-starts-at-one", "ttir", "test only: initial accumulator 1.0")
+    def start_at_one(text, options):
+        return text.replace("dense<0.000000e+00>", "dense<1.000000e+00>"), {"rewritten": 1}
+
+    try:
+        default = compile_kernel()
+        with tritonpatch.options(passes=["test-acc-starts-at-one"]):
+            patched = compile_kernel()
+    finally:
+        unregister_pass("test-acc-starts-at-one")
+    assert "dense<1.000000e+00>" not in default.asm["ttir"]
+    assert "dense<1.000000e+00>" in patched.asm["ttir"]
+    assert "0f3F800000" in patched.asm["ptx"] and "0f3F800000" not in default.asm["ptx"]
+
+
+def test_hook_chaining_and_keys():
+    """Our hook calls the one it replaced (both call forms) and folds the keys in O(1)."""
+    calls = []
+
+    def previous(*args):
+        calls.append(len(args))
+        if not args:
+            return "-prev", "prevhash"
+
+    tritonpatch.uninstall()
+    knobs.runtime.add_stages_inspection_hook = previous
+    tritonpatch.install()
+    tritonpatch.install()  # idempotent
+    hook = knobs.runtime.add_stages_inspection_hook
+    assert hook is not previous
+    assert hook() == ("-prev", "prevhash")
+    with tritonpatch.options(**LSR) as pipeline:
+        assert hook() == ("-prev" + pipeline.cache_tag, "prevhash" + pipeline.cache_tag)
+        compile_kernel()
+    assert calls[:2] == [0, 0] and calls.count(5) == 1  # 3.7+ compile() adds one key call
+    tritonpatch.uninstall()
+    assert knobs.runtime.add_stages_inspection_hook is previous
+
+
+@pytest.mark.skipif(tuple(map(int, triton.__version__.split(".")[:2])) >= (3, 7),
+                    reason="3.7+ folds the hook's (key, hash) itself")
+def test_cache_key_functions_rebound_on_36():
+    import triton.compiler.compiler as compiler
+    import triton.runtime.cache as cache
+    import triton.runtime.jit as jit
+
+    originals = {getattr(m.get_cache_key, "__tritonpatch_original__", None) for m in (compiler, jit, cache)}
+    assert len(originals) == 1 and None not in originals
+    assert getattr(jit.compute_cache_key, "__tritonpatch_original__", None) is not None
+    with tritonpatch.options(**LSR) as pipeline:
+        assert jit.compute_cache_key({}, [("i32", "D")], "opts").endswith(pipeline.cache_tag)
+    assert not jit.compute_cache_key({}, [("i32", "D")], "opts").endswith(pipeline.cache_tag)
+    tritonpatch.uninstall()
+    assert not hasattr(jit.compute_cache_key, "__tritonpatch_original__")
+    assert not hasattr(compiler.get_cache_key, "__tritonpatch_original__")
+
+
+def test_log_names_kernel_and_pipeline(caplog):
+    caplog.set_level(logging.INFO, logger="tritonpatch")
+    with tritonpatch.options(**LSR) as pipeline:
+        compile_kernel()
+    compile_kernel()
+    lines = [r.getMessage() for r in caplog.records if r.name == "tritonpatch"]
+    assert lines[0].startswith("strided_sum compiled with Pipeline(llvm={'disable-lsr': True})")
+    assert pipeline.fingerprint() in lines[0]
+    assert lines[1] == "strided_sum compiled with Pipeline()"
+
+
+def test_environment_pipeline_applies(reference, monkeypatch):
+    """TRITONPATCH_* variables act like an outermost options() block."""
+    from tritonpatch import pipeline as pipeline_module
+
+    monkeypatch.setattr(pipeline_module, "_environment",
+                        pipeline_module.pipeline_from_environ({"TRITONPATCH_DISABLE_LSR": "1"}))
+    assert ptx() == reference["lsr"]
+    assert ptx(**UNROLL) == reference["both"]
+    assert ptx(disable_lsr=False) == reference["default"]
+    with tritonpatch.use_pipeline(tritonpatch.Pipeline()):  # per-kernel Pipeline replaces everything
+        assert ptx(**UNROLL) == reference["default"]
