@@ -42,8 +42,6 @@ def _canonical_value(value: Any, where: str) -> Any:
 def _normalize_llvm(settings: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     from . import llvm
 
-    if not isinstance(settings, Mapping):
-        raise PipelineError(f"llvm= takes a mapping of option name to value, got {settings!r}")
     normalized = {}
     for name, value in settings.items():
         if not isinstance(name, str) or not name.lstrip("-"):
@@ -112,6 +110,8 @@ class Pipeline:
 
     def __init__(self, *, disable_lsr: bool | None = None, llvm: Mapping[str, Any] | None = None,
                  passes: Iterable[Any] = (), ptxas: Iterable[str] = ()):
+        if llvm is not None and not isinstance(llvm, Mapping):
+            raise PipelineError(f"llvm= takes a mapping of option name to value, got {llvm!r}")
         settings = dict(llvm or {})
         if disable_lsr is not None:
             if not isinstance(disable_lsr, bool):

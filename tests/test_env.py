@@ -1,0 +1,161 @@
+"""TRITONPATCH_* variables: parsing, error messages, and activation at interpreter start."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import tritonpatch.llvm as tllvm
+from pipeline_helpers import HERE, child_environment, fresh_process_ptx
+from tritonpatch import Pipeline, PipelineError, env
+from tritonpatch.pipeline import pipeline_from_environ
+
+ROOT = os.path.dirname(HERE)
+native = pytest.mark.skipif(not tllvm.available(), reason="tritonpatch._native is not usable here")
+
+
+@pytest.mark.parametrize("value,expected", [("1", True), (" TRUE ", True), ("on", True), ("yes", True),
+                                            ("0", False), ("", False), ("off", False), ("No", False)])
+def test_parse_bool(value, expected):
+    assert env.parse_bool("TRITONPATCH_STRICT", {"TRITONPATCH_STRICT": value}) is expected
+
+
+def test_parse_bool_unset_and_bad():
+    assert env.parse_bool("TRITONPATCH_STRICT", {}) is False
+    with pytest.raises(PipelineError, match=r"TRITONPATCH_STRICT='maybe': bad token 'maybe'"):
+        env.strict({"TRITONPATCH_STRICT": "maybe"})
+
+
+def test_parse_llvm_options():
+    assert env.parse_llvm_options("disable-lsr, unroll-count=2,-unroll-runtime") == {
+        "disable-lsr": True, "unroll-count": "2", "unroll-runtime": True}
+    assert env.parse_llvm_options(" ") == {}
+
+
+@pytest.mark.parametrize("value,token", [("disable-lsr,,x", ""), ("unroll-count=", "unroll-count="),
+                                         ("=3", "=3"), ("bad name", "bad name"), ("a,", "")])
+def test_parse_llvm_options_errors(value, token):
+    with pytest.raises(PipelineError) as info:
+        env.parse_llvm_options(value)
+    assert f"TRITONPATCH_LLVM_OPTIONS={value!r}: bad token {token!r}" in str(info.value)
+
+
+def test_split_pass_list():
+    assert env.split_pass_list("a, b(x=1,y=2) ,c()") == ["a", "b(x=1,y=2)", "c()"]
+    assert env.split_pass_list("") == []
+    for bad in ("a,,b", "a(x=1", "a)b", "a,"):
+        with pytest.raises(PipelineError, match="TRITONPATCH_PASSES"):
+            env.split_pass_list(bad)
+
+
+def test_parse_ptxas_options():
+    assert env.parse_ptxas_options("  --maxrregcount=64   -O1 ") == ["--maxrregcount=64", "-O1"]
+    with pytest.raises(PipelineError, match=r"TRITONPATCH_PTXAS_OPTIONS='-O1 64': bad token '64'"):
+        env.parse_ptxas_options("-O1 64")
+
+
+def test_log_level():
+    assert env.log_level({}) is None
+    assert env.log_level({"TRITONPATCH_LOG": "INFO"}) == "info"
+    with pytest.raises(PipelineError, match="TRITONPATCH_LOG='loud': bad token 'loud'"):
+        env.log_level({"TRITONPATCH_LOG": "loud"})
+
+
+def test_settings_without_llvm():
+    assert env.pipeline_settings({}) == {}
+    assert env.pipeline_settings({"TRITONPATCH_PTXAS_OPTIONS": "-O1", "TRITONPATCH_DISABLE_LSR": "0"}) == {
+        "llvm": {"disable-lsr": False}, "ptxas": ["-O1"]}
+    with pytest.raises(PipelineError, match="set it in one place"):
+        env.pipeline_settings({"TRITONPATCH_DISABLE_LSR": "1", "TRITONPATCH_LLVM_OPTIONS": "disable-lsr"})
+
+
+@native
+def test_pipeline_from_environ():
+    environ = {"TRITONPATCH_DISABLE_LSR": "1", "TRITONPATCH_LLVM_OPTIONS": "unroll-count=2",
+               "TRITONPATCH_PTXAS_OPTIONS": "-O1"}
+    assert pipeline_from_environ(environ) == Pipeline(disable_lsr=True, llvm={"unroll-count": 2}, ptxas=["-O1"])
+    assert pipeline_from_environ({}).is_empty
+
+
+@native
+@pytest.mark.parametrize("environ,message", [
+    ({"TRITONPATCH_LLVM_OPTIONS": "disable-lsr,no-such-option-xyz"},
+     "TRITONPATCH_LLVM_OPTIONS='disable-lsr,no-such-option-xyz': bad token 'no-such-option-xyz'"),
+    ({"TRITONPATCH_LLVM_OPTIONS": "unroll-count=many"},
+     "TRITONPATCH_LLVM_OPTIONS='unroll-count=many': bad token 'unroll-count=many'"),
+    ({"TRITONPATCH_DISABLE_LSR": "sometimes"}, "TRITONPATCH_DISABLE_LSR='sometimes': bad token 'sometimes'"),
+    ({"TRITONPATCH_PASSES": "no-such-pass-xyz"}, "TRITONPATCH_PASSES='no-such-pass-xyz': bad token 'no-such-pass-xyz'"),
+])
+def test_pipeline_from_environ_names_variable_and_token(environ, message):
+    with pytest.raises(PipelineError) as info:
+        pipeline_from_environ(environ)
+    assert message in str(info.value)
+
+
+# --- activation at interpreter start ------------------------------------------------------------
+
+_AUTOLOAD_CHILD = textwrap.dedent("""
+    import json, site, sys
+    if sys.argv[1]:
+        site.addsitedir(sys.argv[1])  # what `site` does with the installed .pth at start-up
+    heavy = sorted(m for m in ("triton", "torch") if m in sys.modules)
+    sys.path.insert(0, {here!r})
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from pipeline_helpers import CONSTEXPRS, SIGNATURE, strided_sum
+    src = ASTSource(fn=strided_sum, signature={{**SIGNATURE, "BLOCK": "constexpr"}}, constexprs=CONSTEXPRS)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={{"num_warps": 4}})
+    hooked = triton.knobs.runtime.add_stages_inspection_hook is not None
+    print(json.dumps({{"ptx": kernel.asm["ptx"], "heavy_at_start": heavy, "hooked": hooked}}))
+""")
+
+
+def _pth_installed() -> bool:
+    import site
+
+    return any(os.path.exists(os.path.join(d, "tritonpatch_autoload.pth")) for d in site.getsitepackages())
+
+
+@native
+def test_autoload_subprocess(tmp_path):
+    """`TRITONPATCH_AUTOLOAD=1 TRITONPATCH_DISABLE_LSR=1` with no tritonpatch import compiles with LSR
+    disabled (same PTX as Triton's own DISABLE_LLVM_OPT=disable-lsr); a malformed value warns in one
+    line and the program runs unpatched."""
+    site_dir = ""
+    if not _pth_installed():  # editable checkout: hand the repository's .pth to `site` ourselves
+        site_dir = str(tmp_path / "site")
+        os.makedirs(site_dir)
+        shutil.copy(os.path.join(ROOT, "tritonpatch_autoload.pth"), site_dir)
+    code = _AUTOLOAD_CHILD.format(here=HERE)
+    cases = {
+        "lsr": {"TRITONPATCH_AUTOLOAD": "1", "TRITONPATCH_DISABLE_LSR": "1"},
+        "malformed": {"TRITONPATCH_AUTOLOAD": "1", "TRITONPATCH_DISABLE_LSR": "sometimes"},
+    }
+    children = {
+        label: subprocess.Popen([sys.executable, "-c", code, site_dir], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=child_environment(extra))
+        for label, extra in cases.items()
+    }
+    reference = fresh_process_ptx({"default": (None, {}), "triton_lsr": (None, {"DISABLE_LLVM_OPT": "disable-lsr"})})
+    results = {}
+    for label, child in children.items():
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err
+        results[label] = (json.loads(out.strip().splitlines()[-1]), err)
+
+    lsr, lsr_err = results["lsr"]
+    assert lsr["heavy_at_start"] == [] and lsr["hooked"]
+    assert lsr["ptx"] == reference["triton_lsr"] != reference["default"]
+    assert "tritonpatch" not in lsr_err
+
+    malformed, malformed_err = results["malformed"]
+    warnings = [line for line in malformed_err.splitlines() if "tritonpatch" in line]
+    assert len(warnings) == 1, malformed_err
+    assert "TRITONPATCH_DISABLE_LSR='sometimes': bad token 'sometimes'" in warnings[0]
+    assert not malformed["hooked"] and malformed["ptx"] == reference["default"]

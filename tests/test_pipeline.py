@@ -1,0 +1,211 @@
+"""Pipeline values and the effective-Pipeline rules (no compiles here; see test_hooks.py)."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import pickle
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import tritonpatch
+import tritonpatch.llvm as tllvm
+from tritonpatch import Pipeline, PipelineError, current_pipeline, options, use_pipeline
+from tritonpatch import pipeline as pipeline_module
+
+native = pytest.mark.skipif(not tllvm.available(), reason="tritonpatch._native is not usable here")
+
+
+@pytest.fixture(autouse=True)
+def no_environment(monkeypatch):
+    """The TRITONPATCH_* variables of the shell running the tests play no part."""
+    monkeypatch.setattr(pipeline_module, "_environment", Pipeline())
+
+
+def test_empty_pipeline():
+    empty = Pipeline()
+    assert empty.is_empty and not empty and empty.cache_tag == ""
+    assert repr(empty) == "Pipeline()"
+    assert empty.merge(empty) is empty
+
+
+@native
+def test_canonical_form_and_equality():
+    a = Pipeline(disable_lsr=True, llvm={"unroll-count": "2"})
+    b = Pipeline(llvm={"--unroll-count": 2, "disable-lsr": "true"})
+    assert a == b and hash(a) == hash(b) and a.fingerprint() == b.fingerprint()
+    assert a.llvm == (("disable-lsr", True), ("unroll-count", 2))
+    assert {a: 1}[b] == 1
+    assert Pipeline(ptxas=["-O1", "--maxrregcount=64"]) != Pipeline(ptxas=["--maxrregcount=64", "-O1"])
+    assert Pipeline(ptxas=["-O1 --maxrregcount=64"]) == Pipeline(ptxas=["-O1", "--maxrregcount=64"])
+
+
+@native
+def test_frozen_and_picklable():
+    p = Pipeline(disable_lsr=True, ptxas=["-O1"])
+    with pytest.raises(AttributeError):
+        p.llvm = ()
+    assert pickle.loads(pickle.dumps(p)) == p
+
+
+def test_fingerprint_is_sha256_of_canonical_json():
+    """Spec check, independent of the implementation: the fingerprint hashes documented JSON."""
+    p = Pipeline(ptxas=["--maxrregcount=64", "-O1"])
+    payload = json.dumps({"llvm": [], "passes": [], "ptxas": ["--maxrregcount=64", "-O1"]},
+                         sort_keys=True, separators=(",", ":"))
+    assert p.fingerprint() == hashlib.sha256(f"tritonpatch-pipeline-1:{payload}".encode()).hexdigest()[:32]
+    assert p.cache_tag == f"-tritonpatch-{tritonpatch.__version__}-{p.fingerprint()}"
+
+
+@native
+def test_fingerprint_stable_across_processes():
+    settings = {"disable_lsr": True, "llvm": {"unroll-count": 2}, "ptxas": ["-O1"]}
+    code = ("import json, sys, tritonpatch; "
+            "print(tritonpatch.Pipeline(**json.loads(sys.argv[1])).fingerprint())")
+    outputs = {
+        subprocess.run([sys.executable, "-c", code, json.dumps(settings)], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed}, check=True).stdout.strip()
+        for seed in ("1", "2")
+    }
+    assert outputs == {Pipeline(**settings).fingerprint()}
+
+
+@native
+@pytest.mark.parametrize("kwargs,error", [
+    ({"llvm": {"no-such-option-xyz": 1}}, tritonpatch.UnknownOptionError),
+    ({"llvm": {"unroll-count": "many"}}, tritonpatch.OptionTypeError),
+    ({"llvm": {"disable-lsr": True}, "disable_lsr": False}, PipelineError),
+    ({"disable_lsr": "yes"}, PipelineError),
+    ({"llvm": ["disable-lsr"]}, PipelineError),
+])
+def test_bad_llvm_settings(kwargs, error):
+    with pytest.raises(error):
+        Pipeline(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs,fragment", [
+    ({"ptxas": "-O1"}, "list of flags"),
+    ({"ptxas": ["O1"]}, "'O1'"),
+    ({"passes": "hoist-masks"}, "list of pass specs"),
+    ({"passes": [42]}, "42"),
+])
+def test_bad_pass_and_ptxas_settings(kwargs, fragment):
+    with pytest.raises(PipelineError, match=fragment):
+        Pipeline(**kwargs)
+
+
+@native
+def test_merge_key_by_key():
+    outer = Pipeline(disable_lsr=True, llvm={"unroll-count": 2}, ptxas=["--maxrregcount=64", "-O1"])
+    inner = Pipeline(llvm={"unroll-count": 4}, ptxas=["--maxrregcount=32", "-lineinfo"])
+    merged = outer.merge(inner)
+    assert merged.llvm == (("disable-lsr", True), ("unroll-count", 4))
+    assert merged.ptxas == ("--maxrregcount=32", "-O1", "-lineinfo")
+    assert outer.merge(Pipeline()) is outer and Pipeline().merge(inner) is inner
+
+
+@native
+def test_options_nest_and_restore():
+    assert current_pipeline().is_empty
+    with options(disable_lsr=True) as outer:
+        assert current_pipeline() == outer == Pipeline(disable_lsr=True)
+        with options(llvm={"unroll-count": 2}, disable_lsr=False) as inner:
+            assert inner == Pipeline(disable_lsr=False, llvm={"unroll-count": 2})
+            assert current_pipeline() is inner
+        assert current_pipeline() is outer
+    assert current_pipeline().is_empty
+
+
+@native
+def test_options_restored_after_exception():
+    with pytest.raises(KeyError):
+        with options(disable_lsr=True):
+            raise KeyError("x")
+    assert current_pipeline().is_empty
+
+
+@native
+def test_options_as_decorator_sync_and_async():
+    @options(disable_lsr=True)
+    def sync():
+        return current_pipeline()
+
+    @options(disable_lsr=True)
+    async def coroutine():
+        await asyncio.sleep(0)
+        return current_pipeline()
+
+    assert sync() == Pipeline(disable_lsr=True) == asyncio.run(coroutine())
+    assert current_pipeline().is_empty
+    with options(llvm={"unroll-count": 2}):  # a decorated call nests inside an enclosing block
+        assert sync() == Pipeline(disable_lsr=True, llvm={"unroll-count": 2})
+
+
+@native
+def test_one_options_object_reentered():
+    block = options(disable_lsr=True)
+    with block:
+        with block:
+            assert current_pipeline() == Pipeline(disable_lsr=True)
+        assert current_pipeline() == Pipeline(disable_lsr=True)
+    assert current_pipeline().is_empty
+
+
+@native
+def test_threads_and_tasks_do_not_see_each_other():
+    seen = {}
+    inside, release = threading.Event(), threading.Event()
+
+    def holder():
+        with options(disable_lsr=True):
+            inside.set()
+            release.wait(10)
+            seen["holder"] = current_pipeline()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    inside.wait(10)
+    seen["other thread"] = current_pipeline()
+    release.set()
+    thread.join()
+    assert seen == {"holder": Pipeline(disable_lsr=True), "other thread": Pipeline()}
+
+    async def task(settings, started, proceed):
+        with options(**settings):
+            started.set()
+            await proceed.wait()
+            return current_pipeline()
+
+    async def main():
+        events = [asyncio.Event() for _ in range(4)]
+        a = asyncio.create_task(task({"disable_lsr": True}, events[0], events[2]))
+        b = asyncio.create_task(task({"llvm": {"unroll-count": 2}}, events[1], events[3]))
+        await events[0].wait()
+        await events[1].wait()
+        events[2].set()
+        events[3].set()
+        return await a, await b
+
+    assert asyncio.run(main()) == (Pipeline(disable_lsr=True), Pipeline(llvm={"unroll-count": 2}))
+
+
+@native
+def test_precedence(monkeypatch):
+    """per-kernel > innermost options() > environment > defaults."""
+    monkeypatch.setattr(pipeline_module, "_environment", Pipeline(disable_lsr=True, ptxas=["-O1"]))
+    assert current_pipeline() == Pipeline(disable_lsr=True, ptxas=["-O1"])
+    with options(disable_lsr=False):
+        assert current_pipeline() == Pipeline(disable_lsr=False, ptxas=["-O1"])
+        kernel_pipeline = Pipeline(llvm={"unroll-count": 2})
+        with use_pipeline(kernel_pipeline):
+            assert current_pipeline() is kernel_pipeline
+            with options(ptxas=["-O2"]):
+                assert current_pipeline() is kernel_pipeline
+        assert current_pipeline() == Pipeline(disable_lsr=False, ptxas=["-O1"])
+    with pytest.raises(PipelineError):
+        with use_pipeline({"disable_lsr": True}):
+            pass
