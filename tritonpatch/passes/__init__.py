@@ -45,6 +45,7 @@ class PassInfo:
     description: str
     options: Mapping[str, PassOption]
     run: Callable[[str, Mapping[str, Any]], tuple[str, dict[str, int]]]
+    order: int = 0
 
 
 @dataclass
@@ -62,15 +63,18 @@ _REGISTRY: dict[str, PassInfo] = {}
 _COLLECTORS: contextvars.ContextVar[tuple[list, ...]] = contextvars.ContextVar("tritonpatch_pass_reports", default=())
 
 
-def register_pass(name: str, stage: str, description: str, options: Mapping[str, PassOption] | None = None):
-    """Decorator registering ``run(text, options) -> (text, counts)`` as pass ``name``."""
+def register_pass(name: str, stage: str, description: str, options: Mapping[str, PassOption] | None = None,
+                  order: int = 0):
+    """Decorator registering ``run(text, options) -> (text, counts)`` as pass ``name``. Within a
+    stage, passes run in ascending ``order`` and, for equal order, in the order they were given
+    (``skip-masked-blocks`` must see the loop before ``elide-uniform-masks`` restructures it)."""
     if stage not in STAGES:
         raise ValueError(f"pass {name!r}: stage must be one of {STAGES}, got {stage!r}")
 
     def decorate(run):
         if name in _REGISTRY:
             raise ValueError(f"a pass named {name!r} is already registered")
-        _REGISTRY[name] = PassInfo(name, stage, description, dict(options or {}), run)
+        _REGISTRY[name] = PassInfo(name, stage, description, dict(options or {}), run, order)
         return run
     return decorate
 
@@ -201,11 +205,12 @@ def parse_module(text: str, context):
 
 
 def run_stage_passes(stage: str, module, specs: Sequence[PassSpec], *, strict: bool):
-    """Run the passes of ``specs`` that follow ``stage``, in order, on ``module`` (the output of
+    """Run the passes of ``specs`` that follow ``stage`` (in the given order, stably sorted by each
+    pass's ``order``) on ``module`` (the output of
     Triton's ``make_<stage>``). Returns the re-parsed, verified module, or ``module`` unchanged
     when no pass changed anything. On failure: one warning and ``module`` unchanged, or
     :class:`PassError` when ``strict``."""
-    selected = [spec for spec in specs if pass_stage(spec[0]) == stage]
+    selected = sorted((spec for spec in specs if pass_stage(spec[0]) == stage), key=lambda s: pass_info(s[0]).order)
     if not selected:
         return module
     original = module.str()

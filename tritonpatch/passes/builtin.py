@@ -1,20 +1,19 @@
-"""Registration of the built-in mask passes (their implementations live in sibling modules)."""
+"""Registration of the built-in mask passes (implementations in the sibling modules)."""
 from __future__ import annotations
 
-from . import PassOption, register_pass
+from . import PassOption, elide, hoist, register_pass, skip
 
-
-def _not_yet(text, options):
-    """Placeholder run: leaves the IR untouched until the rewrite lands (next commit)."""
-    return text, {}
-
+_MAX_ATOMS = PassOption(int, 8, "largest number of compares in one mask the pass analyses")
 
 register_pass("hoist-masks", "ttgir",
-              "hoist loop-invariant mask ops out of scf.for (also from under scf.if); sink widening broadcasts",
-              {"sink_broadcasts": PassOption(bool, True, "move broadcasts of hoisted values back to their uses")})(_not_yet)
+              "hoist loop-invariant pure ops out of scf.for (also from under scf.if); sink widening broadcasts",
+              {"sink_broadcasts": PassOption(bool, True, "move broadcasts of loop-invariant values back into the loop")})(hoist.run)
 register_pass("elide-uniform-masks", "ttir",
-              "per tile, skip mask ops where interval arithmetic proves the mask all-true or all-false (exact)",
-              {"max_atoms": PassOption(int, 8, "largest number of compares in one mask the pass analyses")})(_not_yet)
+              "per tile, skip the mask ops where interval arithmetic proves the mask all-true or all-false (exact)",
+              {"max_atoms": _MAX_ATOMS,
+               "all_false": PassOption(bool, True, "also elide all-false tiles (select the fill value directly)")},
+              order=1)(elide.run)
 register_pass("skip-masked-blocks", "ttir",
-              "narrow loop bounds to drop tiles whose mask is all-false when such a tile leaves the loop state unchanged",
-              {"max_atoms": PassOption(int, 8, "largest number of compares in one mask the pass analyses")})(_not_yet)
+              "narrow loop bounds to drop leading/trailing tiles whose mask is all-false when such a tile "
+              "leaves the loop state unchanged (exact where the unpatched output is finite)",
+              {"max_atoms": _MAX_ATOMS}, order=0)(skip.run)

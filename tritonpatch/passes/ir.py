@@ -1,0 +1,305 @@
+"""A small model of Triton's textual TTIR / TTGIR, just enough for the mask rewrites.
+
+Triton prints one operation per line; operations with regions (``scf.for``, ``scf.if``,
+``tt.reduce``, ...) open a region with a line ending in ``{`` and close it with a line starting
+with ``}``. The model keeps the text of every line untouched (so unchanged code round-trips byte for
+byte) and adds what the passes need: the values each line defines, the values it uses, the
+operation name, its operands and trailing location, the nesting of regions, and a builder for new
+lines with fresh value names.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_NAME = r"%[A-Za-z0-9_$.\-]+"
+VALUE_RE = re.compile(_NAME + r"(?:#\d+)?")
+_RESULTS_RE = re.compile(r"^(\s*)((?:" + _NAME + r"(?::\d+)?)(?:, " + _NAME + r"(?::\d+)?)*) = (.*)$")
+_BLOCK_ARGS_RE = re.compile(r"(" + _NAME + r"): ")
+_FOR_RE = re.compile(r"scf\.for (" + _NAME + r") = (" + _NAME + r") to (" + _NAME + r") step (" + _NAME + r")"
+                     r"(?: iter_args\((.*?)\) -> \((.*)\))?\s*: (\S+) \{$")
+_TENSOR_RE = re.compile(r"^tensor<((?:\d+x)*)([^,>]+)(,.*)?>$")
+
+
+def base_name(value: str) -> str:
+    """``%acc#3`` -> ``%acc`` (the defining name of a use)."""
+    return value.split("#", 1)[0]
+
+
+def split_loc(text: str) -> tuple[str, str]:
+    """Split ``"... loc(#loc12)"`` into ``("...", "loc(#loc12)")``; no location -> ``(text, "")``."""
+    stripped = text.rstrip()
+    if not stripped.endswith(")"):
+        return text, ""
+    depth = 0
+    for pos in range(len(stripped) - 1, -1, -1):
+        char = stripped[pos]
+        if char == ")":
+            depth += 1
+        elif char == "(":
+            depth -= 1
+            if depth == 0:
+                if stripped[pos - 3:pos] == "loc" and stripped[pos - 4:pos - 3] == " ":
+                    return stripped[:pos - 4], stripped[pos - 3:]
+                return text, ""
+    return text, ""
+
+
+@dataclass
+class TensorType:
+    """``tensor<128x64xi32, #mma>`` -> shape (128, 64), element ``i32``, encoding ``", #mma"``."""
+    shape: tuple[int, ...]
+    element: str
+    encoding: str = ""
+
+    def text(self, shape=None, element=None) -> str:
+        dims = "".join(f"{d}x" for d in (self.shape if shape is None else shape))
+        return f"tensor<{dims}{element or self.element}{self.encoding}>"
+
+
+def parse_type(text: str):
+    """A TensorType for ``tensor<...>`` text, else the scalar type string itself (``i32``)."""
+    text = text.strip()
+    match = _TENSOR_RE.match(text)
+    if match:
+        dims = tuple(int(d) for d in match.group(1).split("x") if d)
+        return TensorType(dims, match.group(2), match.group(3) or "")
+    return text
+
+
+def int_width(type_text: str) -> int | None:
+    """Bit width of an integer element / scalar type (``i32`` -> 32), None for other types."""
+    element = type_text.element if isinstance(type_text, TensorType) else type_text
+    if re.fullmatch(r"i\d+", element or ""):
+        return int(element[1:])
+    return None
+
+
+@dataclass
+class Line:
+    """One line of IR: its text, and for operation lines the parsed head."""
+    text: str
+    indent: str = ""
+    results: list[str] = field(default_factory=list)   # defined names, e.g. ["%acc"] for "%acc:5 = ..."
+    op: str = ""                                       # "arith.addi", "scf.for", "}" for closers
+    body: str = ""                                     # text after the op name, without location
+    loc: str = ""
+    opens: bool = False
+    closes: bool = False
+
+    @property
+    def operands(self) -> list[str]:
+        """Values used on this line (in order of appearance)."""
+        return VALUE_RE.findall(self.body)
+
+
+def parse_line(text: str) -> Line:
+    stripped = text.strip()
+    line = Line(text, indent=text[:len(text) - len(text.lstrip())])
+    line.opens = stripped.endswith("{")
+    line.closes = stripped.startswith("}")
+    head, line.loc = split_loc(stripped)
+    match = _RESULTS_RE.match(head)
+    rest = head
+    if match:
+        line.results = [r.split(":")[0] for r in match.group(2).split(", ")]
+        rest = match.group(3)
+    if line.closes:
+        line.op = "}"
+        line.body = rest
+        return line
+    op, _, body = rest.partition(" ")
+    if op.startswith('"'):
+        op = op.split('"')[1]
+        body = rest[len(op) + 2:]
+    line.op, line.body = op, body
+    return line
+
+
+@dataclass
+class ForLoop:
+    """The parsed head of an ``scf.for`` line."""
+    iv: str
+    lower: str
+    upper: str
+    step: str
+    iter_args: list[tuple[str, str]]   # (block argument, initial value)
+    result_types: list[str]
+    iv_type: str
+
+
+def split_top_level(text: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside <>, (), [], {} (types such as ``tensor<1x2xf32, #mma>``)."""
+    parts, depth, start = [], 0, 0
+    for pos, char in enumerate(text):
+        if char in "<([{":
+            depth += 1
+        elif char in ">)]}":
+            depth -= 1
+        elif char == sep and depth == 0:
+            parts.append(text[start:pos].strip())
+            start = pos + 1
+    tail = text[start:].strip()
+    if tail:
+        parts.append(tail)
+    return parts
+
+
+def parse_for(line: Line) -> ForLoop | None:
+    head = line.text.strip()
+    match = _FOR_RE.search(head)
+    if not match:
+        return None
+    iv, lower, upper, step, args, types, iv_type = match.groups()
+    iter_args = []
+    for pair in split_top_level(args or ""):
+        name, _, init = pair.partition(" = ")
+        iter_args.append((name.strip(), init.strip()))
+    return ForLoop(iv, lower, upper, step, iter_args, split_top_level(types or ""), iv_type)
+
+
+class Module:
+    """The lines of a module with a function-wide map from value name to defining line."""
+
+    def __init__(self, text: str):
+        self.trailing_newline = text.endswith("\n")
+        self.lines = [parse_line(t) for t in text.split("\n")[:-1 if self.trailing_newline else None]]
+        self._counter = 0
+        self.reindex()
+
+    def replace(self, texts: list[str]) -> None:
+        """Replace every line (re-parsing them); fresh names keep counting up."""
+        counter = self._counter
+        self.__init__("\n".join(texts) + ("\n" if self.trailing_newline else ""))
+        self._counter = counter
+
+    def text(self) -> str:
+        return "\n".join(line.text for line in self.lines) + ("\n" if self.trailing_newline else "")
+
+    def reindex(self) -> None:
+        """Recompute region nesting and the definition map after an edit."""
+        self.close_of: dict[int, int] = {}
+        self.parent_of: list[int | None] = []
+        stack: list[int] = []
+        self.defs: dict[str, int] = {}
+        for index, line in enumerate(self.lines):
+            if line.closes and stack:
+                opener = stack.pop()
+                if line.opens:
+                    stack.append(opener)          # "} else {": the same op continues
+                else:
+                    self.close_of[opener] = index
+                self.parent_of.append(opener)
+            else:
+                self.parent_of.append(stack[-1] if stack else None)
+                if line.opens:
+                    stack.append(index)
+            for name in line.results:
+                self.defs[name] = index
+            if line.op == "scf.for":
+                loop = parse_for(line)
+                if loop:
+                    self.defs[loop.iv] = index
+                    for name, _ in loop.iter_args:
+                        self.defs[name] = index
+            if line.text.lstrip().startswith("^"):
+                for name in _BLOCK_ARGS_RE.findall(line.text):
+                    self.defs[name] = index
+            if line.op == "tt.func":
+                for name in _BLOCK_ARGS_RE.findall(line.text):
+                    self.defs[name] = index
+
+    # --- structure -------------------------------------------------------------------------
+    def end_of(self, index: int) -> int:
+        """Index of the last line of the operation starting at ``index`` (itself if no region)."""
+        return self.close_of.get(index, index)
+
+    def children(self, opener: int) -> list[int]:
+        """Start lines of the operations directly inside the region(s) of the op at ``opener``."""
+        result, index, end = [], opener + 1, self.end_of(opener)
+        while index < end:
+            line = self.lines[index]
+            if not line.closes and not line.text.lstrip().startswith("^") and line.text.strip():
+                result.append(index)
+                index = self.end_of(index) + 1
+            else:
+                index += 1
+        return result
+
+    def loops(self) -> list[int]:
+        return [i for i, line in enumerate(self.lines) if line.op == "scf.for" and parse_for(line)]
+
+    def enclosing_ops(self, index: int) -> list[int]:
+        """Openers of the regions containing line ``index``, innermost first."""
+        chain, parent = [], self.parent_of[index]
+        while parent is not None:
+            chain.append(parent)
+            parent = self.parent_of[parent]
+        return chain
+
+    def inside(self, index: int, opener: int) -> bool:
+        return opener < index <= self.end_of(opener)
+
+    def uses(self, start: int) -> set[str]:
+        """Values the op at ``start`` (with its regions) uses that are defined outside it."""
+        end = self.end_of(start)
+        found = set()
+        for index in range(start, end + 1):
+            for value in self.lines[index].operands:
+                where = self.defs.get(base_name(value))
+                if where is None or not start <= where <= end:
+                    found.add(base_name(value))
+        return found
+
+    def users(self, name: str, within: range | None = None) -> list[int]:
+        """Start lines of top-level ops (in ``within``) whose text uses ``name``."""
+        pattern = re.compile(re.escape(name) + r"(?![A-Za-z0-9_$.\-])")
+        lines = within if within is not None else range(len(self.lines))
+        return [i for i in lines if any(base_name(v) == name for v in self.lines[i].operands)
+                and pattern.search(self.lines[i].body)]
+
+    # --- building ----------------------------------------------------------------------------
+    def fresh(self, hint: str = "tp") -> str:
+        """A value name not used anywhere in the module."""
+        while True:
+            self._counter += 1
+            name = f"%{hint}_{self._counter}"
+            if name not in self.defs:
+                self.defs[name] = -1
+                return name
+
+
+def type_of(module: Module, name: str) -> str | None:
+    """The result type of value ``name`` as printed on its defining line (single-result ops and
+    scf.for iteration arguments / induction variable), or None when it cannot be read."""
+    index = module.defs.get(base_name(name))
+    if index is None or index < 0:
+        return None
+    line = module.lines[index]
+    if line.op == "scf.for":
+        loop = parse_for(line)
+        if name == loop.iv:
+            return loop.iv_type
+        for position, (arg, _) in enumerate(loop.iter_args):
+            if arg == name:
+                return loop.result_types[position]
+        return None
+    if line.op == "tt.func" or line.text.lstrip().startswith("^"):
+        match = re.search(re.escape(name) + r": ([^ ,)]+(?:<[^>]*>)?)", line.text)
+        return match.group(1) if match else None
+    if len(line.results) != 1 or line.opens:
+        return None
+    body = line.body
+    if " -> " in body:
+        return body.rsplit(" -> ", 1)[1].strip()
+    if " to " in body and line.op in ("arith.extsi", "arith.extui", "arith.trunci", "arith.sitofp",
+                                       "arith.extf", "arith.truncf", "arith.bitcast", "arith.index_cast"):
+        return body.rsplit(" to ", 1)[1].strip()
+    if line.op == "arith.cmpi":
+        operand_type = parse_type(body.rsplit(" : ", 1)[1])
+        return operand_type.text(element="i1") if isinstance(operand_type, TensorType) else "i1"
+    if line.op == "arith.constant" and " : " not in body:
+        return "i1" if body.strip() in ("true", "false") else None
+    if " : " in body:
+        return split_top_level(body.rsplit(" : ", 1)[1])[-1]
+    return None

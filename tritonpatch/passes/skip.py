@@ -1,0 +1,393 @@
+"""``skip-masked-blocks``: narrow a loop's bounds to drop leading / trailing all-false tiles.
+
+Applies to ``scf.for %iv = %lb to %ub step C`` (C a positive constant) whose body holds
+``select(%mask, %x, %fill)`` with an analysable mask (:mod:`.masks`) whose scalars are the
+induction variable or loop-invariant, when
+
+* the body has no side effects (no stores, atomics, prints, calls), and
+* an iteration whose mask is all-false provably leaves every loop-carried value unchanged
+  (:func:`unchanged_when_masked`, the online-softmax pattern) or advances it by a loop-invariant
+  step (pointer / offset induction; the initial value is then advanced by the skipped count, and
+  its final value must be unused after the loop).
+
+Each compare is affine in ``%iv``, so the iterations where it is all-true / all-false form
+half-lines; the pass computes, before the loop, the longest prefix and suffix of iterations on
+which the whole mask is all-false (as runtime scalars) and runs the loop on the rest only. The
+loop stays an ``scf.for`` with a constant step, so Triton's software pipelining still applies.
+
+Exactness: an all-false iteration computes ``m' = max(m, -inf) = m``, ``alpha = exp2(m - m') = 1``,
+``p = exp2(-inf - m') = 0``, ``l' = l * 1 + 0 = l``, ``acc' = acc * 1 + 0 @ v = acc``: identical
+when ``m`` and ``v`` are finite. Where the unpatched kernel meets an all-false tile with ``m = -inf``
+(or non-finite ``v``), it produces NaN for those rows: the rewrite is exact wherever the unpatched
+output is finite, up to the sign of a zero accumulator (``-0 + 0 = +0``).
+"""
+from __future__ import annotations
+
+import re
+
+from .elide import select_parts
+from .ir import Module, TensorType, base_name, parse_for, parse_type, type_of
+from .masks import Affine, Analysis, IROps, Mask, atom_conditions, no_wrap, scalar_value
+
+_SIDE_EFFECTS = re.compile(r"store|atomic|print|assert|call|barrier|fence|scf\.while|tt\.func")
+NEG_INF, ZERO, ONE, POSITIVE = ("-inf",), ("0",), ("1",), ("+",)
+_NEG_INF_BITS = {"0xFF800000", "0xFC00", "0xFF80", "0xFFF0000000000000"}
+
+
+# --- loop-carried values in an all-false iteration ----------------------------------------------
+def _constant_kind(module: Module, name: str):
+    """NEG_INF / ZERO / ONE / POSITIVE for a float constant (splat or scalar), else None."""
+    index = module.defs.get(base_name(name))
+    if index is None or index < 0:
+        return None
+    line = module.lines[index]
+    if line.op == "tt.splat" and len(line.operands) == 1:
+        return _constant_kind(module, line.operands[0])
+    if line.op != "arith.constant":
+        return None
+    match = re.match(r"\s*(?:dense<)?([^>:\s]+)>?\s*:", line.body)
+    if not match:
+        return None
+    literal = match.group(1)
+    if literal.upper().replace("0X", "0x") in _NEG_INF_BITS:
+        return NEG_INF
+    try:
+        value = float(literal)
+    except ValueError:
+        return None
+    if value == 0.0 and not literal.startswith("-"):
+        return ZERO
+    if value == 1.0:
+        return ONE
+    return POSITIVE if value > 0 and value != float("inf") else None
+
+
+def _reduce_kind(module: Module, index: int):
+    """"max" or "add" for a single-operand tt.reduce with that combiner, else None."""
+    ops = [module.lines[i].op for i in range(index + 1, module.end_of(index))
+           if module.lines[i].op and not module.lines[i].text.lstrip().startswith("^")]
+    ops = [op for op in ops if op not in ("tt.reduce.return", "}")]
+    if len(module.lines[index].operands) != 1 or len(ops) != 1:
+        return None
+    return {"arith.maxnumf": "max", "arith.maximumf": "max", "arith.addf": "add"}.get(ops[0])
+
+
+def _transfer(module: Module, index: int, env: dict):
+    """Abstract value of the op at ``index`` in an all-false iteration (None: unknown)."""
+    line = module.lines[index]
+    args = [None if "#" in v else env[v] if v in env else _constant_kind(module, v) for v in line.operands]
+    if line.op == "tt.reduce":
+        kind = _reduce_kind(module, index)
+        if (kind, args[0] if args else None) in (("max", NEG_INF), ("add", ZERO)):
+            return args[0]
+        return None
+    if line.op == "arith.constant" or (line.op == "tt.splat" and args == [None]):
+        return _constant_kind(module, line.results[0])
+    if line.op in ("tt.expand_dims", "tt.broadcast", "tt.splat", "ttg.convert_layout"):
+        value = args[0]
+        if value is None or value[0] != "arg":
+            return value
+        return value + ((line.op, line.body),)
+    if line.op in ("arith.truncf", "arith.extf"):
+        return args[0] if args[0] in (NEG_INF, ZERO, ONE) else None
+    if line.op in ("math.exp2", "math.exp"):
+        return {NEG_INF: ZERO, ZERO: ONE}.get(args[0])
+    if len(args) != 2 and line.op != "tt.dot":
+        return None
+    if line.op in ("arith.maxnumf", "arith.maximumf"):
+        return args[0] if args[1] == NEG_INF else args[1] if args[0] == NEG_INF else None
+    if line.op == "arith.mulf":
+        if ONE in args:
+            return args[1] if args[0] == ONE else args[0]
+        return NEG_INF if args in ([NEG_INF, POSITIVE], [POSITIVE, NEG_INF]) else None
+    if line.op == "arith.addf":
+        return args[0] if args[1] == ZERO else args[1] if args[0] == ZERO else None
+    if line.op == "arith.subf":
+        if args[0] is not None and args[0] == args[1] and args[0][0] == "arg":
+            return ZERO                       # m - m = 0 for finite m
+        if args[0] == NEG_INF and (args[1] in (ZERO, ONE, POSITIVE) or (args[1] or ("",))[0] == "arg"):
+            return NEG_INF                    # -inf - finite m
+        return None
+    if line.op == "tt.dot" and len(args) >= 3:
+        return args[2] if ZERO in args[:2] else None
+    return None
+
+
+def unchanged_when_masked(module: Module, loop: int, select: int, carried: set[int]) -> bool:
+    """Whether an iteration in which ``select`` returns its fill value yields, for every
+    iteration argument in ``carried``, exactly the value it received."""
+    head = parse_for(module.lines[loop])
+    env = {name: ("arg", position) for position, (name, _) in enumerate(head.iter_args)}
+    children = module.children(loop)
+    for index in children[:-1]:
+        line = module.lines[index]
+        if index == select:
+            env[line.results[0]] = _constant_kind(module, line.operands[2])
+        elif len(line.results) == 1:
+            env[line.results[0]] = _transfer(module, index, env)
+    yielded = module.lines[children[-1]]
+    if yielded.op != "scf.yield":
+        return False
+    operands = yielded.operands
+    return all(env.get(base_name(operands[i])) == ("arg", i) for i in carried)
+
+
+def induction_steps(module: Module, loop: int) -> dict[int, tuple[str, str]]:
+    """Iteration arguments advanced by a loop-invariant amount each iteration:
+    position -> (op, increment value name) for ``arith.addi`` / ``tt.addptr``."""
+    head = parse_for(module.lines[loop])
+    yielded = module.lines[module.children(loop)[-1]]
+    steps = {}
+    for position, value in enumerate(yielded.operands):
+        index = module.defs.get(base_name(value))
+        if index is None or "#" in value or not module.inside(index, loop):
+            continue
+        line = module.lines[index]
+        operands = line.operands
+        if line.op in ("arith.addi", "tt.addptr") and len(operands) == 2 and operands[0] == head.iter_args[position][0]:
+            increment = operands[1]
+            where = module.defs.get(base_name(increment))
+            if where is not None and not module.inside(where, loop) and where != loop:
+                steps[position] = (line.op, increment)
+    return steps
+
+
+# --- iteration sets ---------------------------------------------------------------------------
+class _Sets:
+    """Sets of iterations as (P, S): every iv in [lb, P) and every iv in [S, ub) is in the set."""
+
+    def __init__(self, ops, lower, upper):
+        self.ops, self.lower, self.upper = ops, lower, upper
+
+    def _min(self, a, b):
+        return self.ops.select(self.ops.cmp("slt", a, b), a, b)
+
+    def _max(self, a, b):
+        return self.ops.select(self.ops.cmp("sgt", a, b), a, b)
+
+    def constant(self, flag):
+        ops = self.ops
+        return ops.select(flag, self.upper, self.lower), ops.select(flag, self.lower, self.upper)
+
+    def empty(self):
+        return self.lower, self.upper
+
+    def at_least(self, threshold):
+        ops = self.ops
+        prefix = ops.select(ops.cmp("sle", threshold, self.lower), self.upper, self.lower)
+        return prefix, self._max(self.lower, self._min(threshold, self.upper))
+
+    def at_most(self, threshold):
+        ops = self.ops
+        last = ops.add(self.upper, ops.const(-1))
+        suffix = ops.select(ops.cmp("sge", threshold, last), self.lower, self.upper)
+        return self._max(self.lower, self._min(ops.add(threshold, ops.const(1)), self.upper)), suffix
+
+    def union(self, a, b):
+        ops = self.ops
+        whole = ops.or_(ops.cmp("sge", a[0], b[1]), ops.cmp("sge", b[0], a[1]))
+        return (ops.select(whole, self.upper, self._max(a[0], b[0])),
+                ops.select(whole, self.lower, self._min(a[1], b[1])))
+
+    def intersection(self, a, b):
+        return self._min(a[0], b[0]), self._max(a[1], b[1])
+
+
+def _condition_set(sets: _Sets, condition, slope: int, rest):
+    """Iterations where ``slope * iv + rest  p  K`` holds (an atom condition, see atom_conditions)."""
+    ops = sets.ops
+    if condition[0] == "false":
+        return sets.empty()
+    if condition[0] == "or":
+        return sets.union(_condition_set(sets, condition[1], slope, rest),
+                          _condition_set(sets, condition[2], slope, rest))
+    _, pred, bound = condition
+    if slope == 0:
+        return sets.constant(ops.cmp(pred, rest, ops.const(bound)))
+    if pred in ("eq", "ne"):
+        return sets.empty()                   # sound under-approximation
+    target = ops.add(ops.const(bound), ops.mul(rest, -1))        # slope * iv  pred  target
+    if slope < 0:
+        slope, target = -slope, ops.mul(target, -1)
+        pred = {"slt": "sgt", "sle": "sge", "sgt": "slt", "sge": "sle"}[pred]
+    ceil = ops.ceil_div(target, slope)
+    floor = ops.mul(ops.ceil_div(ops.mul(target, -1), slope), -1)
+    if pred == "slt":
+        return sets.at_most(ops.add(ceil, ops.const(-1)))
+    if pred == "sle":
+        return sets.at_most(floor)
+    if pred == "sgt":
+        return sets.at_least(ops.add(floor, ops.const(1)))
+    return sets.at_least(ceil)
+
+
+def mask_sets(sets: _Sets, mask: Mask, iv: str):
+    """(all-true set, all-false set) of ``mask`` over the iterations (under-approximations)."""
+    ops = sets.ops
+    if mask.kind == "atom":
+        slope = dict(mask.diff.scalars).get(iv, 0)
+        rest = scalar_value(ops, Affine(mask.diff.const, tuple((n, c) for n, c in mask.diff.scalars if n != iv), (), ()))
+        return tuple(_condition_set(sets, c, slope, rest) for c in atom_conditions(mask.pred, mask.diff))
+    if mask.kind == "const":
+        return sets.constant(ops.boolean(mask.value)), sets.constant(ops.boolean(not mask.value))
+    if mask.kind == "scalar":
+        flag = ops.flag(mask.value)
+        return sets.constant(flag), sets.constant(ops.not_(flag))
+    if mask.kind == "not":
+        true_set, false_set = mask_sets(sets, mask.children[0], iv)
+        return false_set, true_set
+    if mask.kind == "xor":
+        return sets.empty(), sets.empty()
+    (t1, f1), (t2, f2) = (mask_sets(sets, child, iv) for child in mask.children)
+    if mask.kind == "and":
+        return sets.intersection(t1, t2), sets.union(f1, f2)
+    return sets.union(t1, t2), sets.intersection(f1, f2)
+
+
+class _AtIteration:
+    """Scalar ops with the induction variable replaced by a fixed i64 value (range guards)."""
+
+    def __init__(self, ops, iv, value):
+        self._ops, self._iv, self._value = ops, iv, value
+
+    def leaf(self, name):
+        return self._value if name == self._iv else self._ops.leaf(name)
+
+    def __getattr__(self, name):
+        return getattr(self._ops, name)
+
+
+# --- the rewrite ------------------------------------------------------------------------------------
+def _constant_step(module: Module, name: str) -> int | None:
+    index = module.defs.get(name)
+    line = module.lines[index] if index is not None and index >= 0 else None
+    if line is None or line.op != "arith.constant":
+        return None
+    match = re.match(r"\s*(\d+)\s*:", line.body)
+    return int(match.group(1)) if match and int(match.group(1)) > 0 else None
+
+
+def _leaves_ok(module: Module, loop: int, mask: Mask, iv: str, checks) -> bool:
+    names = set()
+
+    def collect(node):
+        if node.kind == "atom":
+            names.update(n for n, _ in node.diff.scalars)
+        elif node.kind == "scalar":
+            names.add(node.value)
+        for child in node.children:
+            collect(child)
+    collect(mask)
+    for check in checks:
+        names.update(n for n, _ in check.value.scalars)
+    for name in names - {iv}:
+        where = module.defs.get(name)
+        if where is None or where == loop or module.inside(where, loop):
+            return False
+    return True
+
+
+def _result_used_after(module: Module, loop: int, position: int) -> bool:
+    """Whether result ``position`` of the loop is used after it."""
+    results = module.lines[loop].results
+    if not results:
+        return False
+    token = f"{results[0]}#{position}" if len(parse_for(module.lines[loop]).iter_args) > 1 else results[0]
+    pattern = re.compile(re.escape(token) + r"(?![A-Za-z0-9_$.\-#])")
+    return any(pattern.search(module.lines[i].body) for i in range(module.end_of(loop) + 1, len(module.lines)))
+
+
+def skip_loop(module: Module, loop: int, max_atoms: int) -> bool:
+    """Narrow the bounds of one loop; False (module untouched) when the loop does not qualify."""
+    head = parse_for(module.lines[loop])
+    step = _constant_step(module, head.step)
+    if step is None or head.iv_type not in ("i32", "i64"):
+        return False
+    body = range(loop + 1, module.end_of(loop))
+    if any(_SIDE_EFFECTS.search(module.lines[i].op) for i in body):
+        return False
+    for select in module.children(loop):
+        parts = select_parts(module, select)
+        if parts is None:
+            continue
+        analysis = Analysis(module)
+        mask = analysis.mask(parts[0])
+        if mask is None or not 0 < mask.atoms() <= max_atoms:
+            continue
+        if not _leaves_ok(module, loop, mask, head.iv, analysis.checks):
+            continue
+        steps = induction_steps(module, loop)
+        if any(_result_used_after(module, loop, position) for position in steps):
+            continue
+        others = set(range(len(head.iter_args))) - set(steps)
+        if not unchanged_when_masked(module, loop, select, others):
+            continue
+        _emit(module, loop, head, step, mask, analysis.checks, steps)
+        return True
+    return False
+
+
+def _emit(module: Module, loop: int, head, step: int, mask: Mask, checks, steps) -> None:
+    line = module.lines[loop]
+    ops = IROps(module, line.indent, module.lines[module.end_of(loop)].loc)
+    lower, upper = ops.leaf(head.lower), ops.leaf(head.upper)
+    sets = _Sets(ops, lower, upper)
+    _, all_false = mask_sets(sets, mask, head.iv)
+    last = ops.add(upper, ops.const(-1))
+    safe = ops.and_(no_wrap(_AtIteration(ops, head.iv, lower), checks),
+                    no_wrap(_AtIteration(ops, head.iv, last), checks))
+    skipped = ops.select(safe, ops.ceil_div(ops.add(all_false[0], ops.mul(lower, -1)), step), ops.const(0))
+    new_lower = ops.add(lower, ops.mul(skipped, step))
+    new_upper = ops.select(safe, ops.select(ops.cmp("sgt", all_false[1], new_lower), all_false[1], new_lower), upper)
+    narrow = {}
+    for name, wide in (("lower", new_lower), ("upper", new_upper)):
+        narrow[name] = wide if head.iv_type == "i64" else ops.emit(("trunc", wide), f"arith.trunci {wide} : i64 to i32")
+    inits = {}
+    for position, (op, increment) in steps.items():
+        inits[position] = _advanced_init(module, ops, head.iter_args[position][1], op, increment, skipped)
+    text = line.text
+    text = text.replace(f" = {head.lower} to {head.upper} step ", f" = {narrow['lower']} to {narrow['upper']} step ", 1)
+    for position, init in inits.items():
+        arg, old = head.iter_args[position]
+        text = text.replace(f"{arg} = {old}", f"{arg} = {init}", 1)
+    texts = [l.text for l in module.lines]
+    module.replace(texts[:loop] + ops.lines + [text] + texts[loop + 1:])
+
+
+def _advanced_init(module: Module, ops: IROps, init: str, op: str, increment: str, count: str) -> str:
+    """``init`` advanced ``count`` times by ``increment`` (scalar or splat / constant tensor)."""
+    increment_type = parse_type(type_of(module, increment) or "")
+    index = module.defs.get(base_name(increment))
+    source = module.lines[index]
+    if isinstance(increment_type, TensorType):
+        constant = re.match(r"\s*dense<(-?\d+)>", source.body) if source.op == "arith.constant" else None
+        if source.op == "tt.splat":
+            scalar64 = ops.leaf(source.operands[0])
+        elif constant:
+            scalar64 = ops.const(int(constant.group(1)))
+        else:
+            raise ValueError(f"unsupported induction increment {increment}")
+    else:
+        scalar64 = ops.leaf(increment)
+    element = increment_type.element if isinstance(increment_type, TensorType) else increment_type
+    total = ops.emit(("muli", scalar64, count), f"arith.muli {scalar64}, {count} : i64")
+    if element != "i64":
+        total = ops.emit(("trunc", total), f"arith.trunci {total} : i64 to {element}")
+    if isinstance(increment_type, TensorType):
+        total = ops.emit(("splat", total, increment_type.text()),
+                          f"tt.splat {total} : {element} -> {increment_type.text()}")
+    init_type = type_of(module, init)
+    advanced = module.fresh("skip")
+    operand_types = f"{init_type}, {increment_type.text() if isinstance(increment_type, TensorType) else element}"
+    ops.lines.append(f"{ops.indent}{advanced} = {op} {init}, {total} : "
+                     f"{operand_types if op == 'tt.addptr' else init_type} {ops.loc}".rstrip())
+    return advanced
+
+
+def run(text: str, options) -> tuple[str, dict[str, int]]:
+    module = Module(text)
+    counts = {"loops_narrowed": 0}
+    for loop in reversed(module.loops()):
+        if skip_loop(module, loop, options["max_atoms"]):
+            counts["loops_narrowed"] += 1
+    return module.text(), counts
