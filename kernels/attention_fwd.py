@@ -8,6 +8,7 @@ Returns the output and the natural-log log-sum-exp per query row (for the backwa
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -24,42 +25,61 @@ SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 
 
 @triton.jit
-def _attend_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                  num_tiles, tile_ids, b, h, q_idx, kv_len, sm_scale, qk_scale, mask_args, score_args,
-                  MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, APPLY_MASK: tl.constexpr,
-                  HAS_SCORE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Online-softmax update of (acc, l_i, m_i) over the kv tiles listed in ``tile_ids[:num_tiles]``.
+def _load_kv_tile(k_src, v_src, b, kv_h, start_n, kv_idx, kv_len, stride_kn, stride_kd, stride_vn, stride_vd,
+                  CHECK_END: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """K^T [HEAD_DIM, BLOCK_N] and V [BLOCK_N, HEAD_DIM] of one kv tile.
 
-    APPLY_MASK selects, at compile time, the partial-tile body (mask + sequence-end checks) or the
-    full-tile body (none)."""
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    for j in range(0, num_tiles):
-        kv_idx = tl.load(tile_ids + j) * BLOCK_N + offs_n
-        k_ptrs = k_base + kv_idx[None, :] * stride_kn + offs_d[:, None] * stride_kd
-        v_ptrs = v_base + kv_idx[:, None] * stride_vn + offs_d[None, :] * stride_vd
-        if APPLY_MASK:
+    With USE_TMA the sources are 4-D tensor descriptors (TMA zero-fills past the end); otherwise
+    pointers to this (batch, kv head), bounds-checked only when CHECK_END."""
+    if USE_TMA:
+        k = tl.trans(k_src.load([b, kv_h, start_n, 0]).reshape(BLOCK_N, HEAD_DIM))
+        v = v_src.load([b, kv_h, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    else:
+        offs_d = tl.arange(0, HEAD_DIM)
+        k_ptrs = k_src + kv_idx[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        v_ptrs = v_src + kv_idx[:, None] * stride_vn + offs_d[None, :] * stride_vd
+        if CHECK_END:
             in_range = kv_idx < kv_len
             k = tl.load(k_ptrs, mask=in_range[None, :], other=0.0)
             v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0)
         else:
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
-        qk = tl.dot(q, k)
+    return k, v
+
+
+@triton.jit
+def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                  num_tiles, tile_ids, b, h, kv_h, q_idx, kv_len, sm_scale, qk_scale, mask_args, score_args,
+                  MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, APPLY_MASK: tl.constexpr,
+                  HAS_SCORE: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Online-softmax update of (acc, l_i, m_i) over the kv tiles listed in ``tile_ids[:num_tiles]``.
+
+    APPLY_MASK selects, at compile time, the partial-tile body (mask + sequence-end checks) or the
+    full-tile body (none). Scores are kept in base-2 units: ``x * factor`` with ``factor`` =
+    scale*log2(e) (or log2(e) after a score_mod), so ``exp2(x * factor - m)`` is one FMA + ex2."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for j in range(0, num_tiles):
+        start_n = tl.load(tile_ids + j) * BLOCK_N
+        kv_idx = start_n + offs_n
+        k, v = _load_kv_tile(k_src, v_src, b, kv_h, start_n, kv_idx, kv_len, stride_kn, stride_kd, stride_vn, stride_vd,
+                             APPLY_MASK, USE_TMA, BLOCK_N, HEAD_DIM)
+        x = tl.dot(q, k)
         if HAS_SCORE:
-            s = SCORE_FN(qk * sm_scale, b, h, q_idx, kv_idx[None, :], score_args) * 1.4426950408889634
+            x = SCORE_FN(x * sm_scale, b, h, q_idx, kv_idx[None, :], score_args)
+            factor = 1.4426950408889634
         else:
-            s = qk * qk_scale
+            factor = qk_scale
         if APPLY_MASK:
             kv_safe = tl.minimum(kv_idx, kv_len - 1)[None, :]
-            keep = MASK_FN(b, h, q_idx, kv_safe, mask_args) & in_range[None, :]
-            s = tl.where(keep, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
+            keep = MASK_FN(b, h, q_idx, kv_safe, mask_args) & (kv_idx < kv_len)[None, :]
+            x = tl.where(keep, x, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(x, 1) * factor)
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)   # rows with nothing allowed yet
         else:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_new = tl.maximum(m_i, tl.max(x, 1) * factor)
             m_ref = m_new
-        p = tl.math.exp2(s - m_ref[:, None])
+        p = tl.math.exp2(x * factor - m_ref[:, None])
         alpha = tl.math.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
@@ -78,7 +98,8 @@ def _attn_fwd_kernel(Q, K, V, Out, LSE,
                      stride_nb, stride_nh, stride_ib, stride_ih, stride_iq,
                      num_heads, group_size, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
                      MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, HAS_SCORE: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+                     USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """One program per (q-block, batch*head). With USE_TMA, Q/K/V/Out are 4-D tensor descriptors."""
     # the last q-blocks usually carry the most tiles (causal-like masks): start them first
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
@@ -89,32 +110,39 @@ def _attn_fwd_kernel(Q, K, V, Out, LSE,
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < q_len
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    if USE_TMA:
+        q = Q.load([b, h, q_block * BLOCK_M, 0]).reshape(BLOCK_M, HEAD_DIM)
+        k_src = K
+        v_src = V
+    else:
+        q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+        k_src = K + b * stride_kb + kv_h * stride_kh
+        v_src = V + b * stride_vb + kv_h * stride_vh
     q_idx = tl.minimum(offs_m, q_len - 1)[:, None]   # mask/score functions never see rows past the end
 
-    k_base = K + b * stride_kb + kv_h * stride_kh
-    v_base = V + b * stride_vb + kv_h * stride_vh
     num_off = b * stride_nb + h * stride_nh + q_block
     ids_off = b * stride_ib + h * stride_ih + q_block * stride_iq
-
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  tl.load(full_num + num_off), full_ids + ids_off, b, h, q_idx, kv_len,
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                                  tl.load(full_num + num_off), full_ids + ids_off, b, h, kv_h, q_idx, kv_len,
                                   sm_scale, qk_scale, mask_args, score_args, MASK_FN, SCORE_FN,
-                                  False, HAS_SCORE, BLOCK_N, HEAD_DIM)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  tl.load(partial_num + num_off), partial_ids + ids_off, b, h, q_idx, kv_len,
+                                  False, HAS_SCORE, USE_TMA, BLOCK_N, HEAD_DIM)
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                                  tl.load(partial_num + num_off), partial_ids + ids_off, b, h, kv_h, q_idx, kv_len,
                                   sm_scale, qk_scale, mask_args, score_args, MASK_FN, SCORE_FN,
-                                  True, HAS_SCORE, BLOCK_N, HEAD_DIM)
+                                  True, HAS_SCORE, USE_TMA, BLOCK_N, HEAD_DIM)
 
     empty_row = l_i == 0.0
-    out = acc / tl.where(empty_row, 1.0, l_i)[:, None]
+    out = (acc / tl.where(empty_row, 1.0, l_i)[:, None]).to(q.dtype)
     lse = tl.where(empty_row, float("-inf"), (m_i + tl.math.log2(l_i)) * 0.6931471805599453)
-    o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    if USE_TMA:
+        Out.store([b, h, q_block * BLOCK_M, 0], out.reshape(1, 1, BLOCK_M, HEAD_DIM))
+    else:
+        o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+        tl.store(o_ptrs, out, mask=row_ok[:, None])
     tl.store(LSE + b * stride_lb + h * stride_lh + offs_m, lse, mask=row_ok)
 
 
@@ -130,18 +158,22 @@ class FwdConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    use_tma: bool = False     # Q/K/V/Out through TMA tensor descriptors (Hopper+; needs 16-byte strides)
     pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
     pipeline_label: str = ""
 
     def label(self) -> str:
+        tma = "-tma" if self.use_tma else ""
         pipe = f"+{self.pipeline_label}" if self.pipeline is not None else ""
-        return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{pipe}"
+        return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{tma}{pipe}"
 
 
 # Candidates for Hopper (H100/H200); the tuner times them on the first call per shape.
 _HOPPER_CONFIGS = {
-    64: [FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 8, 3), FwdConfig(128, 64, 4, 4), FwdConfig(128, 128, 4, 3)],
-    128: [FwdConfig(128, 64, 8, 3), FwdConfig(128, 128, 8, 2), FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 8, 3)],
+    64: [FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 8, 3), FwdConfig(128, 64, 4, 3, True),
+         FwdConfig(128, 128, 8, 3, True)],
+    128: [FwdConfig(128, 64, 8, 3), FwdConfig(128, 128, 8, 2), FwdConfig(128, 64, 8, 3, True),
+          FwdConfig(128, 128, 8, 2, True)],
 }
 _INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
@@ -162,7 +194,7 @@ def _pipeline_variants(configs: list) -> list:
         pipeline = Pipeline(disable_lsr=True)
     except TritonpatchError:       # e.g. the native LLVM-option module is unavailable: no pipeline axis
         return []
-    return [FwdConfig(c.block_m, c.block_n, c.num_warps, c.num_stages, pipeline, "disable-lsr") for c in configs]
+    return [dataclasses.replace(c, pipeline=pipeline, pipeline_label="disable-lsr") for c in configs]
 
 
 def validate_inputs(q, k, v, enable_gqa: bool) -> None:
@@ -218,10 +250,16 @@ def _arg_type(arg) -> str:
     return "i32" if isinstance(arg, int) else "fp32"
 
 
-def kernel_signature(dtype: torch.dtype, mask_mod: MaskMod, score_mod: ScoreMod | None) -> dict:
+def kernel_signature(dtype: torch.dtype, head_dim: int, config: FwdConfig, mask_mod: MaskMod,
+                     score_mod: ScoreMod | None) -> dict:
     """Triton signature of ``_attn_fwd_kernel`` for compile-only use (``tritonpatch.targets``)."""
     elem = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
-    sig = {"Q": f"*{elem}", "K": f"*{elem}", "V": f"*{elem}", "Out": f"*{elem}", "LSE": "*fp32"}
+    if config.use_tma:
+        q_desc = f"tensordesc<{elem}[1, 1, {config.block_m}, {head_dim}]>"
+        kv_desc = f"tensordesc<{elem}[1, 1, {config.block_n}, {head_dim}]>"
+        sig = {"Q": q_desc, "K": kv_desc, "V": kv_desc, "Out": q_desc, "LSE": "*fp32"}
+    else:
+        sig = {"Q": f"*{elem}", "K": f"*{elem}", "V": f"*{elem}", "Out": f"*{elem}", "LSE": "*fp32"}
     ints = ["stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
             "stride_vb", "stride_vh", "stride_vn", "stride_ob", "stride_oh", "stride_om", "stride_lb", "stride_lh",
             "stride_nb", "stride_nh", "stride_ib", "stride_ih", "stride_iq", "num_heads", "group_size",
@@ -239,8 +277,8 @@ def kernel_constexprs(head_dim: int, config: FwdConfig, mask_mod: MaskMod, score
     """Compile-time arguments of ``_attn_fwd_kernel`` (contiguous last dims)."""
     return {"stride_qd": 1, "stride_kd": 1, "stride_vd": 1, "stride_od": 1,
             "MASK_FN": mask_mod.device_fn, "SCORE_FN": score_mod.device_fn if score_mod is not None else None,
-            "HAS_SCORE": score_mod is not None, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
-            "HEAD_DIM": head_dim}
+            "HAS_SCORE": score_mod is not None, "USE_TMA": config.use_tma, "BLOCK_M": config.block_m,
+            "BLOCK_N": config.block_n, "HEAD_DIM": head_dim}
 
 
 def _launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_mod, scale, config: FwdConfig):
@@ -255,15 +293,21 @@ def _launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_m
     score_args = tuple(a.to(q.device) if isinstance(a, torch.Tensor) else a for a in score_mod.args) \
         if score_mod is not None else ()
     grid = (triton.cdiv(q_len, config.block_m), batch * heads)
+    if config.use_tma:
+        q_t, k_t, v_t, out_t = (_descriptor(q, config.block_m, head_dim), _descriptor(k, config.block_n, head_dim),
+                                _descriptor(v, config.block_n, head_dim), _descriptor(out, config.block_m, head_dim))
+    else:
+        q_t, k_t, v_t, out_t = q, k, v, out
     launch_args = (
-        q, k, v, out, lse,
+        q_t, k_t, v_t, out_t, lse,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), lse.stride(0), lse.stride(1),
         partial_num, partial_ids, full_num, full_ids,
         partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
         partial_ids.stride(2),
         heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E, mask_args, score_args)
     kernel_kwargs = dict(MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod else None,
-                         HAS_SCORE=score_mod is not None, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                         HAS_SCORE=score_mod is not None, USE_TMA=config.use_tma, BLOCK_M=config.block_m,
+                         BLOCK_N=config.block_n,
                          HEAD_DIM=head_dim, num_warps=config.num_warps, num_stages=config.num_stages)
     if full_ids.stride(-1) != 1 or partial_ids.stride(-1) != 1:
         raise ValueError("block_mask index tensors must be contiguous in their last dim")
@@ -275,11 +319,23 @@ def _launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_m
             _attn_fwd_kernel[grid](*launch_args, **kernel_kwargs)
 
 
+def _descriptor(t: torch.Tensor, block_rows: int, head_dim: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, block_rows, head_dim])
+
+
+def tma_compatible(*tensors) -> bool:
+    """TMA needs unit stride in D, 16-byte aligned other strides and base addresses."""
+    return all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+               and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]) for t in tensors)
+
+
 _tuned: dict = {}
 
 
-def _tuning_key(q, k, mask_mod, score_mod, block_mask):
-    return (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), mask_mod.structure,
+def _tuning_key(q, k, v, mask_mod, score_mod, block_mask):
+    return (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), tma_compatible(q, k, v), mask_mod.structure,
             None if score_mod is None else score_mod.name,
             None if block_mask is None else (block_mask.block_m, block_mask.block_n))
 
@@ -318,10 +374,12 @@ def attention_forward(q, k, v, *, mask_mod: MaskMod | None = None, score_mod: Sc
 
 
 def _tune(q, k, v, out, lse, mask_mod, score_mod, block_mask, scale, masks_for) -> FwdConfig:
-    key = _tuning_key(q, k, mask_mod, score_mod, block_mask)
+    key = _tuning_key(q, k, v, mask_mod, score_mod, block_mask)
     if key in _tuned:
         return _tuned[key]
     candidates = candidate_configs(q.shape[-1], q.device)
+    if not tma_compatible(q, k, v, out):
+        candidates = [c for c in candidates if not c.use_tma]
     if block_mask is not None:
         candidates = [c for c in candidates if (c.block_m, c.block_n) == (block_mask.block_m, block_mask.block_n)]
         if not candidates:
