@@ -54,6 +54,94 @@ def cmd_llvm_options(args: argparse.Namespace) -> int:
     return 0
 
 
+def pipeline_from_text(text: str):
+    """A Pipeline from the CLI form: ``default`` (plain Triton), or ``;``-separated items
+    ``disable-lsr``, ``llvm:NAME[=VALUE],...``, ``passes:NAME,...``, ``ptxas:FLAGS``."""
+    from . import env
+    from .errors import PipelineError
+    from .pipeline import Pipeline, pipeline_from_environ
+
+    environ: dict[str, str] = {}
+    sections = {"llvm": env.LLVM_OPTIONS, "passes": env.PASSES, "ptxas": env.PTXAS_OPTIONS}
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        if item in ("default", "none"):
+            continue
+        if item == "disable-lsr":
+            environ[env.DISABLE_LSR] = "1"
+            continue
+        section, colon, value = item.partition(":")
+        if not colon or section not in sections:
+            raise PipelineError(f"pipeline {text!r}: bad item {item!r}; expected default, disable-lsr, "
+                                "llvm:NAME[=VALUE],..., passes:NAME,... or ptxas:FLAGS")
+        variable = sections[section]
+        environ[variable] = f"{environ[variable]},{value}" if variable in environ and section != "ptxas" else value
+    return pipeline_from_environ(environ) if environ else Pipeline()
+
+
+def load_kernel_spec(path: str) -> dict:
+    """Read a kernel spec (TOML or JSON): ``kernel = "module:function"`` (or ``"file.py:function"``),
+    ``[signature]`` argument types, optional ``[constexprs]`` and ``[options]`` (num_warps, ...)."""
+    import importlib
+    import importlib.util
+    import os
+
+    with open(path, "rb") as f:
+        raw = f.read()
+    if path.endswith(".json"):
+        spec = json.loads(raw)
+    else:
+        import tomllib
+
+        spec = tomllib.loads(raw.decode())
+    for key in ("kernel", "signature"):
+        if key not in spec:
+            raise ValueError(f"{path}: missing '{key}' (see `tritonpatch compare --help`)")
+    module_name, _, attr = spec["kernel"].partition(":")
+    if module_name.endswith(".py"):
+        module_path = os.path.join(os.path.dirname(os.path.abspath(path)), module_name)
+        loader = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_path)
+        module = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(module)
+    else:
+        module = importlib.import_module(module_name)
+    if not attr or not hasattr(module, attr):
+        raise ValueError(f"{path}: kernel {spec['kernel']!r} names no attribute of {module_name}")
+    return {"kernel": getattr(module, attr), "signature": spec["signature"],
+            "constexprs": spec.get("constexprs", {}), "options": spec.get("options", {})}
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Compile one kernel under two pipelines and compare what came out."""
+    from . import inspect
+
+    if args.cache_dir:
+        reports = inspect.cache_dir_reports(args.cache_dir)
+        if args.json:
+            print(json.dumps(reports, indent=2))
+        else:
+            rows = [[r["kernel"], r["directory"][:12], str(r["registers"]), str(r["local"]), str(r["dynamic_shared"]),
+                     str(sum(r["sass_main_loop"].values()))] for r in reports]
+            print(_table(rows, ["KERNEL", "ENTRY", "REGS", "LOCAL", "SHARED", "LOOP-SASS"]) if rows
+                  else f"no cubin in {args.cache_dir}")
+        return 0
+    if not args.spec:
+        raise SystemExit("tritonpatch compare: give a kernel SPEC file, or --cache-dir DIR")
+    spec = load_kernel_spec(args.spec)
+    reports = []
+    for label, text in (("A", args.a), ("B", args.b)):
+        pipeline = pipeline_from_text(text)
+        print(f"compiling {spec['kernel'].__name__} for {args.target} with {label} ...", file=sys.stderr)
+        reports.append(inspect.compile_report(spec["kernel"], spec["signature"], spec["constexprs"], pipeline,
+                                              target=args.target, **spec["options"]))
+    comparison = inspect.compare(*reports)
+    print(json.dumps(comparison.to_dict(), indent=2) if args.json else inspect.format_comparison(comparison))
+    if args.html:
+        with open(args.html, "w") as f:
+            f.write(inspect.comparison_html(comparison))
+        print(f"wrote {args.html}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tritonpatch", description="Patch Triton's compile pipeline: LLVM options, IR passes, inspection.")
@@ -66,6 +154,21 @@ def build_parser() -> argparse.ArgumentParser:
     llvm_options.add_argument("--changed", action="store_true",
                               help="only options that differ from their default or were specified")
     llvm_options.set_defaults(run=cmd_llvm_options)
+
+    compare = commands.add_parser(
+        "compare", help="compile a kernel under two pipelines and compare registers, spills, SASS, IR",
+        description="SPEC is a TOML/JSON file: kernel = \"module:function\" or \"file.py:function\", "
+                    "[signature] NAME = \"*fp16\"|\"i32\"|..., optional [constexprs] and [options] "
+                    "(num_warps, num_stages). PIPE: default | disable-lsr | llvm:NAME[=VALUE],... | "
+                    "passes:NAME,... | ptxas:FLAGS, items joined with ';'.")
+    compare.add_argument("spec", nargs="?", help="kernel spec file (TOML or JSON)")
+    compare.add_argument("--a", default="default", metavar="PIPE", help="first pipeline (default: plain Triton)")
+    compare.add_argument("--b", default="disable-lsr", metavar="PIPE", help="second pipeline (default: disable-lsr)")
+    compare.add_argument("--target", default="sm_90", help="GPU target to compile for (default: sm_90)")
+    compare.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    compare.add_argument("--html", metavar="OUT", help="also write an HTML report with diffs and a chart")
+    compare.add_argument("--cache-dir", metavar="DIR", help="instead, inspect every kernel in a Triton cache dir")
+    compare.set_defaults(run=cmd_compare)
     return parser
 
 
@@ -73,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except TritonpatchError as exc:
+    except (TritonpatchError, ValueError, OSError) as exc:
         print(f"tritonpatch: error: {exc}", file=sys.stderr)
         return 2
 

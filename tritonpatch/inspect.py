@@ -1,0 +1,459 @@
+"""Compare a kernel compiled under two pipelines: registers, spills, SASS mix, loops, IR diffs.
+
+Everything here works without a GPU: Triton compiles for any ``sm_XX`` on the CPU and ships
+``ptxas``, ``cuobjdump`` and ``nvdisasm``. ::
+
+    a = compile_report(kernel, signature, constexprs)                        # plain Triton
+    b = compile_report(kernel, signature, constexprs, Pipeline(disable_lsr=True))
+    print(format_comparison(compare(a, b)))
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import difflib
+import html
+import os
+import re
+import subprocess
+import tempfile
+import time
+from typing import Any, Mapping
+
+from .pipeline import Pipeline, use_pipeline
+from .targets import compile_for_target, parse_target
+
+# SASS opcode (the part before the first '.') -> instruction class.
+SASS_CLASSES: dict[str, tuple[str, ...]] = {
+    "tensor-core": ("HGMMA", "HMMA", "IMMA", "DMMA", "QGMMA", "IGMMA", "BGMMA", "UTCHMMA", "UTCQMMA"),
+    "fp": ("FFMA", "FADD", "FMUL", "FMNMX", "FSETP", "FSEL", "FCHK", "FSET", "FRND", "HADD2", "HMUL2", "HFMA2",
+           "HMNMX2", "HSETP2", "DADD", "DMUL", "DFMA", "DSETP", "FSWZADD"),
+    "int": ("IMAD", "IADD3", "IADD", "LOP3", "LOP", "SHF", "SHL", "SHR", "ISETP", "IMNMX", "VIMNMX", "LEA", "SEL",
+            "PRMT", "IABS", "POPC", "FLO", "BREV", "SGXT", "IDP", "BMSK", "IMUL", "ISCADD", "BFE", "BFI"),
+    "convert": ("F2F", "F2FP", "F2I", "I2F", "I2FP", "F2IP", "I2I"),
+    "mufu": ("MUFU",),
+    "move": ("MOV", "S2R", "S2UR", "CS2R", "R2UR", "SHFL", "MOVM"),
+    "predicate": ("PLOP3", "P2R", "R2P", "VOTE", "VOTEU"),
+    "uniform": ("UIADD3", "UIMAD", "ULOP3", "USHF", "UMOV", "ULEA", "USEL", "UISETP", "UPRMT", "USGXT", "UFLO",
+                "UPOPC", "UBMSK", "ULOP", "UBREV", "UPLOP3", "USETMAXREG"),
+    "load-global": ("LDG", "LD", "LDGSTS", "LDGDEPBAR"),
+    "store-global": ("STG", "ST"),
+    "shared": ("LDS", "STS", "LDSM", "STSM"),
+    "local": ("LDL", "STL"),
+    "constant": ("LDC", "ULDC"),
+    "atomic": ("ATOM", "ATOMG", "ATOMS", "RED", "REDG", "REDUX"),
+    "tma": ("UTMALDG", "UTMASTG", "UBLKCP", "UTMAPF", "UTMACCTL", "UTMACMDFLUSH", "UTMAREDG"),
+    "barrier": ("BAR", "WARPGROUP", "MEMBAR", "DEPBAR", "FENCE", "ERRBAR", "CCTL", "SYNCS", "ARRIVES", "WARPSYNC",
+                "BSSY", "BSYNC", "NANOSLEEP", "YIELD"),
+    "branch": ("BRA", "BRX", "JMP", "JMX", "EXIT", "RET", "CALL", "BPT", "KILL"),
+}
+_CLASS_OF = {opcode: name for name, opcodes in SASS_CLASSES.items() for opcode in opcodes}
+
+
+def sass_class(opcode: str) -> str:
+    """The class of a SASS opcode such as ``HGMMA.64x64x16.F32.BF16`` (``other`` if unknown)."""
+    return _CLASS_OF.get(opcode.split(".")[0], "other")
+
+
+def _tool(name: str, capability: int = 90) -> str:
+    """Path of the CUDA tool Triton itself uses (``ptxas``, ``cuobjdump``, ``nvdisasm``)."""
+    from triton import knobs
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    path = get_ptxas(capability).path if name == "ptxas" else getattr(knobs.nvidia, name).path
+    if not path or not os.path.exists(path):
+        raise FileNotFoundError(f"Triton's {name} was not found ({path!r}); reinstall triton")
+    return path
+
+
+def _run(command: list[str]) -> str:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        raise RuntimeError(f"{os.path.basename(command[0])} failed: {result.stderr.strip()[:2000]}")
+    return result.stdout + result.stderr
+
+
+# --- resources ------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    """Per-thread and per-block resources of the compiled kernel."""
+
+    registers: int
+    spill_stores: int  # bytes, from ptxas -v
+    spill_loads: int
+    stack_frame: int
+    local_memory: int
+    static_shared: int  # bytes declared in the cubin
+    dynamic_shared: int  # bytes Triton requests at launch
+
+
+_RESOURCE_RE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
+_SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def parse_resource_usage(text: str) -> dict[str, int]:
+    """``cuobjdump --dump-resource-usage`` output -> registers, stack, shared, local."""
+    match = _RESOURCE_RE.search(text)
+    if not match:
+        raise ValueError("no 'REG:.. STACK:.. SHARED:.. LOCAL:..' line in cuobjdump output")
+    registers, stack, shared, local = map(int, match.groups())
+    return {"registers": registers, "stack": stack, "shared": shared, "local": local}
+
+
+def parse_ptxas_verbose(text: str) -> dict[str, int]:
+    """``ptxas -v`` output -> stack frame and spill bytes (``Used N registers`` too)."""
+    spills = _SPILL_RE.search(text)
+    registers = re.search(r"Used (\d+) registers", text)
+    if not spills or not registers:
+        raise ValueError("no spill/register lines in ptxas -v output")
+    stack, stores, loads = map(int, spills.groups())
+    return {"stack_frame": stack, "spill_stores": stores, "spill_loads": loads, "registers": int(registers.group(1))}
+
+
+def _gpu_name(capability: int) -> str:
+    return f"sm_{capability}{'a' if capability >= 90 else ''}"
+
+
+def measure_resources(cubin: bytes, ptx: str, capability: int, ptxas_options: tuple[str, ...],
+                      dynamic_shared: int) -> Resources:
+    """Registers/shared/local from the cubin itself; spills from ``ptxas -v`` rerun with the same
+    options (Triton discards its own ptxas log)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin_path = os.path.join(tmp, "kernel.cubin")
+        ptx_path = os.path.join(tmp, "kernel.ptx")
+        with open(cubin_path, "wb") as f:
+            f.write(cubin)
+        with open(ptx_path, "w") as f:
+            f.write(ptx)
+        usage = parse_resource_usage(_run([_tool("cuobjdump"), "--dump-resource-usage", cubin_path]))
+        verbose = parse_ptxas_verbose(_run([_tool("ptxas", capability), "-v", *ptxas_options, f"--gpu-name={_gpu_name(capability)}",
+                                            ptx_path, "-o", os.path.join(tmp, "check.cubin")]))
+    return Resources(registers=usage["registers"], spill_stores=verbose["spill_stores"],
+                     spill_loads=verbose["spill_loads"], stack_frame=verbose["stack_frame"],
+                     local_memory=usage["local"], static_shared=usage["shared"], dynamic_shared=dynamic_shared)
+
+
+# --- SASS -----------------------------------------------------------------------------------------
+
+_SASS_LINE_RE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
+_SASS_LABEL_RE = re.compile(r"^\s*(\.L_x_\d+):")
+_SASS_BRANCH_RE = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
+
+
+@dataclasses.dataclass(frozen=True)
+class SassStats:
+    """SASS instruction counts by class for the whole kernel and for its main loop."""
+
+    total: dict[str, int]
+    main_loop: dict[str, int]
+    loops: int
+    opcodes: dict[str, int]
+
+
+def analyze_sass(text: str) -> SassStats:
+    """Classify ``nvdisasm`` output. Loops are backward branches; the main loop is the one with the
+    most tensor-core instructions (then the longest)."""
+    instructions: list[str] = []  # opcode per instruction, in address order
+    labels: dict[str, int] = {}
+    back_edges: list[tuple[int, int]] = []
+    for line in text.splitlines():
+        label = _SASS_LABEL_RE.match(line)
+        if label:
+            labels[label.group(1)] = len(instructions)
+            continue
+        match = _SASS_LINE_RE.search(line)
+        if not match:
+            continue
+        branch = _SASS_BRANCH_RE.search(line)
+        # A branch to a label seen already is a loop, except the branch-to-itself trap after EXIT.
+        if branch and branch.group(1) in labels and labels[branch.group(1)] < len(instructions):
+            back_edges.append((labels[branch.group(1)], len(instructions)))
+        instructions.append(match.group(2))
+    if not instructions:
+        raise ValueError("no SASS instructions found")
+
+    def count(opcodes) -> dict[str, int]:
+        return dict(collections.Counter(sass_class(op) for op in opcodes))
+
+    main: list[str] = []
+    if back_edges:
+        start, end = max(back_edges, key=lambda e: (sum(sass_class(op) == "tensor-core" for op in instructions[e[0]:e[1] + 1]),
+                                                    e[1] - e[0]))
+        main = instructions[start:end + 1]
+    return SassStats(total=count(instructions), main_loop=count(main), loops=len(back_edges),
+                     opcodes=dict(collections.Counter(op.split(".")[0] for op in instructions)))
+
+
+def disassemble(cubin: bytes) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        return _run([_tool("nvdisasm"), "-c", path])
+
+
+# --- LLVM IR loops --------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class LoopStats:
+    """One natural loop of the LLVM IR: its blocks and instruction counts by opcode."""
+
+    header: str
+    blocks: int
+    instructions: int
+    opcodes: dict[str, int]
+
+
+_LLIR_LABEL_RE = re.compile(r"^([\w.$-]+):")
+_LLIR_TARGET_RE = re.compile(r"label %([\w.$-]+)")
+
+
+def _llir_blocks(llir: str) -> dict[str, list[str]]:
+    """Blocks (name -> instruction lines) of the first defined function with a body."""
+    body = re.search(r"^define [^\n]*\{\n(.*?)^\}", llir, re.S | re.M)
+    if not body:
+        raise ValueError("no function definition in the LLVM IR")
+    blocks: dict[str, list[str]] = {}
+    current = "entry"
+    blocks[current] = []
+    for line in body.group(1).splitlines():
+        label = _LLIR_LABEL_RE.match(line)
+        if label:
+            current = label.group(1)
+            blocks[current] = []
+        elif line.strip() and not line.lstrip().startswith(";"):
+            blocks[current].append(line.strip())
+    if not blocks["entry"]:
+        del blocks["entry"]
+    return blocks
+
+
+def _opcode(instruction: str) -> str:
+    words = instruction.split(" = ", 1)[-1].split()
+    words = [w for w in words if w not in ("tail", "musttail", "notail")]
+    return words[0] if words else "?"
+
+
+def llir_loops(llir: str) -> list[LoopStats]:
+    """Natural loops of the kernel's LLVM IR (back edges found by depth-first search), largest first.
+    Read from the IR text, so it follows whatever LLVM version the Triton in use prints."""
+    blocks = _llir_blocks(llir)
+    names = list(blocks)
+    successors = {name: [t for t in _LLIR_TARGET_RE.findall(blocks[name][-1]) if t in blocks] if blocks[name] else []
+                  for name in names}
+    predecessors: dict[str, list[str]] = collections.defaultdict(list)
+    for name, targets in successors.items():
+        for target in targets:
+            predecessors[target].append(name)
+    back_edges, on_stack, visited = [], set(), set()
+    stack = [(names[0], iter(successors[names[0]]))]
+    visited.add(names[0])
+    on_stack.add(names[0])
+    while stack:
+        node, children = stack[-1]
+        child = next(children, None)
+        if child is None:
+            stack.pop()
+            on_stack.discard(node)
+        elif child in on_stack:
+            back_edges.append((node, child))
+        elif child not in visited:
+            visited.add(child)
+            on_stack.add(child)
+            stack.append((child, iter(successors[child])))
+    loops: dict[str, set[str]] = collections.defaultdict(set)
+    for tail, header in back_edges:
+        body, work = {header, tail}, ([tail] if tail != header else [])
+        while work:
+            for pred in predecessors[work.pop()]:
+                if pred not in body:
+                    body.add(pred)
+                    work.append(pred)
+        loops[header] |= body
+    stats = []
+    for header, body in loops.items():
+        opcodes = collections.Counter(_opcode(i) for b in body for i in blocks[b])
+        stats.append(LoopStats(header=header, blocks=len(body), instructions=sum(opcodes.values()), opcodes=dict(opcodes)))
+    return sorted(stats, key=lambda s: -s.instructions)
+
+
+# --- the report -----------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class CompileReport:
+    """What one compile of one kernel under one Pipeline produced."""
+
+    kernel: str
+    target: str
+    pipeline: Pipeline
+    compile_seconds: float
+    resources: Resources
+    sass: SassStats
+    loops: list[LoopStats]
+    passes: list[dict]
+    asm: dict[str, str]  # ttir, ttgir, llir, ptx, sass
+    runtime_ms: float | None = None
+
+    def to_dict(self, include_asm: bool = False) -> dict:
+        out = {
+            "kernel": self.kernel, "target": self.target, "pipeline": self.pipeline.to_dict(),
+            "fingerprint": self.pipeline.fingerprint(), "compile_seconds": round(self.compile_seconds, 4),
+            "resources": dataclasses.asdict(self.resources), "sass": dataclasses.asdict(self.sass),
+            "llir_loops": [dataclasses.asdict(loop) for loop in self.loops], "passes": self.passes,
+            "runtime_ms": self.runtime_ms,
+        }
+        if include_asm:
+            out["asm"] = self.asm
+        return out
+
+
+def _pass_reports(collected) -> list[dict]:
+    return [dataclasses.asdict(r) if dataclasses.is_dataclass(r) else dict(r) for r in collected]
+
+
+def compile_report(kernel, signature: Mapping[str, str], constexprs: Mapping[str, Any] | None = None,
+                   pipeline: Pipeline | None = None, target: str = "sm_90", **compile_options) -> CompileReport:
+    """Compile ``kernel`` for ``target`` with exactly ``pipeline`` (default: plain Triton) — a real
+    compile, never a cache hit — and measure what came out."""
+    from .passes import collect_reports
+
+    pipeline = pipeline if pipeline is not None else Pipeline()
+    capability = parse_target(target).arch
+    previous = os.environ.get("TRITON_ALWAYS_COMPILE")
+    os.environ["TRITON_ALWAYS_COMPILE"] = "1"
+    try:
+        with use_pipeline(pipeline), collect_reports() as reports:
+            start = time.perf_counter()
+            compiled = compile_for_target(kernel, signature, constexprs, target=target, **compile_options)
+            seconds = time.perf_counter() - start
+    finally:
+        if previous is None:
+            os.environ.pop("TRITON_ALWAYS_COMPILE", None)
+        else:
+            os.environ["TRITON_ALWAYS_COMPILE"] = previous
+    sass = disassemble(compiled.asm["cubin"])
+    asm = {stage: compiled.asm[stage] for stage in ("ttir", "ttgir", "llir", "ptx")}
+    asm["sass"] = sass
+    return CompileReport(
+        kernel=compiled.metadata.name, target=target, pipeline=pipeline, compile_seconds=seconds,
+        resources=measure_resources(compiled.asm["cubin"], compiled.asm["ptx"], capability, pipeline.ptxas,
+                                    compiled.metadata.shared),
+        sass=analyze_sass(sass), loops=llir_loops(compiled.asm["llir"]), passes=_pass_reports(reports), asm=asm)
+
+
+# --- comparing two reports ------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Comparison:
+    a: CompileReport
+    b: CompileReport
+    rows: list[tuple[str, Any, Any]]  # (metric, a, b)
+    diffs: dict[str, str]  # stage -> trimmed unified diff ("" when identical)
+
+    def to_dict(self) -> dict:
+        return {"a": self.a.to_dict(), "b": self.b.to_dict(),
+                "rows": [{"metric": m, "a": x, "b": y} for m, x, y in self.rows], "diffs": self.diffs}
+
+
+def _trimmed_diff(a: str, b: str, name: str, max_lines: int) -> str:
+    lines = list(difflib.unified_diff(a.splitlines(), b.splitlines(), f"a/{name}", f"b/{name}", n=2, lineterm=""))
+    if len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"... {len(lines) - max_lines} more diff lines"]
+    return "\n".join(lines)
+
+
+def compare(a: CompileReport, b: CompileReport, max_diff_lines: int = 200) -> Comparison:
+    """Side-by-side metrics and trimmed IR diffs of two reports of the same kernel."""
+    rows: list[tuple[str, Any, Any]] = [
+        ("compile time (s)", round(a.compile_seconds, 3), round(b.compile_seconds, 3)),
+    ]
+    for field in dataclasses.fields(Resources):
+        rows.append((field.name.replace("_", " "), getattr(a.resources, field.name), getattr(b.resources, field.name)))
+    for scope, attr in (("SASS", "total"), ("SASS main loop", "main_loop")):
+        counts_a, counts_b = getattr(a.sass, attr), getattr(b.sass, attr)
+        rows.append((f"{scope} instructions", sum(counts_a.values()), sum(counts_b.values())))
+        for cls in SASS_CLASSES:
+            if counts_a.get(cls) or counts_b.get(cls):
+                rows.append((f"{scope} {cls}", counts_a.get(cls, 0), counts_b.get(cls, 0)))
+    main_a = a.loops[0].instructions if a.loops else 0
+    main_b = b.loops[0].instructions if b.loops else 0
+    rows += [("LLIR loops", len(a.loops), len(b.loops)), ("LLIR main loop instructions", main_a, main_b)]
+    if a.runtime_ms is not None or b.runtime_ms is not None:
+        rows.append(("runtime (ms)", a.runtime_ms, b.runtime_ms))
+    diffs = {stage: _trimmed_diff(a.asm[stage], b.asm[stage], f"{a.kernel}.{stage}", max_diff_lines)
+             for stage in ("ttgir", "ptx")}
+    return Comparison(a=a, b=b, rows=rows, diffs=diffs)
+
+
+def _describe(pipeline: Pipeline) -> str:
+    return "plain Triton" if pipeline.is_empty else repr(pipeline)
+
+
+def format_comparison(comparison: Comparison) -> str:
+    """A terminal table: metric, A, B and the change."""
+    a, b = comparison.a, comparison.b
+    lines = [f"kernel {a.kernel} for {a.target}",
+             f"  A: {_describe(a.pipeline)}", f"  B: {_describe(b.pipeline)}", ""]
+    width = max(len(m) for m, _, _ in comparison.rows)
+    lines.append(f"{'metric'.ljust(width)}  {'A':>10}  {'B':>10}  change")
+    for metric, x, y in comparison.rows:
+        change = ""
+        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and x != y:
+            change = f"{y - x:+g}" + (f" ({(y - x) / x:+.1%})" if x else "")
+        lines.append(f"{metric.ljust(width)}  {str(x):>10}  {str(y):>10}  {change}")
+    for report, label in ((a, "A"), (b, "B")):
+        for p in report.passes:
+            lines.append(f"pass ({label}) {p.get('name')}: {p.get('changes', p)}")
+    for stage, diff in comparison.diffs.items():
+        lines.append(f"{stage}: " + ("identical" if not diff else f"{diff.count(chr(10)) + 1} diff lines (see --html)"))
+    return "\n".join(lines)
+
+
+def comparison_html(comparison: Comparison) -> str:
+    """A standalone HTML report: the metrics table, a bar chart of SASS classes and the IR diffs."""
+    a, b = comparison.a, comparison.b
+    rows = "".join(f"<tr><td>{html.escape(str(m))}</td><td>{html.escape(str(x))}</td><td>{html.escape(str(y))}</td></tr>"
+                   for m, x, y in comparison.rows)
+    classes = [c for c in SASS_CLASSES if a.sass.total.get(c) or b.sass.total.get(c)]
+    peak = max([a.sass.total.get(c, 0) for c in classes] + [b.sass.total.get(c, 0) for c in classes] + [1])
+    bars = "".join(
+        f"<tr><td>{c}</td><td><div class=a style='width:{300 * a.sass.total.get(c, 0) / peak:.0f}px'>"
+        f"{a.sass.total.get(c, 0)}</div><div class=b style='width:{300 * b.sass.total.get(c, 0) / peak:.0f}px'>"
+        f"{b.sass.total.get(c, 0)}</div></td></tr>" for c in classes)
+    diffs = "".join(f"<h2>{stage} diff</h2><pre>{html.escape(diff) or 'identical'}</pre>"
+                    for stage, diff in comparison.diffs.items())
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>tritonpatch compare {html.escape(a.kernel)}</title>
+<style>body{{font-family:sans-serif;margin:2em}} td{{padding:2px 10px}} pre{{background:#f6f6f6;padding:1em;overflow:auto}}
+.a,.b{{color:white;font-size:11px;margin:1px}} .a{{background:#4477aa}} .b{{background:#ee6677}}</style></head><body>
+<h1>{html.escape(a.kernel)} for {html.escape(a.target)}</h1>
+<p><span class=a>&nbsp;A&nbsp;</span> {html.escape(_describe(a.pipeline))}<br>
+<span class=b>&nbsp;B&nbsp;</span> {html.escape(_describe(b.pipeline))}</p>
+<table><tr><th>metric</th><th>A</th><th>B</th></tr>{rows}</table>
+<h2>SASS instructions by class</h2><table>{bars}</table>{diffs}</body></html>"""
+
+
+# --- kernels already in a Triton cache ------------------------------------------------------------
+
+def cache_dir_reports(cache_dir: str) -> list[dict]:
+    """Resources and SASS mix of every cubin in a Triton cache directory (no recompile)."""
+    import json
+
+    out = []
+    for root, _dirs, files in os.walk(cache_dir):
+        for name in sorted(f for f in files if f.endswith(".cubin")):
+            with open(os.path.join(root, name), "rb") as f:
+                cubin = f.read()
+            meta_path = os.path.join(root, name[:-len(".cubin")] + ".json")
+            meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, name)
+                with open(path, "wb") as f:
+                    f.write(cubin)
+                usage = parse_resource_usage(_run([_tool("cuobjdump"), "--dump-resource-usage", path]))
+            sass = analyze_sass(disassemble(cubin))
+            out.append({"kernel": name[:-len(".cubin")], "directory": os.path.relpath(root, cache_dir),
+                        "num_warps": meta.get("num_warps"), "num_stages": meta.get("num_stages"),
+                        "dynamic_shared": meta.get("shared"), **usage, "sass_total": sass.total,
+                        "sass_main_loop": sass.main_loop})
+    return out
