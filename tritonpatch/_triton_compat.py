@@ -81,33 +81,48 @@ def is_triton_language(language) -> bool:
 
 _DISK_KEY_BINDINGS = (_cache_module, _compiler_module, _jit_module)
 _originals: dict[tuple[object, str], Callable] = {}
+_tagging = [False]  # read by the wrappers; False after uninstall where a wrapper could not be unbound
 
 
-def _tagged(original: Callable, tag: Callable[[], str]) -> Callable:
+def _tagged_disk_key(original: Callable, tag: Callable[[], str]) -> Callable:
     @functools.wraps(original)
-    def with_pipeline_tag(*args, **kwargs):
+    def get_cache_key(*args, **kwargs):
         key = original(*args, **kwargs)
-        suffix = tag()
+        suffix = tag() if _tagging[0] else ""
         return key + suffix if suffix else key
 
-    with_pipeline_tag.__tritonpatch_original__ = original
-    return with_pipeline_tag
+    get_cache_key.__tritonpatch_original__ = original
+    return get_cache_key
+
+
+def _tagged_memory_key(original: Callable, tag: Callable[[], str]) -> Callable:
+    @functools.wraps(original)
+    def compute_cache_key(kernel_key_cache, specialization, options):  # on every launch: keep it lean
+        key = original(kernel_key_cache, specialization, options)
+        suffix = tag() if _tagging[0] else ""
+        return key + suffix if suffix else key
+
+    compute_cache_key.__tritonpatch_original__ = original
+    return compute_cache_key
 
 
 def patch_cache_keys(tag: Callable[[], str]) -> None:
     """3.6: append ``tag()`` (empty for an empty Pipeline) to the disk key and the in-memory JIT key."""
     if HOOK_GIVES_CACHE_KEYS:
         return
-    targets = [(module, "get_cache_key") for module in _DISK_KEY_BINDINGS] + [(_jit_module, "compute_cache_key")]
-    for module, name in targets:
+    bindings = [(module, "get_cache_key", _tagged_disk_key) for module in _DISK_KEY_BINDINGS]
+    bindings.append((_jit_module, "compute_cache_key", _tagged_memory_key))
+    for module, name, wrap in bindings:
         original = getattr(module, name)
         _originals[(module, name)] = original
-        setattr(module, name, _tagged(original, tag))
+        setattr(module, name, wrap(original, tag))
+    _tagging[0] = True
 
 
 def unpatch_cache_keys() -> None:
     """Put back the original functions wherever our wrapper is still the one bound (a wrapper that
-    someone else bound on top stays; its tag is then empty because the hook is inactive)."""
+    someone else bound on top stays in their chain and adds nothing from now on)."""
+    _tagging[0] = False
     for (module, name), original in list(_originals.items()):
         if getattr(getattr(module, name), "__tritonpatch_original__", None) is original:
             setattr(module, name, original)

@@ -28,7 +28,7 @@ from typing import Callable
 
 from . import env
 from .errors import PipelineError
-from .pipeline import Pipeline, current_pipeline, environment_pipeline
+from .pipeline import Pipeline, current_cache_tag, current_pipeline, environment_pipeline
 
 __all__ = ["install", "uninstall", "installed"]
 
@@ -36,14 +36,6 @@ logger = logging.getLogger("tritonpatch")
 
 _install_lock = threading.RLock()
 _hook: "_StagesHook | None" = None
-
-
-def _cache_tag() -> str:
-    """The text a compile started now adds to Triton's cache keys ('' for an empty Pipeline)."""
-    hook = _hook
-    if hook is None or not hook.active:
-        return ""
-    return current_pipeline().cache_tag
 
 
 class _StagesHook:
@@ -56,7 +48,7 @@ class _StagesHook:
     def __call__(self, *args):
         if not args:  # Triton 3.7+: (key, hash) for the disk and in-memory caches, on every launch
             key, digest = self.previous() if self.previous is not None else ("", "")
-            tag = current_pipeline().cache_tag if self.active else ""
+            tag = current_cache_tag() if self.active else ""
             return (key + tag, f"{digest}{tag}") if tag else (key, digest)
         backend, stages, options, language, capability = args
         stock_cubin = stages.get("cubin")
@@ -237,7 +229,7 @@ def install() -> None:
         _configure_logging()
         hook = _StagesHook(compat.get_stages_hook())
         compat.set_stages_hook(hook)
-        compat.patch_cache_keys(_cache_tag)
+        compat.patch_cache_keys(current_cache_tag)
         _hook = hook
         logger.debug("installed (triton %s.%s, environment %r)", *compat.TRITON_VERSION, environment_pipeline())
 

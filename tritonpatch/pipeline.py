@@ -254,19 +254,25 @@ def environment_pipeline() -> Pipeline:
 
 # --- the effective Pipeline ---------------------------------------------------------------------
 
+# options() layers merged over the environment; a per-kernel Pipeline; and the one of the two in
+# effect, kept precomputed because Triton 3.7+ asks for it on every launch.
 _scoped: contextvars.ContextVar[Pipeline | None] = contextvars.ContextVar("tritonpatch_options", default=None)
 _forced: contextvars.ContextVar[Pipeline | None] = contextvars.ContextVar("tritonpatch_kernel", default=None)
+_effective: contextvars.ContextVar[Pipeline | None] = contextvars.ContextVar("tritonpatch_effective", default=None)
 
 
 def current_pipeline() -> Pipeline:
     """The Pipeline a compile started here and now would use."""
-    forced = _forced.get()
-    if forced is not None:
-        return forced
-    scoped = _scoped.get()
-    if scoped is not None:
-        return scoped
-    return environment_pipeline()
+    pipeline = _effective.get()
+    return environment_pipeline() if pipeline is None else pipeline
+
+
+def current_cache_tag() -> str:
+    """``current_pipeline().cache_tag``, on the per-launch path."""
+    pipeline = _effective.get()
+    if pipeline is None:
+        pipeline = _environment if _environment is not None else environment_pipeline()
+    return pipeline.cache_tag
 
 
 def _install() -> None:
@@ -282,17 +288,18 @@ def use_pipeline(pipeline: Pipeline) -> Iterator[Pipeline]:
     if not isinstance(pipeline, Pipeline):
         raise PipelineError(f"use_pipeline() takes a Pipeline, got {pipeline!r}")
     _install()
-    token = _forced.set(pipeline)
+    forced, effective = _forced.set(pipeline), _effective.set(pipeline)
     try:
         yield pipeline
     finally:
-        _forced.reset(token)
+        _effective.reset(effective)
+        _forced.reset(forced)
 
 
 class _Block:
     """One entry into an options() layer: sets the merged Pipeline, restores the previous one."""
 
-    __slots__ = ("layer", "token")
+    __slots__ = ("layer", "tokens")
 
     def __init__(self, layer: Pipeline):
         self.layer = layer
@@ -300,12 +307,15 @@ class _Block:
     def __enter__(self) -> Pipeline:
         _install()
         base = _scoped.get()
-        effective = (environment_pipeline() if base is None else base).merge(self.layer)
-        self.token = _scoped.set(effective)
-        return effective
+        scoped = (environment_pipeline() if base is None else base).merge(self.layer)
+        forced = _forced.get()
+        self.tokens = (_scoped.set(scoped), _effective.set(scoped if forced is None else forced))
+        return scoped
 
     def __exit__(self, *exc_info) -> None:
-        _scoped.reset(self.token)
+        scoped, effective = self.tokens
+        _effective.reset(effective)
+        _scoped.reset(scoped)
 
 
 class options:

@@ -1,0 +1,231 @@
+"""What tritonpatch costs when it changes nothing: compile time and the Python launch path.
+
+Compile time: the same kernels compiled for sm_90 (no GPU needed) with plain Triton and with
+tritonpatch installed and an empty Pipeline, alternating the two in every round, each compile into a
+brand-new cache directory; the first round is warm-up and is dropped. Reported: per-kernel median
+seconds for both and the ratio (target <= 1.02).
+
+Launch path (CPU proxy): ``JITFunction.warmup`` of an already compiled kernel runs the whole Python
+side of a launch (binder, specialization, the 3.7+ zero-argument hook call or the 3.6 key
+wrapper, the in-memory cache lookup) but not the driver call; a compile-only driver stands in for
+CUDA. This is not GPU launch latency.
+
+Usage: python scripts/bench_compile_overhead.py [--rounds 15] [--json docs/benchmarks/compile_overhead.json]
+Results of each Triton version are merged into the JSON under its version; the markdown table next
+to it is regenerated from the JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import tritonpatch  # noqa: E402
+from tritonpatch.targets import compile_for_target  # noqa: E402
+
+
+@triton.jit
+def strided_sum(X, Y, N, stride, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in range(0, N):
+        acc += tl.load(X + i * stride + offs)
+    tl.store(Y + offs, acc)
+
+
+@triton.jit
+def softmax_rows(X, Y, stride, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(X + row * stride + offs, mask=offs < N, other=float("-inf"))
+    e = tl.exp(x - tl.max(x, 0))
+    tl.store(Y + row * stride + offs, e / tl.sum(e, 0), mask=offs < N)
+
+
+@triton.jit
+def matmul(A, B, C, M, N, K, sam, sbk, scm, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k in range(0, K, BK):
+        a = tl.load(A + rm[:, None] * sam + (k + rk)[None, :])
+        b = tl.load(B + (k + rk)[:, None] * sbk + rn[None, :])
+        acc += tl.dot(a, b)
+    tl.store(C + rm[:, None] * scm + rn[None, :], acc.to(tl.float16))
+
+
+KERNELS = {
+    "strided_sum": (strided_sum, {"X": "*fp32", "Y": "*fp32", "N": "i32", "stride": "i32"}, {"BLOCK": 128},
+                    {"num_warps": 4}),
+    "softmax_rows": (softmax_rows, {"X": "*fp32", "Y": "*fp32", "stride": "i32", "N": "i32"}, {"BLOCK": 1024},
+                     {"num_warps": 4}),
+    "matmul": (matmul, {"A": "*fp16", "B": "*fp16", "C": "*fp16", "M": "i32", "N": "i32", "K": "i32",
+                        "sam": "i32", "sbk": "i32", "scm": "i32"}, {"BM": 128, "BN": 128, "BK": 64},
+               {"num_warps": 8, "num_stages": 3}),
+}
+
+
+def compile_seconds(name: str) -> float:
+    fn, signature, constexprs, options = KERNELS[name]
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tp-bench-")
+    start = time.perf_counter()
+    compile_for_target(fn, signature, constexprs, target="sm_90", **options)
+    return time.perf_counter() - start
+
+
+def set_mode(mode: str) -> None:
+    if mode == "tritonpatch":
+        tritonpatch.install()
+    else:
+        tritonpatch.uninstall()
+
+
+def bench_compile(rounds: int) -> dict:
+    times = {name: {"plain": [], "tritonpatch": []} for name in KERNELS}
+    for round_index in range(rounds + 1):
+        order = ("plain", "tritonpatch") if round_index % 2 else ("tritonpatch", "plain")
+        for name in KERNELS:
+            for mode in order:
+                set_mode(mode)
+                seconds = compile_seconds(name)
+                if round_index:  # round 0 is warm-up
+                    times[name][mode].append(seconds)
+    tritonpatch.uninstall()
+    result = {}
+    for name, by_mode in times.items():
+        plain, patched = statistics.median(by_mode["plain"]), statistics.median(by_mode["tritonpatch"])
+        result[name] = {"plain_s": plain, "tritonpatch_s": patched, "ratio": patched / plain, "samples": rounds}
+    total_plain = sum(r["plain_s"] for r in result.values())
+    total_patched = sum(r["tritonpatch_s"] for r in result.values())
+    result["all (sum of medians)"] = {"plain_s": total_plain, "tritonpatch_s": total_patched,
+                                      "ratio": total_patched / total_plain, "samples": rounds}
+    return result
+
+
+class CompileOnlyDriver:
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+def bench_launch_path(repeats: int = 20000, rounds: int = 7) -> dict | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    from triton.runtime.driver import driver
+
+    saved = driver._active
+    driver.set_active(CompileOnlyDriver())
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tp-bench-")
+
+    def warm():
+        strided_sum.warmup(torch.float32, torch.float32, 64, 128, BLOCK=128, grid=(1,))
+
+    per_call = {"plain": [], "tritonpatch": []}
+    try:
+        for mode in ("plain", "tritonpatch"):
+            set_mode(mode)
+            warm()  # compile once; the loop below only hits the in-memory cache
+        for round_index in range(rounds):
+            for mode in (("plain", "tritonpatch") if round_index % 2 else ("tritonpatch", "plain")):
+                set_mode(mode)
+                warm()
+                start = time.perf_counter()
+                for _ in range(repeats):
+                    warm()
+                per_call[mode].append((time.perf_counter() - start) / repeats * 1e6)
+    finally:
+        tritonpatch.uninstall()
+        driver._active = saved
+    plain, patched = statistics.median(per_call["plain"]), statistics.median(per_call["tritonpatch"])
+    return {"plain_us": plain, "tritonpatch_us": patched, "added_us": patched - plain, "ratio": patched / plain,
+            "calls_per_round": repeats, "rounds": rounds}
+
+
+def write_markdown(path: str, data: dict) -> None:
+    lines = [
+        "# Compile overhead of tritonpatch with an empty Pipeline",
+        "",
+        "Generated by `scripts/bench_compile_overhead.py` (raw numbers: `compile_overhead.json`).",
+        "Compile for sm_90 on the CPU (no GPU involved), plain Triton vs tritonpatch installed with an empty",
+        "Pipeline, alternating in every round, a fresh cache directory for every compile, first round",
+        "dropped; medians. Target: ratio <= 1.02.",
+        "",
+    ]
+    for version, run in sorted(data.items()):
+        lines += [f"## triton {version}", "",
+                  f"Command: `{run['command']}`; {run['date']}; Python {run['python']}; {run['machine']}; "
+                  f"{run['rounds']} rounds.", "",
+                  "| kernel | plain (s) | tritonpatch (s) | ratio |", "|---|---|---|---|"]
+        for name, row in run["compile"].items():
+            lines.append(f"| {name} | {row['plain_s']:.3f} | {row['tritonpatch_s']:.3f} | {row['ratio']:.3f} |")
+        launch = run.get("launch_path")
+        if launch:
+            lines += ["", "Python launch path of a cached kernel (`JITFunction.warmup`, compile-only driver; a CPU",
+                      "proxy, not GPU launch latency): "
+                      f"plain {launch['plain_us']:.2f} µs, tritonpatch {launch['tritonpatch_us']:.2f} µs per call "
+                      f"(+{launch['added_us']:.2f} µs, ratio {launch['ratio']:.3f})."]
+        lines.append("")
+    with open(path, "w") as handle:
+        handle.write("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--json", default=os.path.join("docs", "benchmarks", "compile_overhead.json"))
+    args = parser.parse_args()
+    os.environ.pop("TRITON_ALWAYS_COMPILE", None)
+    for name in os.environ:
+        if name.startswith("TRITONPATCH_"):
+            raise SystemExit(f"unset {name}: this benchmark measures the empty Pipeline")
+
+    compile_result = bench_compile(args.rounds)
+    launch_result = bench_launch_path()
+    run = {
+        "command": "python scripts/bench_compile_overhead.py " + " ".join(sys.argv[1:]),
+        "date": datetime.date.today().isoformat(),
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared), no GPU",
+        "rounds": args.rounds,
+        "compile": compile_result,
+        "launch_path": launch_result,
+    }
+    data = {}
+    if os.path.exists(args.json):
+        with open(args.json) as handle:
+            data = json.load(handle)
+    data[triton.__version__] = run
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as handle:
+        json.dump(data, handle, indent=2)
+    write_markdown(os.path.splitext(args.json)[0] + ".md", data)
+    for name, row in compile_result.items():
+        print(f"{name:24s} plain {row['plain_s']:.3f}s  tritonpatch {row['tritonpatch_s']:.3f}s  ratio {row['ratio']:.3f}")
+    if launch_result:
+        print(f"launch path: plain {launch_result['plain_us']:.2f}us tritonpatch {launch_result['tritonpatch_us']:.2f}us")
+
+
+if __name__ == "__main__":
+    main()
