@@ -327,18 +327,25 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> bool:
     return False
 
 
-def _emit(module: Module, loop: int, head, step: int, mask: Mask, checks, steps) -> None:
-    line = module.lines[loop]
-    ops = IROps(module, line.indent, module.lines[module.end_of(loop)].loc)
-    lower, upper = ops.leaf(head.lower), ops.leaf(head.upper)
+def narrowed_bounds(ops, lower, upper, step: int, mask: Mask, iv: str, checks):
+    """(new lower, new upper, skipped leading iterations) as i64 scalars: the loop's iterations
+    minus the longest all-false prefix and suffix; the original bounds when an index computation
+    could wrap somewhere in the iteration range."""
     sets = _Sets(ops, lower, upper)
-    _, all_false = mask_sets(sets, mask, head.iv)
+    _, all_false = mask_sets(sets, mask, iv)
     last = ops.add(upper, ops.const(-1))
-    safe = ops.and_(no_wrap(_AtIteration(ops, head.iv, lower), checks),
-                    no_wrap(_AtIteration(ops, head.iv, last), checks))
+    safe = ops.and_(no_wrap(_AtIteration(ops, iv, lower), checks), no_wrap(_AtIteration(ops, iv, last), checks))
     skipped = ops.select(safe, ops.ceil_div(ops.add(all_false[0], ops.mul(lower, -1)), step), ops.const(0))
     new_lower = ops.add(lower, ops.mul(skipped, step))
     new_upper = ops.select(safe, ops.select(ops.cmp("sgt", all_false[1], new_lower), all_false[1], new_lower), upper)
+    return new_lower, new_upper, skipped
+
+
+def _emit(module: Module, loop: int, head, step: int, mask: Mask, checks, steps) -> None:
+    line = module.lines[loop]
+    ops = IROps(module, line.indent, module.lines[module.end_of(loop)].loc)
+    new_lower, new_upper, skipped = narrowed_bounds(ops, ops.leaf(head.lower), ops.leaf(head.upper), step, mask,
+                                                    head.iv, checks)
     narrow = {}
     for name, wide in (("lower", new_lower), ("upper", new_upper)):
         narrow[name] = wide if head.iv_type == "i64" else ops.emit(("trunc", wide), f"arith.trunci {wide} : i64 to i32")

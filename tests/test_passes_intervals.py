@@ -1,0 +1,90 @@
+"""Property tests: the per-tile interval verdicts and the loop-narrowing sets agree with brute force.
+
+The formulas under test are the ones the passes emit as IR (written once against an ops interface;
+PyOps runs them on Python integers)."""
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tritonpatch.passes.masks import Affine, Check, Mask, PyOps, brute_force, no_wrap, verdict
+from tritonpatch.passes.skip import narrowed_bounds
+
+SCALARS = ("iv", "s")
+INEQUALITIES = ("slt", "sle", "sgt", "sge")
+
+
+@st.composite
+def affines(draw, shape):
+    coeffs = st.integers(-3, 3)
+    scalars = tuple((n, c) for n in SCALARS if (c := draw(coeffs)))
+    return Affine(draw(st.integers(-20, 20)), scalars, tuple(draw(coeffs) for _ in shape), shape)
+
+
+@st.composite
+def masks(draw, shape, depth=2, preds=("slt", "sle", "sgt", "sge", "eq", "ne")):
+    kind = draw(st.sampled_from(["atom"] * 3 + (["and", "or", "xor", "not"] if depth else [])))
+    if kind == "atom":
+        return Mask("atom", pred=draw(st.sampled_from(preds)), diff=draw(affines(shape)))
+    if kind == "not":
+        return Mask("not", children=(draw(masks(shape, depth - 1, preds)),))
+    return Mask(kind, children=(draw(masks(shape, depth - 1, preds)), draw(masks(shape, depth - 1, preds))))
+
+
+shapes = st.tuples(st.integers(1, 6), st.integers(1, 6))
+envs = st.fixed_dictionaries({name: st.integers(-30, 30) for name in SCALARS})
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), shape=shapes, env=envs)
+def test_verdicts_are_sound(data, shape, env):
+    mask = data.draw(masks(shape))
+    all_true, all_false = verdict(PyOps(env), mask)
+    brute_true, brute_false = brute_force(mask, env)
+    assert not all_true or brute_true
+    assert not all_false or brute_false
+
+
+@settings(max_examples=400, deadline=None)
+@given(shape=shapes, env=envs, pred=st.sampled_from(INEQUALITIES), data=st.data())
+def test_inequality_verdicts_are_exact(shape, env, pred, data):
+    mask = Mask("atom", pred=pred, diff=data.draw(affines(shape)))
+    assert verdict(PyOps(env), mask) == brute_force(mask, env)
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=shapes, env=envs, data=st.data())
+def test_wrap_guard_matches_element_range(shape, env, data):
+    value = data.draw(affines(shape))
+    width = data.draw(st.integers(4, 8))
+    start = value.const + sum(c * env[n] for n, c in value.scalars)
+    elements = [start + sum(c * i for c, i in zip(value.axes, (a, b))) for a in range(shape[0]) for b in range(shape[1])]
+    fits = all(-(1 << (width - 1)) <= e < (1 << (width - 1)) for e in elements)
+    assert no_wrap(PyOps(env), [Check(value, width)]) == fits
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), shape=shapes, s=st.integers(-30, 30), lower=st.integers(-20, 20),
+       trips=st.integers(0, 12), step=st.integers(1, 4))
+def test_narrowed_loop_skips_only_all_false_iterations(data, shape, s, lower, trips, step):
+    mask = data.draw(masks(shape))
+    upper = lower + data.draw(st.integers(max(0, trips * step - step + 1), trips * step))
+    ops = PyOps({"s": s})
+    new_lower, new_upper, skipped = narrowed_bounds(ops, lower, upper, step, mask, "iv", [])
+    assert new_lower == lower + skipped * step and skipped >= 0
+    kept = set(range(new_lower, new_upper, step))
+    assert kept <= set(range(lower, upper, step))
+    for iv in set(range(lower, upper, step)) - kept:
+        assert brute_force(mask, {"iv": iv, "s": s})[1], f"iteration {iv} skipped but not all-false"
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=shapes, s=st.integers(-30, 30), lower=st.integers(-20, 20), trips=st.integers(0, 12),
+       step=st.integers(1, 4), pred=st.sampled_from(INEQUALITIES), data=st.data())
+def test_single_compare_narrowing_is_tight(shape, s, lower, trips, step, pred, data):
+    """For one compare the all-false iterations form a prefix or a suffix: all of them are skipped."""
+    mask = Mask("atom", pred=pred, diff=data.draw(affines(shape)))
+    upper = lower + trips * step
+    new_lower, new_upper, _ = narrowed_bounds(PyOps({"s": s}), lower, upper, step, mask, "iv", [])
+    live = [iv for iv in range(lower, upper, step) if not brute_force(mask, {"iv": iv, "s": s})[1]]
+    assert list(range(new_lower, new_upper, step)) == live
