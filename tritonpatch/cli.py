@@ -142,6 +142,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The seed kernel and the packaged attention under plain Triton vs tuned Pipelines."""
+    from . import demo
+
+    return demo.run()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tritonpatch", description="Patch Triton's compile pipeline: LLVM options, IR passes, inspection.")
@@ -169,6 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--html", metavar="OUT", help="also write an HTML report with diffs and a chart")
     compare.add_argument("--cache-dir", metavar="DIR", help="instead, inspect every kernel in a Triton cache dir")
     compare.set_defaults(run=cmd_compare)
+
+    demo = commands.add_parser(
+        "demo", help="the seed report's kernel and the packaged attention under plain vs tuned pipelines "
+                     "(compile-only on a CPU machine; timings vs FlexAttention/SDPA on a GPU)")
+    demo.set_defaults(run=cmd_demo)
     return parser
 
 

@@ -308,6 +308,13 @@ class CompileReport:
         return out
 
 
+def describe_pass(report: Mapping[str, Any]) -> str:
+    """``elide-uniform-masks on ttir: selects_elided=1, mask_ops_moved=9`` (+ fell back, if so)."""
+    counts = ", ".join(f"{k}={v}" for k, v in report.get("counts", {}).items()) or "no change"
+    kept = "" if report.get("kept", True) else " (fell back to the unpatched IR)"
+    return f"{report['name']} on {report['stage']}: {counts}{kept}"
+
+
 def _pass_reports(collected) -> list[dict]:
     return [dataclasses.asdict(r) if dataclasses.is_dataclass(r) else dict(r) for r in collected]
 
@@ -363,24 +370,33 @@ def _trimmed_diff(a: str, b: str, name: str, max_lines: int) -> str:
     return "\n".join(lines)
 
 
+def sass_classes(*reports: CompileReport) -> set[str]:
+    """The SASS classes that occur in any of the reports (whole kernel or main loop)."""
+    return {cls for r in reports for counts in (r.sass.total, r.sass.main_loop) for cls, n in counts.items() if n}
+
+
+def metrics(report: CompileReport, classes: set[str] | None = None) -> dict[str, Any]:
+    """The report's numbers by metric name, in display order; SASS rows for ``classes`` (default:
+    the classes that occur in this report)."""
+    classes = sass_classes(report) if classes is None else classes
+    out: dict[str, Any] = {"compile time (s)": round(report.compile_seconds, 3)}
+    for field in dataclasses.fields(Resources):
+        out[field.name.replace("_", " ")] = getattr(report.resources, field.name)
+    for scope, counts in (("SASS", report.sass.total), ("SASS main loop", report.sass.main_loop)):
+        out[f"{scope} instructions"] = sum(counts.values())
+        out.update({f"{scope} {cls}": counts.get(cls, 0) for cls in SASS_CLASSES if cls in classes})
+    out["LLIR loops"] = len(report.loops)
+    out["LLIR main loop instructions"] = report.loops[0].instructions if report.loops else 0
+    if report.runtime_ms is not None:
+        out["runtime (ms)"] = report.runtime_ms
+    return out
+
+
 def compare(a: CompileReport, b: CompileReport, max_diff_lines: int = 200) -> Comparison:
     """Side-by-side metrics and trimmed IR diffs of two reports of the same kernel."""
-    rows: list[tuple[str, Any, Any]] = [
-        ("compile time (s)", round(a.compile_seconds, 3), round(b.compile_seconds, 3)),
-    ]
-    for field in dataclasses.fields(Resources):
-        rows.append((field.name.replace("_", " "), getattr(a.resources, field.name), getattr(b.resources, field.name)))
-    for scope, attr in (("SASS", "total"), ("SASS main loop", "main_loop")):
-        counts_a, counts_b = getattr(a.sass, attr), getattr(b.sass, attr)
-        rows.append((f"{scope} instructions", sum(counts_a.values()), sum(counts_b.values())))
-        for cls in SASS_CLASSES:
-            if counts_a.get(cls) or counts_b.get(cls):
-                rows.append((f"{scope} {cls}", counts_a.get(cls, 0), counts_b.get(cls, 0)))
-    main_a = a.loops[0].instructions if a.loops else 0
-    main_b = b.loops[0].instructions if b.loops else 0
-    rows += [("LLIR loops", len(a.loops), len(b.loops)), ("LLIR main loop instructions", main_a, main_b)]
-    if a.runtime_ms is not None or b.runtime_ms is not None:
-        rows.append(("runtime (ms)", a.runtime_ms, b.runtime_ms))
+    classes = sass_classes(a, b)
+    metrics_a, metrics_b = metrics(a, classes), metrics(b, classes)
+    rows = [(m, metrics_a.get(m), metrics_b.get(m)) for m in metrics_a | metrics_b]
     diffs = {stage: _trimmed_diff(a.asm[stage], b.asm[stage], f"{a.kernel}.{stage}", max_diff_lines)
              for stage in ("ttgir", "ptx")}
     return Comparison(a=a, b=b, rows=rows, diffs=diffs)
@@ -403,8 +419,7 @@ def format_comparison(comparison: Comparison) -> str:
             change = f"{y - x:+g}" + (f" ({(y - x) / x:+.1%})" if x else "")
         lines.append(f"{metric.ljust(width)}  {str(x):>10}  {str(y):>10}  {change}")
     for report, label in ((a, "A"), (b, "B")):
-        for p in report.passes:
-            lines.append(f"pass ({label}) {p.get('name')}: {p.get('changes', p)}")
+        lines.extend(f"pass ({label}) {describe_pass(p)}" for p in report.passes)
     for stage, diff in comparison.diffs.items():
         lines.append(f"{stage}: " + ("identical" if not diff else f"{diff.count(chr(10)) + 1} diff lines (see --html)"))
     return "\n".join(lines)
