@@ -45,3 +45,13 @@ def test_cli_errors(args, code, message):
     result = run_cli(*args)
     assert result.returncode == code
     assert message in result.stderr
+
+
+def test_bench_lists_and_rejects_unknown_names():
+    listed = run_cli("bench", "--list")
+    assert listed.returncode == 0, listed.stderr
+    names = {line.split()[0] for line in listed.stdout.splitlines()}
+    scripts_dir = os.path.join(os.path.dirname(__file__), "..", "scripts")
+    assert names == {f[len("bench_"):-3] for f in os.listdir(scripts_dir) if f.startswith("bench_") and f.endswith(".py")}
+    result = run_cli("bench", "no-such-benchmark")
+    assert result.returncode == 2 and "unknown benchmark(s) no-such-benchmark" in result.stderr

@@ -149,6 +149,46 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo.run()
 
 
+def _benchmark_scripts() -> dict:
+    """``scripts/bench_<name>.py`` of the source checkout tritonpatch runs from, by name."""
+    import pathlib
+
+    scripts = pathlib.Path(__file__).resolve().parent.parent / "scripts"
+    if not scripts.is_dir():
+        raise FileNotFoundError(f"no benchmark scripts at {scripts}: `tritonpatch bench` runs from a source "
+                                "checkout installed with `pip install -e .`")
+    return {path.stem[len("bench_"):]: path for path in sorted(scripts.glob("bench_*.py"))}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run benchmark scripts one after another; each writes JSON, markdown and a plot into --out."""
+    import os
+    import shlex
+    import subprocess
+    import time
+
+    scripts = _benchmark_scripts()
+    if args.list or not args.names:
+        print("\n".join(f"{name:<20} {path}" for name, path in scripts.items()))
+        return 0
+    unknown = [name for name in args.names if name not in scripts]
+    if unknown:
+        raise ValueError(f"unknown benchmark(s) {', '.join(unknown)}; available: {', '.join(scripts)}")
+    os.makedirs(args.out, exist_ok=True)
+    failed = []
+    for index, name in enumerate(args.names, 1):
+        command = [sys.executable, str(scripts[name]), "--out", args.out, *shlex.split(args.script_args)]
+        print(f"[{index}/{len(args.names)}] {name}: {' '.join(command)}", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        status = subprocess.call(command)
+        outcome = "done" if status == 0 else f"FAILED (exit {status})"
+        print(f"[{index}/{len(args.names)}] {name}: {outcome} in {time.perf_counter() - start:.0f} s",
+              file=sys.stderr, flush=True)
+        if status:
+            failed.append(name)
+    return 1 if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tritonpatch", description="Patch Triton's compile pipeline: LLVM options, IR passes, inspection.")
@@ -181,6 +221,15 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="the seed report's kernel and the packaged attention under plain vs tuned pipelines "
                      "(compile-only on a CPU machine; timings vs FlexAttention/SDPA on a GPU)")
     demo.set_defaults(run=cmd_demo)
+
+    bench = commands.add_parser(
+        "bench", help="run benchmark scripts (scripts/bench_<name>.py) writing JSON, markdown and plots")
+    bench.add_argument("names", nargs="*", help="benchmarks to run (none: list them)")
+    bench.add_argument("--list", action="store_true", help="list the available benchmarks")
+    bench.add_argument("--out", default="docs/benchmarks", help="output directory (default: docs/benchmarks)")
+    bench.add_argument("--script-args", default="", metavar="ARGS",
+                       help="extra arguments for every script, e.g. --script-args='--masks causal'")
+    bench.set_defaults(run=cmd_bench)
     return parser
 
 
