@@ -301,5 +301,6 @@ def type_of(module: Module, name: str) -> str | None:
     if line.op == "arith.constant" and " : " not in body:
         return "i1" if body.strip() in ("true", "false") else None
     if " : " in body:
-        return split_top_level(body.rsplit(" : ", 1)[1])[-1]
+        types = split_top_level(body.rsplit(" : ", 1)[1])
+        return types[0] if line.op == "tt.addptr" else types[-1]
     return None

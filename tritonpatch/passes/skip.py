@@ -1,7 +1,8 @@
 """``skip-masked-blocks``: narrow a loop's bounds to drop leading / trailing all-false tiles.
 
 Applies to ``scf.for %iv = %lb to %ub step C`` (C a positive constant) whose body holds
-``select(%mask, %x, %fill)`` with an analysable mask (:mod:`.masks`) whose scalars are the
+``select(%mask, %x, -inf)`` (or ``select(%mask, -inf, %x)``, skipping where the mask is all-true)
+with an analysable mask (:mod:`.masks`) whose scalars are the
 induction variable or loop-invariant, when
 
 * the body has no side effects (no stores, atomics, prints, calls), and
@@ -90,6 +91,8 @@ def _transfer(module: Module, index: int, env: dict):
         return value + ((line.op, line.body),)
     if line.op in ("arith.truncf", "arith.extf"):
         return args[0] if args[0] in (NEG_INF, ZERO, ONE) else None
+    if line.op == "arith.select" and len(args) == 3:
+        return args[1] if args[1] is not None and args[1] == args[2] else None
     if line.op in ("math.exp2", "math.exp"):
         return {NEG_INF: ZERO, ZERO: ONE}.get(args[0])
     if len(args) != 2 and line.op != "tt.dot":
@@ -113,16 +116,16 @@ def _transfer(module: Module, index: int, env: dict):
     return None
 
 
-def unchanged_when_masked(module: Module, loop: int, select: int, carried: set[int]) -> bool:
-    """Whether an iteration in which ``select`` returns its fill value yields, for every
-    iteration argument in ``carried``, exactly the value it received."""
+def unchanged_when_masked(module: Module, loop: int, select: int, fill: str, carried: set[int]) -> bool:
+    """Whether an iteration in which ``select`` returns ``fill`` yields, for every iteration
+    argument in ``carried``, exactly the value it received."""
     head = parse_for(module.lines[loop])
     env = {name: ("arg", position) for position, (name, _) in enumerate(head.iter_args)}
     children = module.children(loop)
     for index in children[:-1]:
         line = module.lines[index]
         if index == select:
-            env[line.results[0]] = _constant_kind(module, line.operands[2])
+            env[line.results[0]] = _constant_kind(module, fill)
         elif len(line.results) == 1:
             env[line.results[0]] = _transfer(module, index, env)
     yielded = module.lines[children[-1]]
@@ -314,13 +317,19 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> bool:
         mask = analysis.mask(parts[0])
         if mask is None or not 0 < mask.atoms() <= max_atoms:
             continue
+        if _constant_kind(module, parts[2]) == NEG_INF:
+            fill = parts[2]                                   # where(mask, x, -inf)
+        elif _constant_kind(module, parts[1]) == NEG_INF:
+            fill, mask = parts[1], Mask("not", children=(mask,))   # where(~mask, -inf, x)
+        else:
+            continue
         if not _leaves_ok(module, loop, mask, head.iv, analysis.checks):
             continue
         steps = induction_steps(module, loop)
         if any(_result_used_after(module, loop, position) for position in steps):
             continue
         others = set(range(len(head.iter_args))) - set(steps)
-        if not unchanged_when_masked(module, loop, select, others):
+        if not unchanged_when_masked(module, loop, select, fill, others):
             continue
         _emit(module, loop, head, step, mask, analysis.checks, steps)
         return True

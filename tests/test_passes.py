@@ -1,0 +1,280 @@
+"""The mask passes on real kernels compiled for sm_90 (CPU): framework, fallback, IR facts,
+generality across mask styles, untouched non-matching code; bit-identity on the GPU."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import warnings
+
+import pytest
+import triton
+import triton.language as tl
+
+import tritonpatch
+from tritonpatch.errors import PassError, PipelineError
+from tritonpatch.passes import (available_passes, collect_reports, parse_pass_spec, pass_stage, register_pass,
+                                run_stage_passes, unregister_pass, validate_pass_spec)
+from tritonpatch.passes.ir import Module, parse_for
+from tritonpatch.targets import compile_for_target
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.fixtures.seed_kernel import SIGNATURE, seed_attention_fwd, seed_constexprs  # noqa: E402
+
+ALL = ["hoist-masks", "elide-uniform-masks", "skip-masked-blocks"]
+CAUSAL, PREFIX_RUNTIME, DIAGONAL, SLIDING, TWO_MASKS, FROM_MEMORY = range(6)
+
+
+@triton.jit
+def masked_loop_kernel(Q, K, V, Out, M, P, N_CTX, MASK: tl.constexpr, NEGATED: tl.constexpr, STORE: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """Online-softmax attention over plain pointer arithmetic with a choice of mask styles."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :])
+    k_ptrs = K + offs_n[None, :] * D + offs_d[:, None]
+    v_ptrs = V + offs_n[:, None] * D + offs_d[None, :]
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for start_n in range(0, N_CTX, BLOCK_N):
+        qk = tl.dot(q, tl.load(k_ptrs))
+        rows = offs_m[:, None]
+        cols = start_n + offs_n[None, :]
+        if MASK == 0:
+            keep = rows >= cols
+        elif MASK == 1:
+            keep = (cols < P) | (rows > cols + 3)
+        elif MASK == 2:
+            keep = rows == cols
+        elif MASK == 3:
+            keep = (rows >= cols) & (rows - cols <= P)
+        elif MASK == 4:
+            keep = cols < P
+            qk = tl.where(rows >= cols, qk, float("-inf"))
+        else:
+            keep = tl.load(M + rows * N_CTX + cols) > 0
+        if NEGATED:
+            qk = tl.where(~keep, float("-inf"), qk)
+        else:
+            qk = tl.where(keep, qk, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_ij[:, None])
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), tl.load(v_ptrs))
+        m_i = m_ij
+        if STORE:
+            tl.store(Out + offs_m, m_i)
+        k_ptrs += BLOCK_N * D
+        v_ptrs += BLOCK_N * D
+    tl.store(Out + offs_m[:, None] * D + offs_d[None, :], (acc / l_i[:, None]).to(tl.float16))
+
+
+LOOP_SIGNATURE = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "Out": "*fp16", "M": "*i8", "P": "i32", "N_CTX": "i32"}
+
+
+def loop_constexprs(mask, negated=False, store=False):
+    return {"MASK": mask, "NEGATED": negated, "STORE": store, "BLOCK_M": 64, "BLOCK_N": 32, "D": 32}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def always_compile(tmp_path_factory):
+    """Every compile runs the passes (a cached kernel would carry no pass reports)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_ALWAYS_COMPILE", "1")
+        patch.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton-cache")))
+        yield
+
+
+def compile_with(passes, fn=masked_loop_kernel, signature=LOOP_SIGNATURE, constexprs=None, **options):
+    """(compiled kernel, pass reports, warnings) for one compile for sm_90 with ``passes``."""
+    options = {"num_warps": 4, "num_stages": 2, **options}
+    with warnings.catch_warnings(record=True) as caught, collect_reports() as reports, \
+            tritonpatch.options(passes=passes):
+        warnings.simplefilter("always")
+        compiled = compile_for_target(fn, signature, constexprs, target="sm_90", **options)
+    return compiled, reports, [w for w in caught if "tritonpatch" in str(w.message)]
+
+
+def loop_facts(ir_text):
+    """Per loop: tile mask ops (cmpi/andi/ori/xori/select on full 2-D tiles) directly in the body,
+    the same ops nested under scf.if, and the loop bounds."""
+    module = Module(ir_text)
+    facts = []
+    for loop in module.loops():
+        top, nested = 0, 0
+        for index in range(loop + 1, module.end_of(loop)):
+            line = module.lines[index]
+            if line.op in ("arith.cmpi", "arith.andi", "arith.ori", "arith.xori", "arith.select") \
+                    and any(int(a) > 1 and int(b) > 1 for a, b in re.findall(r"tensor<(\d+)x(\d+)x", line.body)):
+                if module.parent_of[index] == loop:
+                    top += 1
+                else:
+                    nested += 1
+        head = parse_for(module.lines[loop])
+        facts.append({"top": top, "nested": nested, "bounds": (head.lower, head.upper),
+                      "ifs": sum(module.lines[i].op == "scf.if" for i in range(loop, module.end_of(loop)))})
+    return facts
+
+
+def counts(reports, name):
+    return next(r.counts for r in reports if r.name == name)
+
+
+# --- framework ---------------------------------------------------------------------------------
+def test_pass_specs_parse_validate_and_name_the_known_passes():
+    assert set(ALL) <= set(available_passes())
+    assert parse_pass_spec("elide-uniform-masks(max-atoms=4, all_false=no)") == \
+        ("elide-uniform-masks", (("all_false", False), ("max_atoms", 4)))
+    assert validate_pass_spec("hoist-masks", {}) == ("hoist-masks", ())
+    assert hash(parse_pass_spec("skip-masked-blocks"))
+    assert {pass_stage(n) for n in ALL} == {"ttir", "ttgir"}
+    with pytest.raises(PipelineError, match="unknown pass 'nope'.*elide-uniform-masks"):
+        parse_pass_spec("nope")
+    with pytest.raises(PipelineError, match="has no option 'depth'.*max_atoms"):
+        parse_pass_spec("skip-masked-blocks(depth=2)")
+    with pytest.raises(PipelineError, match="not a valid int"):
+        parse_pass_spec("skip-masked-blocks(max_atoms=many)")
+    with pytest.raises(PipelineError, match="malformed option"):
+        parse_pass_spec("hoist-masks(sink_broadcasts)")
+
+
+@pytest.fixture
+def broken_pass():
+    """A ttir pass that emits a use of an undefined value (IR Triton must reject)."""
+    def run(text, options):
+        return text.replace("tt.return", "tt.return %no_such_value : i32", 1), {"broken": 1}
+    register_pass("broken-test-pass", "ttir", "emits invalid IR (tests only)")(run)
+    yield "broken-test-pass"
+    unregister_pass("broken-test-pass")
+
+
+def test_invalid_pass_output_falls_back_with_one_warning(broken_pass, fresh_compiles):
+    plain, _, _ = compile_with([], constexprs=loop_constexprs(CAUSAL))
+    patched, reports, caught = compile_with([broken_pass], constexprs=loop_constexprs(CAUSAL))
+    assert len(caught) == 1 and "broken-test-pass" in str(caught[0].message)
+    assert patched.asm["ttir"] == plain.asm["ttir"]
+    assert [r.kept for r in reports] == [False]
+
+
+def test_invalid_pass_output_raises_in_strict_mode(broken_pass):
+    compiled, _, _ = compile_with([], constexprs=loop_constexprs(CAUSAL))
+    from triton._C.libtriton import ir
+    context = ir.context()
+    ir.load_dialects(context)
+    from tritonpatch.passes import parse_module
+    module = parse_module(compiled.asm["ttir"], context)
+    with pytest.raises(PassError, match="broken-test-pass.*rejects"):
+        run_stage_passes("ttir", module, [parse_pass_spec(broken_pass)], strict=True)
+    with pytest.warns(RuntimeWarning, match="broken-test-pass"):
+        assert run_stage_passes("ttir", module, [parse_pass_spec(broken_pass)], strict=False) is module
+
+
+# --- the seed kernel ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def seed_builds():
+    builds = {}
+    for name, passes in (("plain", []), ("elide", ["elide-uniform-masks"]), ("skip", ["skip-masked-blocks"]),
+                         ("hoist", ["hoist-masks"]), ("all", ALL)):
+        builds[name] = compile_with(passes, seed_attention_fwd, SIGNATURE, seed_constexprs(), num_stages=3)
+    return builds
+
+
+def test_seed_elide_moves_every_tile_mask_op_under_the_uniformity_branch(seed_builds):
+    plain, elided = loop_facts(seed_builds["plain"][0].asm["ttir"])[0], loop_facts(seed_builds["elide"][0].asm["ttir"])[0]
+    assert plain["top"] >= 4 and plain["nested"] == 0       # and, cmpi, or, select on 128x64 tiles
+    assert elided["top"] == 0 and elided["nested"] >= 4 and elided["ifs"] == 2
+    assert counts(seed_builds["elide"][1], "elide-uniform-masks")["selects_elided"] == 1
+    ttgir = loop_facts(seed_builds["elide"][0].asm["ttgir"])[0]
+    assert ttgir["top"] == 0 and ttgir["ifs"] == 2          # survives Triton's TTGIR pipeline
+    assert seed_builds["elide"][0].asm["ttgir"].count("tt.reduce") == seed_builds["plain"][0].asm["ttgir"].count("tt.reduce")
+
+
+def test_seed_skip_narrows_the_loop_bounds(seed_builds):
+    plain = loop_facts(seed_builds["plain"][0].asm["ttir"])[0]
+    skipped = loop_facts(seed_builds["skip"][0].asm["ttir"])[0]
+    assert plain["bounds"] == ("%c0_i32", "%N_CTX")
+    assert skipped["bounds"] != plain["bounds"] and skipped["top"] == plain["top"]
+    assert counts(seed_builds["skip"][1], "skip-masked-blocks") == {"loops_narrowed": 1}
+    def inits(ttir):
+        module = Module(ttir)
+        return [init for _, init in parse_for(module.lines[module.loops()[0]]).iter_args]
+    plain_inits, skipped_inits = inits(seed_builds["plain"][0].asm["ttir"]), inits(seed_builds["skip"][0].asm["ttir"])
+    assert plain_inits[:2] == ["%c0_i64", "%c0_i64"]
+    assert all(i != "%c0_i64" for i in skipped_inits[:2]) and skipped_inits[2:] == plain_inits[2:]  # K/V offsets advanced
+
+
+def test_seed_hoist_sinks_the_invariant_tile_broadcasts(seed_builds):
+    def broadcasts_outside_loop(ttgir):
+        module = Module(ttgir)
+        loop = module.loops()[0]
+        body = range(loop + 1, module.end_of(loop))
+        return sum(1 for line in module.lines[:loop] if line.op == "tt.broadcast"
+                   and module.users(line.results[0], body))
+    assert broadcasts_outside_loop(seed_builds["plain"][0].asm["ttgir"]) >= 2
+    assert broadcasts_outside_loop(seed_builds["hoist"][0].asm["ttgir"]) == 0
+    assert counts(seed_builds["hoist"][1], "hoist-masks")["broadcasts_sunk"] >= 2
+
+
+def test_seed_all_passes_compose_without_fallback(seed_builds):
+    compiled, reports, caught = seed_builds["all"]
+    assert not caught and all(r.kept for r in reports) and len(reports) == 3
+    assert [r.name for r in reports][:2] == ["skip-masked-blocks", "elide-uniform-masks"]
+
+
+# --- generality ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("mask,negated,elided", [
+    (CAUSAL, False, 1), (CAUSAL, True, 1), (PREFIX_RUNTIME, False, 1), (DIAGONAL, False, 1),
+    (SLIDING, True, 1), (TWO_MASKS, False, 2)])
+def test_mask_styles_are_elided_and_skipped(mask, negated, elided):
+    compiled, reports, caught = compile_with(["elide-uniform-masks", "skip-masked-blocks"],
+                                             constexprs=loop_constexprs(mask, negated))
+    assert not caught
+    assert counts(reports, "elide-uniform-masks")["selects_elided"] == elided
+    assert counts(reports, "skip-masked-blocks") == {"loops_narrowed": 1}
+    facts = loop_facts(compiled.asm["ttir"])[0]
+    assert facts["top"] == 0 and facts["bounds"] != ("%c0_i32", "%N_CTX")
+
+
+def test_mask_read_from_memory_is_left_untouched():
+    plain, _, _ = compile_with([], constexprs=loop_constexprs(FROM_MEMORY))
+    patched, reports, caught = compile_with(ALL, constexprs=loop_constexprs(FROM_MEMORY))
+    assert not caught
+    assert counts(reports, "elide-uniform-masks")["selects_elided"] == 0
+    assert counts(reports, "skip-masked-blocks") == {"loops_narrowed": 0}
+    assert patched.asm["ttir"] == plain.asm["ttir"]
+
+
+def test_loop_with_a_store_is_not_skipped_but_still_elided():
+    compiled, reports, _ = compile_with(["elide-uniform-masks", "skip-masked-blocks"],
+                                        constexprs=loop_constexprs(CAUSAL, store=True))
+    assert counts(reports, "skip-masked-blocks") == {"loops_narrowed": 0}
+    assert counts(reports, "elide-uniform-masks")["selects_elided"] == 1
+    assert loop_facts(compiled.asm["ttir"])[0]["bounds"] == ("%c0_i32", "%N_CTX")
+
+
+# --- GPU: bit-identity of the rewritten kernels ------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask,negated", [(CAUSAL, False), (CAUSAL, True), (PREFIX_RUNTIME, False),
+                                          (DIAGONAL, False), (SLIDING, True), (TWO_MASKS, False)])
+@pytest.mark.parametrize("passes", [["elide-uniform-masks"], ["skip-masked-blocks"], ALL])
+def test_rewritten_kernels_match_the_unpatched_kernel_bit_for_bit(mask, negated, passes):
+    import torch
+    n_ctx, d, prefix = 512, 32, 200
+    torch.manual_seed(mask)
+    q, k, v = (torch.randn(n_ctx, d, device="cuda", dtype=torch.float16) for _ in range(3))
+    memory = torch.zeros(1, device="cuda", dtype=torch.int8)
+
+    def run(active):
+        out = torch.empty_like(q)
+        with tritonpatch.options(passes=active):
+            masked_loop_kernel[(n_ctx // 64,)](q, k, v, out, memory, prefix, n_ctx, **loop_constexprs(mask, negated))
+        return out
+    reference, patched = run([]), run(passes)
+    finite = torch.isfinite(reference)
+    if "skip-masked-blocks" in passes:
+        assert torch.equal(patched[finite], reference[finite])
+    else:
+        assert torch.equal(patched.view(torch.int16), reference.view(torch.int16))
