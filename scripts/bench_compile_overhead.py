@@ -107,11 +107,16 @@ def bench_compile(rounds: int) -> dict:
     result = {}
     for name, by_mode in times.items():
         plain, patched = statistics.median(by_mode["plain"]), statistics.median(by_mode["tritonpatch"])
-        result[name] = {"plain_s": plain, "tritonpatch_s": patched, "ratio": patched / plain, "samples": rounds}
+        # Each round compiles both back to back, so the per-round ratio cancels slow drifts in machine load.
+        paired = statistics.median(t / p for p, t in zip(by_mode["plain"], by_mode["tritonpatch"]))
+        result[name] = {"plain_s": plain, "tritonpatch_s": patched, "ratio": patched / plain,
+                        "paired_ratio": paired, "samples": rounds}
     total_plain = sum(r["plain_s"] for r in result.values())
     total_patched = sum(r["tritonpatch_s"] for r in result.values())
     result["all (sum of medians)"] = {"plain_s": total_plain, "tritonpatch_s": total_patched,
-                                      "ratio": total_patched / total_plain, "samples": rounds}
+                                      "ratio": total_patched / total_plain,
+                                      "paired_ratio": statistics.median(r["paired_ratio"] for r in result.values()),
+                                      "samples": rounds}
     return result
 
 
@@ -128,7 +133,7 @@ class CompileOnlyDriver:
         return 0
 
 
-def bench_launch_path(repeats: int = 20000, rounds: int = 7) -> dict | None:
+def bench_launch_path(repeats: int = 5000, rounds: int = 21) -> dict | None:
     try:
         import torch
     except ImportError:
@@ -163,6 +168,48 @@ def bench_launch_path(repeats: int = 20000, rounds: int = 7) -> dict | None:
             "calls_per_round": repeats, "rounds": rounds}
 
 
+def bench_added_work(repeats: int = 20000) -> dict:
+    """The work tritonpatch adds to one compile, timed directly (immune to the compile's noise):
+    the hook call wrapping the five stages plus the five wrapped stages around no-op stages, and on
+    3.6 the disk-key wrapper; minus the same without tritonpatch."""
+    import timeit
+
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget, Language
+    from triton.compiler import ASTSource, make_backend
+    import triton.runtime.cache as cache
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    options = backend.parse_options({"num_warps": 4})
+    fn, signature, constexprs, _ = KERNELS["strided_sum"]
+    src = ASTSource(fn=fn, signature={**signature, "BLOCK": "constexpr"}, constexprs=constexprs)
+
+    def noop(module, metadata):
+        return module
+
+    def compile_skeleton():
+        stages = {"ttir": noop, "ttgir": noop, "llir": noop, "ptx": noop, "cubin": noop}
+        hook = knobs.runtime.add_stages_inspection_hook
+        if hook is not None:
+            hook(backend, stages, options, Language.TRITON, 90)
+        metadata = {"name": "k"}
+        for stage in stages.values():
+            stage(None, metadata)
+        cache.get_cache_key(src, backend, options, {})
+
+    def best(func) -> float:
+        return min(timeit.repeat(func, number=repeats, repeat=5)) / repeats * 1e6
+
+    tritonpatch.uninstall()
+    plain = best(compile_skeleton)
+    tritonpatch.install()
+    patched = best(compile_skeleton)
+    key_call = best(knobs.runtime.add_stages_inspection_hook)
+    tritonpatch.uninstall()
+    return {"per_compile_added_us": patched - plain, "skeleton_plain_us": plain, "skeleton_tritonpatch_us": patched,
+            "zero_arg_hook_call_us": key_call}
+
+
 def write_markdown(path: str, data: dict) -> None:
     lines = [
         "# Compile overhead of tritonpatch with an empty Pipeline",
@@ -177,9 +224,18 @@ def write_markdown(path: str, data: dict) -> None:
         lines += [f"## triton {version}", "",
                   f"Command: `{run['command']}`; {run['date']}; Python {run['python']}; {run['machine']}; "
                   f"{run['rounds']} rounds.", "",
-                  "| kernel | plain (s) | tritonpatch (s) | ratio |", "|---|---|---|---|"]
+                  "| kernel | plain (s) | tritonpatch (s) | ratio of medians | median of per-round ratios |",
+                  "|---|---|---|---|---|"]
         for name, row in run["compile"].items():
-            lines.append(f"| {name} | {row['plain_s']:.3f} | {row['tritonpatch_s']:.3f} | {row['ratio']:.3f} |")
+            lines.append(f"| {name} | {row['plain_s']:.3f} | {row['tritonpatch_s']:.3f} | {row['ratio']:.3f} "
+                         f"| {row['paired_ratio']:.3f} |")
+        added = run.get("added_work")
+        if added:
+            lines += ["", f"Work added to each compile, timed directly: {added['per_compile_added_us']:.1f} µs "
+                      "(hook call, five wrapped stages around no-op stages, disk-key wrapper) = "
+                      f"{added['per_compile_added_us'] / 1e6 / run['compile']['strided_sum']['plain_s'] * 100:.3f}% "
+                      "of the fastest kernel's plain compile. The zero-argument hook call (3.7+: once per "
+                      f"compile and once per launch): {added['zero_arg_hook_call_us']:.2f} µs."]
         launch = run.get("launch_path")
         if launch:
             lines += ["", "Python launch path of a cached kernel (`JITFunction.warmup`, compile-only driver; a CPU",
@@ -203,6 +259,7 @@ def main() -> None:
 
     compile_result = bench_compile(args.rounds)
     launch_result = bench_launch_path()
+    added_result = bench_added_work()
     run = {
         "command": "python scripts/bench_compile_overhead.py " + " ".join(sys.argv[1:]),
         "date": datetime.date.today().isoformat(),
@@ -211,6 +268,7 @@ def main() -> None:
         "rounds": args.rounds,
         "compile": compile_result,
         "launch_path": launch_result,
+        "added_work": added_result,
     }
     data = {}
     if os.path.exists(args.json):
@@ -222,7 +280,10 @@ def main() -> None:
         json.dump(data, handle, indent=2)
     write_markdown(os.path.splitext(args.json)[0] + ".md", data)
     for name, row in compile_result.items():
-        print(f"{name:24s} plain {row['plain_s']:.3f}s  tritonpatch {row['tritonpatch_s']:.3f}s  ratio {row['ratio']:.3f}")
+        print(f"{name:24s} plain {row['plain_s']:.3f}s  tritonpatch {row['tritonpatch_s']:.3f}s  "
+              f"ratio {row['ratio']:.3f}  paired {row['paired_ratio']:.3f}")
+    print(f"added per compile: {added_result['per_compile_added_us']:.1f}us; "
+          f"zero-arg hook call {added_result['zero_arg_hook_call_us']:.2f}us")
     if launch_result:
         print(f"launch path: plain {launch_result['plain_us']:.2f}us tritonpatch {launch_result['tritonpatch_us']:.2f}us")
 

@@ -151,6 +151,24 @@ def test_jit_kernel_recompiles_inside_options(reference, monkeypatch):
         assert warmup() is inside
 
 
+def test_async_compile_keeps_the_callers_pipeline(reference, monkeypatch):
+    """Triton's AsyncCompileMode compiles in executor threads: each future still gets the Pipeline
+    of the code that launched it, and the two settings are not deduplicated into one future."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime._async_compile import AsyncCompileMode
+    from triton.runtime.driver import driver
+
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(driver, "_active", CompileOnlyDriver())
+    with ThreadPoolExecutor(2) as executor, AsyncCompileMode(executor):
+        outside = strided_sum.warmup(torch.float32, torch.float32, 64, 128, BLOCK=128, grid=(1,))
+        with tritonpatch.options(**LSR):
+            inside = strided_sum.warmup(torch.float32, torch.float32, 64, 128, BLOCK=128, grid=(1,))
+    assert outside.result().asm["ptx"] == reference["default"]
+    assert inside.result().asm["ptx"] == reference["lsr"]
+
+
 def test_threads_with_different_pipelines(reference):
     """4 threads compiling 4 Pipelines at once, 3 times each, get their single-thread PTX."""
     labels = {"default": {}, "lsr": LSR, "unroll": UNROLL, "both": BOTH}

@@ -9,6 +9,10 @@ hooks depend on, in one place.
 - Cache keys on 3.6: ``get_cache_key`` (``triton.runtime.cache``) is bound by name into
   ``triton.compiler.compiler`` and ``triton.runtime.jit``; the in-memory key is
   ``triton.runtime.jit.compute_cache_key``. tritonpatch rebinds all of them (3.6 only).
+- Async compile (``AsyncCompileMode``, 3.6+): the compile runs in an executor thread that does
+  not inherit the caller's context, and futures are deduplicated by a disk key that on 3.7+ lacks
+  the hook's key. ``submit`` is wrapped to run the compile in a copy of the caller's context and
+  to add the Pipeline tag to the deduplication key (3.9 added a ``cleanup_fn`` argument: passed on).
 - ptxas options: every version builds the ptxas command from ``options.ptx_options`` inside
   ``CUDABackend.make_cubin(src, metadata, options, arch)``; the cubin stage is rebuilt with a copy
   of the (frozen) options whose ``ptx_options`` has the extra flags appended.
@@ -22,6 +26,7 @@ hooks depend on, in one place.
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import os
@@ -30,6 +35,7 @@ from typing import Callable
 
 import triton
 import triton.compiler.compiler as _compiler_module
+import triton.runtime._async_compile as _async_module
 import triton.runtime.cache as _cache_module
 import triton.runtime.jit as _jit_module
 from triton import knobs
@@ -107,16 +113,28 @@ def _tagged_memory_key(original: Callable, tag: Callable[[], str]) -> Callable:
 
 
 def patch_cache_keys(tag: Callable[[], str]) -> None:
-    """3.6: append ``tag()`` (empty for an empty Pipeline) to the disk key and the in-memory JIT key."""
-    if HOOK_GIVES_CACHE_KEYS:
-        return
-    bindings = [(module, "get_cache_key", _tagged_disk_key) for module in _DISK_KEY_BINDINGS]
-    bindings.append((_jit_module, "compute_cache_key", _tagged_memory_key))
+    """Make Triton's keys follow ``tag()`` (empty for an empty Pipeline): on 3.6 the disk key and
+    the in-memory JIT key; on every version the async-compile path (context and dedup key)."""
+    bindings = [(_async_module.AsyncCompileMode, "submit", _context_carrying_submit)]
+    if not HOOK_GIVES_CACHE_KEYS:
+        bindings += [(module, "get_cache_key", _tagged_disk_key) for module in _DISK_KEY_BINDINGS]
+        bindings.append((_jit_module, "compute_cache_key", _tagged_memory_key))
     for module, name, wrap in bindings:
         original = getattr(module, name)
         _originals[(module, name)] = original
         setattr(module, name, wrap(original, tag))
     _tagging[0] = True
+
+
+def _context_carrying_submit(original: Callable, tag: Callable[[], str]) -> Callable:
+    @functools.wraps(original)
+    def submit(self, key, compile_fn, *rest):
+        context = contextvars.copy_context()
+        suffix = tag() if _tagging[0] and HOOK_GIVES_CACHE_KEYS else ""
+        return original(self, key + suffix if suffix else key, lambda: context.run(compile_fn), *rest)
+
+    submit.__tritonpatch_original__ = original
+    return submit
 
 
 def unpatch_cache_keys() -> None:
