@@ -130,13 +130,23 @@ def test_cache_a_b_a_and_empty_keys(reference, monkeypatch, tmp_path):
     assert len({plain.hash, first_a.hash, b.hash}) == 3 and second_a.hash == first_a.hash
 
 
-def test_jit_kernel_recompiles_inside_options(reference, monkeypatch):
-    """The in-memory JIT cache: outside, inside, outside again, inside again."""
-    monkeypatch.delenv("TRITON_ALWAYS_COMPILE")
-    torch = pytest.importorskip("torch")
+@pytest.fixture
+def jit_without_gpu(monkeypatch):
+    """``strided_sum.warmup`` compiles for sm_90 with a compile-only driver and an empty in-memory
+    kernel cache (both restored after the test)."""
+    from collections import defaultdict
+
     from triton.runtime.driver import driver
 
-    monkeypatch.setattr(driver, "_active", CompileOnlyDriver())  # restored after the test
+    monkeypatch.setattr(driver, "_active", CompileOnlyDriver())
+    monkeypatch.setattr(strided_sum, "device_caches", defaultdict(strided_sum.create_binder))
+    return pytest.importorskip("torch")
+
+
+def test_jit_kernel_recompiles_inside_options(reference, monkeypatch, jit_without_gpu):
+    """The in-memory JIT cache: outside, inside, outside again, inside again."""
+    monkeypatch.delenv("TRITON_ALWAYS_COMPILE")
+    torch = jit_without_gpu
 
     def warmup():
         return strided_sum.warmup(torch.float32, torch.float32, 64, 128, BLOCK=128, grid=(1,))
@@ -151,16 +161,14 @@ def test_jit_kernel_recompiles_inside_options(reference, monkeypatch):
         assert warmup() is inside
 
 
-def test_async_compile_keeps_the_callers_pipeline(reference, monkeypatch):
+def test_async_compile_keeps_the_callers_pipeline(reference, jit_without_gpu):
     """Triton's AsyncCompileMode compiles in executor threads: each future still gets the Pipeline
     of the code that launched it, and the two settings are not deduplicated into one future."""
     from concurrent.futures import ThreadPoolExecutor
 
     from triton.runtime._async_compile import AsyncCompileMode
-    from triton.runtime.driver import driver
 
-    torch = pytest.importorskip("torch")
-    monkeypatch.setattr(driver, "_active", CompileOnlyDriver())
+    torch = jit_without_gpu
     with ThreadPoolExecutor(2) as executor, AsyncCompileMode(executor):
         outside = strided_sum.warmup(torch.float32, torch.float32, 64, 128, BLOCK=128, grid=(1,))
         with tritonpatch.options(**LSR):
