@@ -5,8 +5,8 @@ Triton's LICM hoists invariant ops at the top level of a loop body but leaves th
 broadcasts, which keeps a full-tile tensor live across the loop. This pass
 
 * hoists pure, non-trapping single-line ops whose operands are defined outside the loop (or by
-  ops it already hoisted) from anywhere inside the loop body except nested loops, keeping
-  ``tt.broadcast`` in place (it only widens a value), and
+  ops it already hoisted) from anywhere inside the loop body except nested loops; a
+  ``tt.broadcast`` moves only together with a user (alone it would only widen a live value), and
 * with ``sink_broadcasts``, moves a ``tt.broadcast`` defined just outside a loop, and used only
   inside it, back in front of its first use inside the loop.
 
@@ -30,14 +30,18 @@ def _hoistable(module: Module, loop: int) -> list[int]:
     for index in range(loop + 1, module.end_of(loop)):
         line = module.lines[index]
         if (line.opens or line.closes or len(line.results) != 1 or not is_pure(line.op)
-                or line.op == "tt.broadcast" or line.op.startswith("arith.constant")):
+                or line.op == "arith.constant"):
             continue
         if any(module.lines[o].op == "scf.for" for o in module.enclosing_ops(index) if o != loop and module.inside(o, loop)):
             continue
         if all(_defined_outside(module, loop, name, hoisted_names) for name in module.uses(index)):
             hoisted_names.add(line.results[0])
             found.append(index)
-    return found
+    # a broadcast none of whose users moves stays in the loop: hoisting it alone only widens a live value
+    body = range(loop + 1, module.end_of(loop))
+    moving = set(found)
+    return [i for i in found if module.lines[i].op != "tt.broadcast"
+            or any(u in moving for u in module.users(module.lines[i].results[0], body))]
 
 
 def _sinkable(module: Module, loop: int) -> list[tuple[int, int]]:
@@ -68,9 +72,7 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
     for loop in reversed(module.loops()):
         if parse_for(module.lines[loop]) is None:
             continue
-        hoist = [i for i in _hoistable(module, loop) if module.parent_of[i] != loop or True]
-        hoist = [i for i in hoist if module.parent_of[i] != loop] + [i for i in hoist if module.parent_of[i] == loop]
-        hoist.sort()
+        hoist = _hoistable(module, loop)
         sink = _sinkable(module, loop) if options["sink_broadcasts"] else []
         if not hoist and not sink:
             continue
