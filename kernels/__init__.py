@@ -6,15 +6,15 @@ partial (mask evaluated) or empty (skipped). ``reference.attention`` is the pure
 """
 from __future__ import annotations
 
-import itertools
+from typing import Optional
 
 import torch
 
 from . import reference
 from .attention_fwd import FwdConfig, attention_forward, tuned_configs
 from .block_mask import BlockMask, block_mask_from_classes, build_block_mask, from_flex_block_mask
-from .masks import (MaskMod, ScoreMod, alibi, alibi_slopes, allow_all, and_masks, causal, document, or_masks,
-                    prefix_lm, sliding_window, softcap)
+from .masks import (MaskMod, ScoreMod, alibi, alibi_slopes, allow_all, and_masks, causal, document,
+                    lookup_modifier, or_masks, prefix_lm, sliding_window, softcap)
 
 __all__ = [
     "attention", "reference", "MaskMod", "ScoreMod", "causal", "prefix_lm", "sliding_window", "document",
@@ -42,8 +42,9 @@ def attention(q, k, v, *, mask_mod: MaskMod | None = None, score_mod: ScoreMod |
     if block_mask is not None and not isinstance(block_mask, BlockMask):
         block_mask = from_flex_block_mask(block_mask)
     if torch.compiler.is_compiling():
-        key = _register_modifiers(mask_mod, score_mod, block_mask)
-        out, lse = torch.ops.tritonpatch.attention_fwd(q, k, v, key, scale, enable_gqa)
+        out, lse = torch.ops.tritonpatch.attention_fwd(
+            q, k, v, *_block_mask_tensors(block_mask), "" if mask_mod is None else mask_mod.op_key,
+            "" if score_mod is None else score_mod.op_key, scale, enable_gqa)
     else:
         out, lse = attention_forward(q, k, v, mask_mod=mask_mod, score_mod=score_mod, block_mask=block_mask,
                                      scale=scale, enable_gqa=enable_gqa)
@@ -51,37 +52,30 @@ def attention(q, k, v, *, mask_mod: MaskMod | None = None, score_mod: ScoreMod |
 
 
 # ---------------------------------------------------------------------------------------------
-# torch.library custom op: modifiers are Python objects, so the op takes a registry key for them.
+# torch.library custom op. Graph inputs are tensors and plain values: the block mask travels as its
+# index tensors, the modifiers (Python objects with device functions) by their registry key.
 # ---------------------------------------------------------------------------------------------
 
-_modifiers: dict = {}
-_modifier_keys: dict = {}
-_key_counter = itertools.count()
-
-
-@torch.compiler.assume_constant_result
-def _register_modifiers(mask_mod, score_mod, block_mask) -> str:
-    """A string key for (mask_mod, score_mod, block_mask), stable for the same objects.
-
-    Runs at trace time under torch.compile (its result is a graph constant). The registry keeps the
-    objects alive: graphs compiled with them can run at any later time."""
-    identity = (id(mask_mod), id(score_mod), id(block_mask))
-    key = _modifier_keys.get(identity)
-    if key is None:
-        key = f"modifiers-{next(_key_counter)}"
-        _modifier_keys[identity] = key
-        _modifiers[key] = (mask_mod, score_mod, block_mask)
-    return key
+def _block_mask_tensors(block_mask):
+    if block_mask is None:
+        return None, None, None, None, [0, 0, 0, 0]
+    return (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
+            block_mask.full_kv_indices, [block_mask.block_m, block_mask.block_n, block_mask.q_len, block_mask.kv_len])
 
 
 @torch.library.custom_op("tritonpatch::attention_fwd", mutates_args=())
-def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, modifiers: str, scale: float | None,
-                      enable_gqa: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    mask_mod, score_mod, block_mask = _modifiers[modifiers]
-    return attention_forward(q, k, v, mask_mod=mask_mod, score_mod=score_mod, block_mask=block_mask,
-                             scale=scale, enable_gqa=enable_gqa)
+def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_num_blocks: Optional[torch.Tensor],
+                      kv_indices: Optional[torch.Tensor], full_kv_num_blocks: Optional[torch.Tensor],
+                      full_kv_indices: Optional[torch.Tensor], block_geometry: list[int], mask_key: str,
+                      score_key: str, scale: Optional[float], enable_gqa: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    block_mask = None
+    if kv_num_blocks is not None:
+        block_mask = BlockMask(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, *block_geometry)
+    return attention_forward(q, k, v, mask_mod=lookup_modifier(mask_key), score_mod=lookup_modifier(score_key),
+                             block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
 
 
 @_attention_fwd_op.register_fake
-def _attention_fwd_fake(q, k, v, modifiers, scale, enable_gqa):
+def _attention_fwd_fake(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_geometry,
+                        mask_key, score_key, scale, enable_gqa):
     return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)

@@ -19,8 +19,10 @@ per structure (the leaves' functions and argument counts), so ``sliding_window(2
 """
 from __future__ import annotations
 
+import itertools
 import linecache
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -29,6 +31,27 @@ import triton
 import triton.language as tl
 
 TileRule = Callable[..., tuple]
+
+# Every live modifier under a string key: the custom op (torch.compile) names modifiers by key.
+_live_modifiers: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
+_key_counter = itertools.count()
+
+
+def _register(modifier) -> None:
+    key = f"{type(modifier).__name__}-{next(_key_counter)}"
+    object.__setattr__(modifier, "op_key", key)
+    _live_modifiers[key] = modifier
+
+
+def lookup_modifier(key: str):
+    """The live MaskMod/ScoreMod registered under ``key`` (its ``op_key``); None for ``""``."""
+    if not key:
+        return None
+    try:
+        return _live_modifiers[key]
+    except KeyError:
+        raise LookupError(f"modifier {key} no longer exists; keep mask/score objects alive while graphs that "
+                          "use them run") from None
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,6 +66,10 @@ class MaskMod:
     batch_dependent: bool = False
     head_dependent: bool = False
     structure: tuple = field(default=(), repr=False)
+    op_key: str = field(default="", init=False, repr=False)
+
+    def __post_init__(self):
+        _register(self)
 
     def __call__(self, b, h, q_idx, kv_idx):
         """Evaluate on torch tensors (broadcasting), like a FlexAttention ``mask_mod``."""
@@ -61,6 +88,10 @@ class ScoreMod:
     device_fn: Any
     torch_fn: Callable
     args: tuple = ()
+    op_key: str = field(default="", init=False, repr=False)
+
+    def __post_init__(self):
+        _register(self)
 
     def __call__(self, score, b, h, q_idx, kv_idx):
         """Evaluate on torch tensors (broadcasting), like a FlexAttention ``score_mod``."""

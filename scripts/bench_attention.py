@@ -82,12 +82,14 @@ def rand_qkv(batch, heads, seq_len, head_dim, device, dtype=torch.bfloat16):
 
 
 # ------------------------------------------------------------------------------------------------
-def check(device, head_dims=HEAD_DIMS) -> list:
+def check(device, head_dims=HEAD_DIMS, seq=1536, dtype=torch.bfloat16) -> list:
     """Every mask (and the score mods, GQA, Sq != Skv, strided inputs, both load paths, a Flex BlockMask,
-    torch.compile) vs the fp32 reference, bf16. Fixed configs keep the number of compiles small."""
+    torch.compile) vs the fp32 reference, bf16. Fixed configs keep the number of compiles small; a
+    failing case is recorded and the others still run."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
     results = []
     torch.manual_seed(0)
-    seq = 1536
     ids = random_doc_ids(seq, 5, device)
     cases = {
         "none": dict(),
@@ -101,33 +103,43 @@ def check(device, head_dims=HEAD_DIMS) -> list:
         "softcap": dict(score_mod=K.softcap(20.0)),
     }
     for head_dim in head_dims:
-        q, k, v = rand_qkv(2, 8, seq, head_dim, device)
+        q, k, v = rand_qkv(2, 8, seq, head_dim, device, dtype)
         for use_tma in (False, True):
             cfg = A.FwdConfig(128, 64, 8 if head_dim == 128 else 4, 3, use_tma)
             names = cases if (head_dim == 128) != use_tma else ("causal", "causal&document")
             for name in names:
-                out, lse = A.attention_forward(q, k, v, config=cfg, **cases[name])
-                ref, ref_lse = K.reference.attention(q, k, v, return_lse=True, **cases[name])
-                results.append(_compare(f"{name} D{head_dim} {cfg.label()}", out, lse, ref, ref_lse))
+                _attempt(results, f"{name} D{head_dim} {cfg.label()}", lambda: (
+                    A.attention_forward(q, k, v, config=cfg, **cases[name]),
+                    K.reference.attention(q, k, v, return_lse=True, **cases[name])))
         # GQA, Sq != Skv, non-contiguous ([B, S, H, D] storage), through the tuner
-        qs = torch.randn(2, 700, 8, head_dim, device=device, dtype=torch.bfloat16).transpose(1, 2)
-        ks = torch.randn(2, 1100, 2, head_dim, device=device, dtype=torch.bfloat16).transpose(1, 2)
-        vs = torch.randn(2, 1100, 2, head_dim, device=device, dtype=torch.bfloat16).transpose(1, 2)
-        mask = K.sliding_window(200)
-        out, lse = K.attention(qs, ks, vs, mask_mod=mask, enable_gqa=True, return_lse=True)
-        ref, ref_lse = K.reference.attention(qs, ks, vs, mask_mod=mask, enable_gqa=True, return_lse=True)
-        results.append(_compare(f"gqa-strided-sliding D{head_dim} Sq700 Skv1100 (tuned)", out, lse, ref, ref_lse))
+        qs = torch.randn(2, seq // 2 - 68, 8, head_dim, device=device, dtype=dtype).transpose(1, 2)
+        ks = torch.randn(2, seq * 3 // 4 - 52, 2, head_dim, device=device, dtype=dtype).transpose(1, 2)
+        vs = torch.randn(2, seq * 3 // 4 - 52, 2, head_dim, device=device, dtype=dtype).transpose(1, 2)
+        window = K.sliding_window(200)
+        _attempt(results, f"gqa-strided-sliding D{head_dim} Sq{qs.shape[2]} Skv{ks.shape[2]} (tuned)", lambda: (
+            K.attention(qs, ks, vs, mask_mod=window, enable_gqa=True, return_lse=True),
+            K.reference.attention(qs, ks, vs, mask_mod=window, enable_gqa=True, return_lse=True)))
         # a FlexAttention BlockMask as input, and a torch.compile'd caller (custom op)
-        from torch.nn.attention.flex_attention import create_block_mask
-        flex_bm = create_block_mask(lambda b, h, qi, kv: qi >= kv, None, None, seq, seq, device=device)
-        out, lse = K.attention(q, k, v, mask_mod=K.causal(), block_mask=flex_bm, return_lse=True)
-        ref, ref_lse = K.reference.attention(q, k, v, mask_mod=K.causal(), return_lse=True)
-        results.append(_compare(f"flex-BlockMask causal D{head_dim}", out, lse, ref, ref_lse))
         causal = K.causal()
+        flex_bm = create_block_mask(lambda b, h, qi, kv: qi >= kv, None, None, seq, seq, device=device)
+        _attempt(results, f"flex-BlockMask causal D{head_dim}", lambda: (
+            K.attention(q, k, v, mask_mod=causal, block_mask=flex_bm, return_lse=True),
+            K.reference.attention(q, k, v, mask_mod=causal, return_lse=True)))
         compiled = torch.compile(lambda a, b, c: K.attention(a, b, c, mask_mod=causal, return_lse=True), fullgraph=True)
-        out, lse = compiled(q, k, v)
-        results.append(_compare(f"torch.compile causal D{head_dim} (tuned)", out, lse, ref, ref_lse))
+        _attempt(results, f"torch.compile causal D{head_dim} (tuned)", lambda: (
+            compiled(q, k, v), K.reference.attention(q, k, v, mask_mod=causal, return_lse=True)))
     return results
+
+
+def _attempt(results: list, name: str, compute) -> None:
+    """Run one check case: ``compute() -> ((out, lse), (ref, ref_lse))``; record errors too."""
+    try:
+        (out, lse), (ref, ref_lse) = compute()
+    except Exception as exc:  # noqa: BLE001 - a failing case must not hide the others
+        log(f"check {name:40s} ERROR {type(exc).__name__}: {str(exc)[:300]}")
+        results.append({"case": name, "ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+        return
+    results.append(_compare(name, out, lse, ref, ref_lse))
 
 
 def _compare(name, out, lse, ref, ref_lse) -> dict:
@@ -183,80 +195,79 @@ def flex_fn():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def bench(device, masks, head_dims, seq_lens) -> list:
+def bench(device, masks, head_dims, seq_lens, on_row=lambda rows: None) -> list:
+    flex = flex_fn()
+    rows = []
+    for seq in seq_lens:
+        for mask_name in masks:
+            for head_dim in head_dims:
+                try:
+                    rows.append(bench_row(flex, mask_name, head_dim, seq, device))
+                except Exception as exc:  # noqa: BLE001 - record the failure, keep the other rows
+                    log(f"{mask_name} D{head_dim} S{seq}: ERROR {type(exc).__name__}: {str(exc)[:300]}")
+                    rows.append({"mask": mask_name, "head_dim": head_dim, "seq_len": seq,
+                                 "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                on_row(rows)
+                torch.cuda.empty_cache()
+    return rows
+
+
+def bench_row(flex, mask_name: str, head_dim: int, seq: int, device) -> dict:
+    """One row: ours (tuned on first call), Flex (compiled, its BlockMask prebuilt), SDPA for causal."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask
     import torch.nn.functional as F
 
-    flex = flex_fn()
-    rows = []
-    for mask_name in masks:
-        for head_dim in head_dims:
-            for seq in seq_lens:
-                mask, flex_mask_mod = make_mask(mask_name, seq, device)
-                frac = allowed_fraction(mask, seq, seq, device)
-                flops = 4 * BATCH * HEADS * seq * seq * head_dim * frac
-                q, k, v = rand_qkv(BATCH, HEADS, seq, head_dim, device)
-                row = {"mask": mask_name, "head_dim": head_dim, "seq_len": seq, "allowed_fraction": frac}
-                t0 = time.time()
-                ours = lambda: K.attention(q, k, v, mask_mod=mask)
-                ours()
-                torch.cuda.synchronize()
-                row["ours_first_call_s"] = time.time() - t0
-                row["ours_ms"] = bench_ms(ours)
-                key = A._tuning_key(q, k, v, mask, None, None)
-                row["ours_config"] = A.tuned_configs()[key].label()
-                t0 = time.time()
-                flex_block_mask = create_block_mask(flex_mask_mod, None, None, seq, seq, device=device)
-                flex_call = lambda: flex(q, k, v, block_mask=flex_block_mask)
-                flex_call()
-                torch.cuda.synchronize()
-                row["flex_first_call_s"] = time.time() - t0
-                row["flex_ms"] = bench_ms(flex_call)
-                if mask_name == "causal":
-                    for label, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION),
-                                           ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
-                        try:
-                            with sdpa_kernel(backend):
-                                call = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                                call()
-                                row[f"{label}_ms"] = bench_ms(call)
-                        except RuntimeError as exc:
-                            log(f"{label} unavailable: {str(exc)[:100]}")
-                for impl in ("ours", "flex", "sdpa_flash", "sdpa_cudnn"):
-                    if f"{impl}_ms" in row:
-                        row[f"{impl}_tflops"] = flops / row[f"{impl}_ms"] / 1e9
-                row["vs_flex"] = row["flex_ms"] / row["ours_ms"]
-                if "sdpa_cudnn_ms" in row:
-                    row["vs_cudnn"] = row["sdpa_cudnn_ms"] / row["ours_ms"]
-                log(f"{mask_name:15s} D{head_dim:<4d} S{seq:<6d} ours {row['ours_tflops']:6.1f} ({row['ours_config']}) "
-                    f"flex {row['flex_tflops']:6.1f} x{row['vs_flex']:.2f}"
-                    + (f" cudnn {row['sdpa_cudnn_tflops']:6.1f} x{row['vs_cudnn']:.2f}" if "vs_cudnn" in row else ""))
-                rows.append(row)
-                del q, k, v
-    return rows
+    mask, flex_mask_mod = make_mask(mask_name, seq, device)
+    frac = allowed_fraction(mask, seq, seq, device)
+    flops = 4 * BATCH * HEADS * seq * seq * head_dim * frac
+    q, k, v = rand_qkv(BATCH, HEADS, seq, head_dim, device)
+    row = {"mask": mask_name, "head_dim": head_dim, "seq_len": seq, "allowed_fraction": frac}
+    t0 = time.time()
+    ours = lambda: K.attention(q, k, v, mask_mod=mask)
+    ours()
+    torch.cuda.synchronize()
+    row["ours_first_call_s"] = time.time() - t0
+    row["ours_ms"] = bench_ms(ours)
+    key = A._tuning_key(q, k, v, mask, None, None)
+    row["ours_config"] = A.tuned_configs()[key].label()
+    t0 = time.time()
+    flex_block_mask = create_block_mask(flex_mask_mod, None, None, seq, seq, device=device)
+    flex_call = lambda: flex(q, k, v, block_mask=flex_block_mask)
+    flex_call()
+    torch.cuda.synchronize()
+    row["flex_first_call_s"] = time.time() - t0
+    row["flex_ms"] = bench_ms(flex_call)
+    if mask_name == "causal":
+        for label, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION),
+                               ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+            try:
+                with sdpa_kernel(backend):
+                    call = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    call()
+                    row[f"{label}_ms"] = bench_ms(call)
+            except RuntimeError as exc:
+                log(f"{label} unavailable: {str(exc)[:100]}")
+    for impl in ("ours", "flex", "sdpa_flash", "sdpa_cudnn"):
+        if f"{impl}_ms" in row:
+            row[f"{impl}_tflops"] = flops / row[f"{impl}_ms"] / 1e9
+    row["vs_flex"] = row["flex_ms"] / row["ours_ms"]
+    if "sdpa_cudnn_ms" in row:
+        row["vs_cudnn"] = row["sdpa_cudnn_ms"] / row["ours_ms"]
+    log(f"{mask_name:15s} D{head_dim:<4d} S{seq:<6d} ours {row['ours_tflops']:6.1f} ({row['ours_config']}) "
+        f"flex {row['flex_tflops']:6.1f} x{row['vs_flex']:.2f}"
+        + (f" cudnn {row['sdpa_cudnn_tflops']:6.1f} x{row['vs_cudnn']:.2f}" if "vs_cudnn" in row else ""))
+    return row
 
 
 def block_mask_build_time(device, seq_len: int = 131072) -> dict:
-    """Time an uncached causal block-mask build at ``seq_len`` (ours and Flex's create_block_mask)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    def ours():
+    """Time an uncached causal block-mask build at ``seq_len`` (128×64 tiles; the cache is cleared each call)."""
+    def build():
         K.block_mask.clear_cache()
         K.build_block_mask(K.causal(), 1, 1, seq_len, seq_len, block_m=128, block_n=64, device=device)
 
-    result = {"seq_len": seq_len, "ours_ms": bench_ms(ours)}
-    try:  # one warm call, then one timed call (it can take seconds)
-        flex_build = lambda: create_block_mask(lambda b, h, q, kv: q >= kv, None, None, seq_len, seq_len, device=device)
-        flex_build()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        flex_build()
-        torch.cuda.synchronize()
-        result["flex_create_block_mask_ms"] = (time.perf_counter() - start) * 1e3
-    except Exception as exc:  # noqa: BLE001 - record why Flex could not build it
-        result["flex_create_block_mask_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-    log(f"block mask build S={seq_len} causal: {result}")
+    result = {"seq_len": seq_len, "ours_ms": bench_ms(build)}
+    log(f"block mask build S={seq_len} causal: {result['ours_ms']:.3f} ms")
     return result
 
 
@@ -267,7 +278,8 @@ def environment() -> dict:
             "command": "python " + " ".join(sys.argv), "batch": BATCH, "heads": HEADS, "dtype": "bfloat16"}
 
 
-def write_markdown(path, env, rows, build) -> None:
+def write_markdown(path, report, rows) -> None:
+    env, build = report["environment"], report.get("block_mask_build")
     lines = ["# Attention forward: tritonpatch vs FlexAttention vs SDPA", "",
              f"- command: `{env['command']}`", f"- GPU: {env['gpu']}; torch {env['torch']}; triton {env['triton']}; "
              f"python {env['python']}; date {env['date_utc']} UTC",
@@ -276,18 +288,22 @@ def write_markdown(path, env, rows, build) -> None:
              "- targets: ≥ 1.10× FlexAttention on every row; causal D=128 ≥ 0.90× cuDNN", "",
              "| mask | D | S | ours TFLOP/s | config | Flex | SDPA flash | SDPA cuDNN | ours/Flex | ours/cuDNN |",
              "|---|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda r, key, spec=".1f": format(r[key], spec) if key in r else "—"
     for r in rows:
-        fmt = lambda key: f"{r[key]:.1f}" if key in r else "—"
-        lines.append(f"| {r['mask']} | {r['head_dim']} | {r['seq_len']} | {r['ours_tflops']:.1f} | {r['ours_config']} | "
-                     f"{fmt('flex_tflops')} | {fmt('sdpa_flash_tflops')} | {fmt('sdpa_cudnn_tflops')} | "
-                     f"{r['vs_flex']:.2f} | {r['vs_cudnn']:.2f} |" if "vs_cudnn" in r else
-                     f"| {r['mask']} | {r['head_dim']} | {r['seq_len']} | {r['ours_tflops']:.1f} | {r['ours_config']} | "
-                     f"{fmt('flex_tflops')} | — | — | {r['vs_flex']:.2f} | — |")
+        lines.append(f"| {r['mask']} | {r['head_dim']} | {r['seq_len']} | {fmt(r, 'ours_tflops')} | {r['ours_config']} | "
+                     f"{fmt(r, 'flex_tflops')} | {fmt(r, 'sdpa_flash_tflops')} | {fmt(r, 'sdpa_cudnn_tflops')} | "
+                     f"{fmt(r, 'vs_flex', '.2f')} | {fmt(r, 'vs_cudnn', '.2f')} |")
+    failed = [r for r in report.get("rows", []) if "error" in r]
+    for r in failed:
+        lines.append(f"| {r['mask']} | {r['head_dim']} | {r['seq_len']} | error: {r['error'][:80]} | | | | | | |")
     if build:
         lines += ["", f"Block-mask build, causal, S={build['seq_len']} (uncached, 128×64 tiles): "
-                  f"{build['ours_ms']:.3f} ms (ours)"
-                  + (f", {build['flex_create_block_mask_ms']:.3f} ms (Flex create_block_mask, 128×128)"
-                     if "flex_create_block_mask_ms" in build else "")]
+                  f"{build['ours_ms']:.3f} ms (target < 5 ms)"]
+    checks = report.get("check")
+    if checks:
+        passed = sum(1 for c in checks if c["ok"])
+        lines += ["", f"Correctness vs the fp32 reference (bf16, rel. error ≤ 1e-2): {passed}/{len(checks)} cases pass; "
+                  "worst rel. error " + format(max(c.get("rel_err", float("nan")) for c in checks), ".2e")]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -322,7 +338,12 @@ def main() -> int:
     parser.add_argument("--masks", default=",".join(MASKS))
     parser.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
     parser.add_argument("--seq-lens", default=",".join(map(str, SEQ_LENS)))
+    parser.add_argument("--from-json", help="only rewrite the markdown/plot from this JSON report")
     args = parser.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            write_reports(json.load(f), args.out)
+        return 0
     if not torch.cuda.is_available():
         print("bench_attention.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -331,22 +352,33 @@ def main() -> int:
     env = environment()
     log(env)
     report = {"environment": env}
+    json_path = os.path.join(args.out, "attention_fwd.json")
+
+    def save(**updates):
+        report.update(updates)
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+
     status = 0
     if args.check:
-        report["check"] = check(device)
+        save(check=check(device))
         status |= 0 if all(r["ok"] for r in report["check"]) else 1
     if args.sweep:
-        report["sweep"] = sweep(device)
+        save(sweep=sweep(device))
     if not args.no_bench:
-        rows = bench(device, args.masks.split(","), [int(d) for d in args.head_dims.split(",")],
-                     [int(s) for s in args.seq_lens.split(",")])
-        report["rows"] = rows
-        report["block_mask_build"] = block_mask_build_time(device)
-        write_markdown(os.path.join(args.out, "attention_fwd.md"), env, rows, report["block_mask_build"])
-        write_plot(os.path.join(args.out, "attention_fwd.png"), rows)
-    with open(os.path.join(args.out, "attention_fwd.json"), "w") as f:
-        json.dump(report, f, indent=1, default=str)
+        save(block_mask_build=block_mask_build_time(device))
+        bench(device, args.masks.split(","), [int(d) for d in args.head_dims.split(",")],
+              [int(s) for s in args.seq_lens.split(",")], on_row=lambda rows: save(rows=rows))
+        write_reports(report, args.out)
+    save()
     return status
+
+
+def write_reports(report: dict, out_dir: str) -> None:
+    """attention_fwd.md and .png from a report (also usable offline: --from-json)."""
+    rows = [r for r in report.get("rows", []) if "error" not in r]
+    write_markdown(os.path.join(out_dir, "attention_fwd.md"), report, rows)
+    write_plot(os.path.join(out_dir, "attention_fwd.png"), rows)
 
 
 if __name__ == "__main__":
