@@ -299,3 +299,48 @@ def test_environment_pipeline_applies(reference, monkeypatch):
     assert ptx(disable_lsr=False) == reference["default"]
     with tritonpatch.use_pipeline(tritonpatch.Pipeline()):  # per-kernel Pipeline replaces everything
         assert ptx(**UNROLL) == reference["default"]
+
+
+def test_hook_installed_on_top_of_ours_survives_uninstall(reference):
+    """A hook chained after ours keeps working after uninstall(); ours then adds nothing."""
+    ours = knobs.runtime.add_stages_inspection_hook
+
+    def later(*args):
+        return ours(*args)
+
+    knobs.runtime.add_stages_inspection_hook = later
+    with tritonpatch.options(**LSR) as pipeline:
+        assert later() == (pipeline.cache_tag, pipeline.cache_tag)
+        tritonpatch.uninstall()
+        assert knobs.runtime.add_stages_inspection_hook is later
+        assert later() == ("", "")
+        assert compile_kernel().asm["ptx"] == reference["default"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_fork_while_another_thread_holds_options():
+    """A child forked while another thread has LLVM options applied starts from the defaults."""
+    applied, release = threading.Event(), threading.Event()
+    key = (tritonpatch.Pipeline(**LSR).llvm, ())
+
+    def holder():
+        hooks._scope.enter(key)
+        applied.set()
+        release.wait(30)
+        hooks._scope.exit()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    applied.wait(30)
+    try:
+        assert tllvm.get_option("disable-lsr").value is True
+        pid = os.fork()
+        if pid == 0:  # child: report through the exit status only
+            ok = tllvm.get_option("disable-lsr").value is False and hooks._scope._holders == 0
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        release.set()
+        thread.join()
+    assert tllvm.get_option("disable-lsr").value is False

@@ -21,6 +21,7 @@ Cache keys: a non-empty Pipeline adds its fingerprint to the disk key and to the
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import warnings
@@ -100,6 +101,8 @@ class _LLVMOptionScope:
 
     def exit(self) -> None:
         with self._cond:
+            if self._holders == 0:  # the scope was reset by a fork while this thread held it
+                return
             self._holders -= 1
             if self._holders == 0:
                 saved, self._saved, self._active = self._saved, [], None
@@ -112,7 +115,23 @@ class _LLVMOptionScope:
                     self._cond.notify_all()
 
 
+    def reset_after_fork(self) -> None:
+        """In a forked child only the forking thread lives on: holders in other threads never
+        exit there, so put back what they applied and start from an empty scope."""
+        saved = self._saved
+        self.__init__()
+        if saved:
+            try:
+                from . import llvm
+
+                llvm.restore_options(saved)
+            except Exception as exc:  # noqa: BLE001 - a child must not die for this; say what is left
+                warnings.warn(f"tritonpatch: LLVM options applied in the parent at fork time stay set in "
+                              f"this child process: {exc}", RuntimeWarning, stacklevel=1)
+
+
 _scope = _LLVMOptionScope()
+os.register_at_fork(after_in_child=_scope.reset_after_fork)
 _warned_unrestorable = False
 
 
