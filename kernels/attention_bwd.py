@@ -1,0 +1,646 @@
+"""Block-sparse attention backward in Triton: kernels, transposed block mask, launcher and tuner.
+
+Given the forward's output ``O`` and natural-log log-sum-exp ``lse`` (fp32, ``[B, H, Sq]``):
+
+* **dK/dV kernel**, one program per (kv tile, batch, kv head). It walks the q tiles of the
+  *transposed* block mask (for its kv block: full q blocks without mask work, partial ones with it,
+  empty ones never) and, for GQA, every query head of its group, so dK/dV are reduced across the
+  shared heads in registers. Per q tile it recomputes ``P^T = exp(S^T - lse)`` and accumulates
+  ``dV += P^T dO`` and ``dK += dS^T Q`` with ``dS = P * (dO V^T - delta)``.
+* **dQ**: either ``dq_mode="atomic"`` (the same kernel adds ``dS K`` into an fp32 buffer with
+  ``tl.atomic_add``, relaxed order: fewest FLOPs, not bitwise reproducible), or
+  ``dq_mode="separate"`` (a dQ kernel over q tiles walks the forward-orientation block mask;
+  deterministic, recomputes ``S`` and ``dP``). ``"auto"`` picks by :func:`choose_dq_mode`.
+* **delta** = ``rowsum(dO * O)`` (minus ``dlse`` when the lse output gets a gradient): in separate
+  mode it is fused into the dQ kernel, which runs first and stores delta for the dK/dV kernel; in
+  atomic mode a small preprocessing kernel computes it and zeroes the fp32 dQ buffer in one pass.
+
+A ``score_mod`` needs a gradient rule (:data:`SCORE_GRADIENTS`): ``alibi`` adds a constant (rule:
+identity), ``softcap`` has ``d(c·tanh(x/c))/dx = 1 - (y/c)^2``. Others are rejected at call time.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import interpreting
+from .attention_fwd import validate_inputs
+from .block_mask import BlockMask, block_mask_from_classes, build_block_mask
+from .masks import MaskMod, ScoreMod, allow_all, alibi, softcap
+
+LOG2E = 1.4426950408889634
+
+# dq_write values of the dK/dV kernel. Only ATOMIC (and NO_DQ in separate mode) give correct
+# results; NONE/STORE/RED exist for scripts/bench_bwd_atomic.py (the atomic_add report's table).
+DQ_NONE, DQ_ATOMIC, DQ_STORE, DQ_RED = 0, 1, 2, 3
+DQ_WRITE_NAMES = {"none": DQ_NONE, "atomic": DQ_ATOMIC, "store": DQ_STORE, "red": DQ_RED}
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradient rules of the shipped score modifiers: d(loss)/d(score_in) from d(loss)/d(score_out).
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _alibi_grad(ds, score_out, b, h, q_idx, kv_idx, args):
+    return ds
+
+
+@triton.jit
+def _softcap_grad(ds, score_out, b, h, q_idx, kv_idx, args):
+    t = score_out / args[0]
+    return ds * (1.0 - t * t)
+
+
+# Keyed by the modifier's device function (shared by every instance of a factory), not its name.
+SCORE_GRADIENTS = {
+    alibi(torch.ones(1)).device_fn: _alibi_grad,
+    softcap(1.0).device_fn: _softcap_grad,
+}
+
+
+def score_gradient(score_mod: ScoreMod | None):
+    """The gradient rule for ``score_mod`` (None for no score_mod); a clear error if it has none."""
+    if score_mod is None:
+        return None
+    if not isinstance(score_mod, ScoreMod):
+        raise TypeError("attention backward: score_mod must come from tritonpatch.kernels (alibi(), softcap())")
+    rule = SCORE_GRADIENTS.get(score_mod.device_fn)
+    if rule is None:
+        raise NotImplementedError(
+            f"attention backward: score_mod {score_mod.name!r} has no gradient rule; the backward supports "
+            "alibi() and softcap(). Register one in tritonpatch.kernels.attention_bwd.SCORE_GRADIENTS "
+            "(a @triton.jit fn(ds, score_out, b, h, q_idx, kv_idx, args) -> ds_in), or detach the inputs")
+    return rule
+
+
+# ---------------------------------------------------------------------------------------------
+# Transposed block mask: per kv block, the q blocks that are full / partial.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class TransposedBlockMask:
+    """For every kv block, the partial and full q blocks (index tensors ``[Bm, Hm, NKV, NQ]``)."""
+
+    q_num_blocks: torch.Tensor
+    q_indices: torch.Tensor
+    full_q_num_blocks: torch.Tensor
+    full_q_indices: torch.Tensor
+    block_m: int
+    block_n: int
+
+
+_transposed_cache: dict = {}
+
+
+def transpose_block_mask(block_mask: BlockMask) -> TransposedBlockMask:
+    """Swap the roles of q and kv blocks. Tiles crossing the end of the queries are demoted to
+    partial (the dK/dV kernel's full-tile loop has no bounds checks). Cached per BlockMask object."""
+    cached = _transposed_cache.get(id(block_mask))
+    if cached is not None and cached[0] is block_mask:
+        return cached[1]
+    classes = block_mask.tile_classes().transpose(-1, -2)
+    swapped = block_mask_from_classes(classes, block_mask.block_n, block_mask.block_m,
+                                      block_mask.kv_len, block_mask.q_len)
+    result = TransposedBlockMask(swapped.kv_num_blocks, swapped.kv_indices, swapped.full_kv_num_blocks,
+                                 swapped.full_kv_indices, block_mask.block_m, block_mask.block_n)
+    if len(_transposed_cache) > 64:
+        _transposed_cache.clear()
+    _transposed_cache[id(block_mask)] = (block_mask, result)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _preprocess_kernel(O, DO, DELTA, DLSE, DQ_ACC,
+                       stride_ob, stride_oh, stride_om, stride_od,
+                       stride_dob, stride_doh, stride_dom, stride_dod,
+                       stride_lb, stride_lh, stride_qab, stride_qah, stride_qam,
+                       num_heads, q_len, HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr,
+                       BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """delta = rowsum(dO * O) (- dlse); zeroes the fp32 dQ accumulator rows in the same pass."""
+    bh = tl.program_id(1)
+    b = bh // num_heads
+    h = bh % num_heads
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < q_len
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                 mask=row_ok[:, None], other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    row_off = b * stride_lb + h * stride_lh + offs_m
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + row_off, mask=row_ok, other=0.0)
+    tl.store(DELTA + row_off, delta, mask=row_ok)
+    if ZERO_DQ:
+        tl.store(DQ_ACC + b * stride_qab + h * stride_qah + offs_m[:, None] * stride_qam + offs_d[None, :],
+                 tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32), mask=row_ok[:, None])
+
+
+@triton.jit
+def _red_add_f32(ptrs, values):
+    """Scalar inline-PTX ``red.global.add.f32`` (benchmark variant of the atomic_add report)."""
+    return tl.inline_asm_elementwise("red.global.add.f32 [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,f", [ptrs, values],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_qm, stride_qd, stride_dom, stride_dod,
+                stride_dqm, num_tiles, tile_ids, b, h, kv_idx, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
+                MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, SCORE_GRAD_FN: tl.constexpr, APPLY_MASK: tl.constexpr,
+                HAS_SCORE: tl.constexpr, DQ_WRITE: tl.constexpr, SUB_M: tl.constexpr, BLOCK_M: tl.constexpr,
+                HEAD_DIM: tl.constexpr):
+    """Accumulate dK, dV of one kv tile over the q tiles ``tile_ids[:num_tiles]`` (each a mask block of
+    ``SUB_M * BLOCK_M`` rows, walked ``BLOCK_M`` rows at a time). Works on transposed scores
+    ``S^T [BLOCK_N, BLOCK_M]`` so that dK/dV accumulate without transposing the accumulators."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_col = kv_idx[:, None]
+    for t in range(0, num_tiles * SUB_M):
+        start_m = tl.load(tile_ids + t // SUB_M) * (SUB_M * BLOCK_M) + (t % SUB_M) * BLOCK_M
+        q_rows = start_m + offs_m
+        q_ptrs = q_src + q_rows[:, None] * stride_qm + offs_d[None, :] * stride_qd
+        do_ptrs = do_src + q_rows[:, None] * stride_dom + offs_d[None, :] * stride_dod
+        if APPLY_MASK:
+            row_ok = q_rows < q_len
+            q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+            do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
+            lse = tl.load(lse_src + q_rows, mask=row_ok, other=0.0)
+            delta = tl.load(delta_src + q_rows, mask=row_ok, other=0.0)
+        else:
+            q = tl.load(q_ptrs)
+            do = tl.load(do_ptrs)
+            lse = tl.load(lse_src + q_rows)
+            delta = tl.load(delta_src + q_rows)
+        s = tl.dot(k, tl.trans(q))                          # S^T [BLOCK_N, BLOCK_M], unscaled
+        q_safe = tl.minimum(q_rows, q_len - 1)[None, :]
+        if HAS_SCORE:
+            s = SCORE_FN(s * sm_scale, b, h, q_safe, kv_col, score_args)
+            p = tl.math.exp2(s * 1.4426950408889634 - (lse * 1.4426950408889634)[None, :])
+        else:
+            p = tl.math.exp2(s * qk_scale - (lse * 1.4426950408889634)[None, :])
+        if APPLY_MASK:
+            keep = MASK_FN(b, h, q_safe, tl.minimum(kv_col, kv_len - 1), mask_args)
+            keep = keep & (q_rows < q_len)[None, :] & (kv_col < kv_len)
+            p = tl.where(keep, p, 0.0)
+        dv = tl.dot(p.to(do.dtype), do, dv)
+        dp = tl.dot(v, tl.trans(do))                        # dP^T [BLOCK_N, BLOCK_M]
+        ds = p * (dp - delta[None, :])
+        if HAS_SCORE:
+            ds = SCORE_GRAD_FN(ds, s, b, h, q_safe, kv_col, score_args)
+        ds = ds.to(q.dtype)
+        dk = tl.dot(ds, q, dk)
+        if DQ_WRITE != 0:
+            dq = tl.dot(tl.trans(ds), k)                    # [BLOCK_M, HEAD_DIM] fp32, unscaled
+            dq_ptrs = dq_src + q_rows[:, None] * stride_dqm + offs_d[None, :]
+            if DQ_WRITE == 1:
+                if APPLY_MASK:
+                    tl.atomic_add(dq_ptrs, dq, mask=(q_rows < q_len)[:, None], sem="relaxed")
+                else:
+                    tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+            elif DQ_WRITE == 2:
+                tl.store(dq_ptrs, dq, mask=(q_rows < q_len)[:, None])
+            else:
+                safe_ptrs = dq_src + tl.minimum(q_rows, q_len - 1)[:, None] * stride_dqm + offs_d[None, :]
+                _red_add_f32(safe_ptrs, tl.where((q_rows < q_len)[:, None], dq, 0.0))
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ_ACC, LSE, DELTA,
+                          stride_qb, stride_qh, stride_qm, stride_qd,
+                          stride_kb, stride_kh, stride_kn, stride_kd,
+                          stride_vb, stride_vh, stride_vn, stride_vd,
+                          stride_dob, stride_doh, stride_dom, stride_dod,
+                          stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                          stride_qab, stride_qah, stride_qam,
+                          stride_lb, stride_lh,
+                          partial_num, partial_ids, full_num, full_ids,
+                          stride_nb, stride_nh, stride_ib, stride_ih, stride_in,
+                          num_heads, group_size, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
+                          MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, SCORE_GRAD_FN: tl.constexpr,
+                          HAS_SCORE: tl.constexpr, DQ_WRITE: tl.constexpr, MASK_BLOCK_N: tl.constexpr,
+                          SUB_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """One program per (kv tile, batch * kv head); loops over the ``group_size`` query heads (GQA)."""
+    n_tile = tl.program_id(0)
+    bkv = tl.program_id(1)
+    kv_heads = num_heads // group_size
+    b = bkv // kv_heads
+    kv_h = bkv % kv_heads
+    kv_idx = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_ok = (kv_idx < kv_len)[:, None]
+    k = tl.load(K + b * stride_kb + kv_h * stride_kh + kv_idx[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                mask=kv_ok, other=0.0)
+    v = tl.load(V + b * stride_vb + kv_h * stride_vh + kv_idx[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                mask=kv_ok, other=0.0)
+    mask_block = (n_tile * BLOCK_N) // MASK_BLOCK_N
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    for g in range(0, group_size):
+        h = kv_h * group_size + g
+        q_src = Q + b * stride_qb + h * stride_qh
+        do_src = DO + b * stride_dob + h * stride_doh
+        lse_src = LSE + b * stride_lb + h * stride_lh
+        delta_src = DELTA + b * stride_lb + h * stride_lh
+        dq_src = DQ_ACC + b * stride_qab + h * stride_qah
+        num_off = b * stride_nb + h * stride_nh + mask_block
+        ids_off = b * stride_ib + h * stride_ih + mask_block * stride_in
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_qm, stride_qd,
+                             stride_dom, stride_dod, stride_qam, tl.load(full_num + num_off), full_ids + ids_off,
+                             b, h, kv_idx, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
+                             MASK_FN, SCORE_FN, SCORE_GRAD_FN, False, HAS_SCORE, DQ_WRITE, SUB_M, BLOCK_M, HEAD_DIM)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_qm, stride_qd,
+                             stride_dom, stride_dod, stride_qam, tl.load(partial_num + num_off),
+                             partial_ids + ids_off, b, h, kv_idx, q_len, kv_len, sm_scale, qk_scale, mask_args,
+                             score_args, MASK_FN, SCORE_FN, SCORE_GRAD_FN, True, HAS_SCORE, DQ_WRITE, SUB_M,
+                             BLOCK_M, HEAD_DIM)
+    out_off = b * stride_dkb + kv_h * stride_dkh + kv_idx[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
+    tl.store(DK + out_off, (dk * sm_scale).to(k.dtype), mask=kv_ok)
+    tl.store(DV + out_off, dv.to(v.dtype), mask=kv_ok)
+
+
+@triton.jit
+def _dq_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd, num_tiles, tile_ids,
+              b, h, q_idx, kv_len, sm_scale, qk_scale, mask_args, score_args,
+              MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, SCORE_GRAD_FN: tl.constexpr, APPLY_MASK: tl.constexpr,
+              HAS_SCORE: tl.constexpr, SUB_N: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Accumulate dQ of one q tile over the kv tiles ``tile_ids[:num_tiles]`` (mask blocks of
+    ``SUB_N * BLOCK_N`` keys, walked ``BLOCK_N`` at a time)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    for t in range(0, num_tiles * SUB_N):
+        start_n = tl.load(tile_ids + t // SUB_N) * (SUB_N * BLOCK_N) + (t % SUB_N) * BLOCK_N
+        kv_idx = start_n + offs_n
+        k_ptrs = k_src + kv_idx[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        v_ptrs = v_src + kv_idx[None, :] * stride_vn + offs_d[:, None] * stride_vd
+        if APPLY_MASK:
+            kv_ok = (kv_idx < kv_len)[None, :]
+            kt = tl.load(k_ptrs, mask=kv_ok, other=0.0)
+            vt = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+        else:
+            kt = tl.load(k_ptrs)
+            vt = tl.load(v_ptrs)
+        s = tl.dot(q, kt)
+        kv_safe = tl.minimum(kv_idx, kv_len - 1)[None, :]
+        if HAS_SCORE:
+            s = SCORE_FN(s * sm_scale, b, h, q_idx, kv_safe, score_args)
+            p = tl.math.exp2(s * 1.4426950408889634 - lse2[:, None])
+        else:
+            p = tl.math.exp2(s * qk_scale - lse2[:, None])
+        if APPLY_MASK:
+            keep = MASK_FN(b, h, q_idx, kv_safe, mask_args) & (kv_idx < kv_len)[None, :]
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, vt)
+        ds = p * (dp - delta[:, None])
+        if HAS_SCORE:
+            ds = SCORE_GRAD_FN(ds, s, b, h, q_idx, kv_safe, score_args)
+        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA, DLSE,
+                        stride_qb, stride_qh, stride_qm, stride_qd,
+                        stride_kb, stride_kh, stride_kn, stride_kd,
+                        stride_vb, stride_vh, stride_vn, stride_vd,
+                        stride_ob, stride_oh, stride_om, stride_od,
+                        stride_dob, stride_doh, stride_dom, stride_dod,
+                        stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+                        stride_lb, stride_lh,
+                        partial_num, partial_ids, full_num, full_ids,
+                        stride_nb, stride_nh, stride_ib, stride_ih, stride_iq,
+                        num_heads, group_size, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
+                        MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, SCORE_GRAD_FN: tl.constexpr,
+                        HAS_SCORE: tl.constexpr, HAS_DLSE: tl.constexpr, MASK_BLOCK_M: tl.constexpr,
+                        SUB_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """One program per (q tile, batch * head). Computes delta = rowsum(dO * O) (- dlse) itself and
+    stores it for the dK/dV kernel that runs next (the fused preprocessing)."""
+    m_tile = tl.num_programs(0) - 1 - tl.program_id(0)   # causal-like masks: heaviest tiles first
+    bh = tl.program_id(1)
+    b = bh // num_heads
+    h = bh % num_heads
+    kv_h = h // group_size
+    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < q_len
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                 mask=row_ok[:, None], other=0.0)
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                mask=row_ok[:, None], other=0.0)
+    row_off = b * stride_lb + h * stride_lh + offs_m
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + row_off, mask=row_ok, other=0.0)
+    tl.store(DELTA + row_off, delta, mask=row_ok)
+    lse2 = tl.load(LSE + row_off, mask=row_ok, other=0.0) * 1.4426950408889634
+    q_idx = tl.minimum(offs_m, q_len - 1)[:, None]
+    k_src = K + b * stride_kb + kv_h * stride_kh
+    v_src = V + b * stride_vb + kv_h * stride_vh
+    mask_block = (m_tile * BLOCK_M) // MASK_BLOCK_M
+    num_off = b * stride_nb + h * stride_nh + mask_block
+    ids_off = b * stride_ib + h * stride_ih + mask_block * stride_iq
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    dq = _dq_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                   tl.load(full_num + num_off), full_ids + ids_off, b, h, q_idx, kv_len, sm_scale, qk_scale,
+                   mask_args, score_args, MASK_FN, SCORE_FN, SCORE_GRAD_FN, False, HAS_SCORE, SUB_N, BLOCK_N, HEAD_DIM)
+    dq = _dq_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                   tl.load(partial_num + num_off), partial_ids + ids_off, b, h, q_idx, kv_len, sm_scale, qk_scale,
+                   mask_args, score_args, MASK_FN, SCORE_FN, SCORE_GRAD_FN, True, HAS_SCORE, SUB_N, BLOCK_N, HEAD_DIM)
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+             (dq * sm_scale).to(q.dtype), mask=row_ok[:, None])
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs and tuning
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes and launch options of one backward kernel (block_m: q rows, block_n: keys)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def label(self) -> str:
+        return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+
+
+# Hopper candidates. dK/dV: a wide kv tile (the accumulators) walked by narrow q steps; dQ: the
+# mirror image. Timed on the first call per shape; kept small because every candidate compiles.
+_DKDV_CONFIGS = {
+    64: [KernelConfig(64, 128, 8, 3), KernelConfig(32, 128, 4, 4), KernelConfig(64, 128, 4, 3)],
+    128: [KernelConfig(64, 128, 8, 2), KernelConfig(32, 128, 8, 3), KernelConfig(64, 64, 4, 3)],
+}
+_DQ_CONFIGS = {
+    64: [KernelConfig(128, 64, 8, 3), KernelConfig(128, 32, 4, 4), KernelConfig(64, 64, 4, 3)],
+    128: [KernelConfig(128, 64, 8, 2), KernelConfig(128, 32, 8, 3), KernelConfig(64, 64, 4, 3)],
+}
+_INTERPRETER_DKDV = KernelConfig(16, 32, 4, 1)
+_INTERPRETER_DQ = KernelConfig(32, 16, 4, 1)
+_PREPROCESS_BLOCK_M = 64
+
+
+def candidate_configs(kernel: str, head_dim: int, device: torch.device) -> list:
+    """Configs the tuner tries for ``kernel`` ("dkdv" or "dq")."""
+    if device.type == "cpu":
+        return [_INTERPRETER_DKDV if kernel == "dkdv" else _INTERPRETER_DQ]
+    table = _DKDV_CONFIGS if kernel == "dkdv" else _DQ_CONFIGS
+    return list(table.get(head_dim) or [KernelConfig(32, 64, 4, 2)])
+
+
+def _fitting(configs: list, block_mask: BlockMask | None) -> list:
+    """Configs whose tiles subdivide the given block mask's tiles (all of them without one)."""
+    if block_mask is None:
+        return configs
+    fit = [c for c in configs if block_mask.block_m % c.block_m == 0 and block_mask.block_n % c.block_n == 0]
+    if fit:
+        return fit
+    base = configs[0]
+    return [KernelConfig(math.gcd(block_mask.block_m, base.block_m), math.gcd(block_mask.block_n, base.block_n),
+                         base.num_warps, base.num_stages)]
+
+
+# ---------------------------------------------------------------------------------------------
+# dq_mode selection
+# ---------------------------------------------------------------------------------------------
+
+DQ_MODES = ("auto", "atomic", "separate")
+# Measured on one H200 (scripts/bench_bwd_atomic.py, docs/benchmarks/attention_bwd_atomic.md):
+# below this many query rows the separate dQ kernel was faster than atomics.
+AUTO_ATOMIC_MIN_Q_LEN = 0
+
+
+def choose_dq_mode(dq_mode: str, q_len: int) -> str:
+    """Resolve ``dq_mode``. ``torch.use_deterministic_algorithms(True)`` forces ``"separate"`` (and
+    rejects an explicit ``"atomic"``); ``"auto"`` takes atomics from ``AUTO_ATOMIC_MIN_Q_LEN`` rows up."""
+    if dq_mode not in DQ_MODES:
+        raise ValueError(f"attention backward: dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
+    if torch.are_deterministic_algorithms_enabled():
+        if dq_mode == "atomic":
+            raise RuntimeError("attention backward: dq_mode='atomic' accumulates dQ with floating-point atomics "
+                               "and is not deterministic, but torch.use_deterministic_algorithms(True) is on; use "
+                               "dq_mode='separate' or 'auto'")
+        return "separate"
+    if dq_mode == "auto":
+        return "atomic" if q_len >= AUTO_ATOMIC_MIN_Q_LEN else "separate"
+    return dq_mode
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch
+# ---------------------------------------------------------------------------------------------
+
+def _expanded(num: torch.Tensor, ids: torch.Tensor, batch: int, heads: int):
+    expand = (batch, heads, num.shape[-1])
+    return num.expand(expand), ids.expand(expand + (ids.shape[-1],))
+
+
+def _device_args(modifier, device) -> tuple:
+    if modifier is None:
+        return ()
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in modifier.args)
+
+
+def _launch_preprocess(out, dout, delta, dlse, dq_acc):
+    batch, heads, q_len, head_dim = out.shape
+    zero = dq_acc is not None
+    acc = dq_acc if zero else delta   # unused pointer when not zeroing
+    acc_strides = dq_acc.stride()[:3] if zero else (0, 0, 0)
+    grid = (triton.cdiv(q_len, _PREPROCESS_BLOCK_M), batch * heads)
+    _preprocess_kernel[grid](out, dout, delta, dlse if dlse is not None else delta, acc,
+                             *out.stride(), *dout.stride(), delta.stride(0), delta.stride(1), *acc_strides,
+                             heads, q_len, HAS_DLSE=dlse is not None, ZERO_DQ=zero,
+                             BLOCK_M=_PREPROCESS_BLOCK_M, HEAD_DIM=head_dim, num_warps=4)
+
+
+def _launch_dkdv(q, k, v, dout, dk, dv, dq_acc, lse, delta, tmask: TransposedBlockMask, mask_mod, score_mod,
+                 scale, config: KernelConfig, dq_write: int):
+    batch, heads, q_len, head_dim = q.shape
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    partial_num, partial_ids = _expanded(tmask.q_num_blocks, tmask.q_indices, batch, heads)
+    full_num, full_ids = _expanded(tmask.full_q_num_blocks, tmask.full_q_indices, batch, heads)
+    acc = dq_acc if dq_acc is not None else delta   # never written when dq_write == DQ_NONE
+    acc_strides = dq_acc.stride()[:3] if dq_acc is not None else (0, 0, 0)
+    grid = (triton.cdiv(kv_len, config.block_n), batch * kv_heads)
+    _attn_bwd_dkdv_kernel[grid](
+        q, k, v, dout, dk, dv, acc, lse, delta,
+        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *acc_strides,
+        lse.stride(0), lse.stride(1),
+        partial_num, partial_ids, full_num, full_ids,
+        partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
+        partial_ids.stride(2),
+        heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
+        _device_args(mask_mod, q.device), _device_args(score_mod, q.device),
+        MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod is not None else None,
+        SCORE_GRAD_FN=score_gradient(score_mod), HAS_SCORE=score_mod is not None, DQ_WRITE=dq_write,
+        MASK_BLOCK_N=tmask.block_n, SUB_M=tmask.block_m // config.block_m, BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n, HEAD_DIM=head_dim, num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def _launch_dq(q, k, v, out, dout, dq, lse, delta, dlse, block_mask: BlockMask, mask_mod, score_mod, scale,
+               config: KernelConfig):
+    batch, heads, q_len, head_dim = q.shape
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    partial_num, partial_ids = _expanded(block_mask.kv_num_blocks, block_mask.kv_indices, batch, heads)
+    full_num, full_ids = _expanded(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, batch, heads)
+    grid = (triton.cdiv(q_len, config.block_m), batch * heads)
+    _attn_bwd_dq_kernel[grid](
+        q, k, v, out, dout, dq, lse, delta, dlse if dlse is not None else delta,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
+        lse.stride(0), lse.stride(1),
+        partial_num, partial_ids, full_num, full_ids,
+        partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
+        partial_ids.stride(2),
+        heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
+        _device_args(mask_mod, q.device), _device_args(score_mod, q.device),
+        MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod is not None else None,
+        SCORE_GRAD_FN=score_gradient(score_mod), HAS_SCORE=score_mod is not None, HAS_DLSE=dlse is not None,
+        MASK_BLOCK_M=block_mask.block_m, SUB_N=block_mask.block_n // config.block_n, BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n, HEAD_DIM=head_dim, num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """The backward's resolved choices: dq mode and the two kernels' configs (dq: separate mode only)."""
+
+    dq_mode: str
+    dkdv: KernelConfig
+    dq: KernelConfig | None = None
+
+    def label(self) -> str:
+        dq = f" dq[{self.dq.label()}]" if self.dq is not None else ""
+        return f"{self.dq_mode}: dkdv[{self.dkdv.label()}]{dq}"
+
+
+_tuned: dict = {}
+
+
+def tuned_configs() -> dict:
+    """The winning backward configs per tuning key so far (for benchmarks and reports)."""
+    return dict(_tuned)
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def attention_backward(q, k, v, out, lse, dout, *, dlse=None, mask_mod: MaskMod | None = None,
+                       score_mod: ScoreMod | None = None, block_mask: BlockMask | None = None,
+                       scale: float | None = None, enable_gqa: bool = False, dq_mode: str = "auto",
+                       config: BwdConfig | None = None, dq_write: str = "atomic"):
+    """Gradients ``(dq, dk, dv)`` of :func:`tritonpatch.kernels.attention` given its ``out`` and
+    natural-log ``lse`` and the output gradient ``dout`` (``dlse``: optional gradient of ``lse``).
+
+    ``dq_mode``: ``"atomic"``, ``"separate"`` (deterministic) or ``"auto"`` (see :func:`choose_dq_mode`).
+    ``config``: fixed :class:`BwdConfig` (None tunes once per shape). ``dq_write`` is for
+    ``scripts/bench_bwd_atomic.py`` only: in atomic mode, ``"none"``, ``"store"`` and ``"red"``
+    replace the atomic add and give a **wrong dq**."""
+    validate_inputs(q, k, v, enable_gqa)
+    batch, heads, q_len, head_dim = q.shape
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    mask_mod = allow_all() if mask_mod is None else mask_mod
+    if not isinstance(mask_mod, MaskMod):
+        raise TypeError("attention backward: mask_mod must come from tritonpatch.kernels masks (causal(), ...)")
+    score_gradient(score_mod)   # rejects a score_mod without a gradient rule before any work
+    if dq_write not in DQ_WRITE_NAMES:
+        raise ValueError(f"attention backward: dq_write must be one of {sorted(DQ_WRITE_NAMES)}, got {dq_write!r}")
+    for name, t, shape in (("out", out, q.shape), ("dout", dout, q.shape)):
+        if tuple(t.shape) != tuple(q.shape) or t.dtype != q.dtype or t.device != q.device:
+            raise ValueError(f"attention backward: {name} must match q ({tuple(shape)}, {q.dtype}, {q.device}); "
+                             f"got {tuple(t.shape)}, {t.dtype}, {t.device}")
+    for name, t in (("lse", lse), ("dlse", dlse)):
+        if t is not None and (tuple(t.shape) != (batch, heads, q_len) or t.dtype != torch.float32):
+            raise ValueError(f"attention backward: {name} must be float32 of shape {(batch, heads, q_len)}, got "
+                             f"{t.dtype} {tuple(t.shape)}")
+    if block_mask is not None and (block_mask.q_len, block_mask.kv_len) != (q_len, kv_len):
+        raise ValueError(f"attention backward: block_mask was built for (Sq, Skv) = ({block_mask.q_len}, "
+                         f"{block_mask.kv_len}), inputs have ({q_len}, {kv_len})")
+    if config is not None and config.dq_mode == "atomic" and torch.are_deterministic_algorithms_enabled():
+        choose_dq_mode("atomic", q_len)   # raises the determinism error
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    q, k, v, out, dout = (_contiguous(t) for t in (q, k, v, out, dout))
+    lse = lse.contiguous()
+    dlse = dlse.contiguous() if dlse is not None else None
+
+    def masks_for(kernel_config: KernelConfig) -> BlockMask:
+        if block_mask is not None:
+            return block_mask
+        return build_block_mask(mask_mod, batch, heads, q_len, kv_len, block_m=kernel_config.block_m,
+                                block_n=kernel_config.block_n, device=q.device)
+
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    delta = torch.empty((batch, heads, q_len), dtype=torch.float32, device=q.device)
+    if config is None:
+        config = _tune(q, k, v, out, dout, lse, dlse, dk, dv, delta, mask_mod, score_mod, block_mask, scale,
+                       choose_dq_mode(dq_mode, q_len), masks_for)
+    if config.dq_mode == "atomic":
+        dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        _launch_preprocess(out, dout, delta, dlse, dq_acc)
+        _launch_dkdv(q, k, v, dout, dk, dv, dq_acc, lse, delta, transpose_block_mask(masks_for(config.dkdv)),
+                     mask_mod, score_mod, scale, config.dkdv, DQ_WRITE_NAMES[dq_write])
+        dq = (dq_acc * scale).to(q.dtype)
+    else:
+        dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+        _launch_dq(q, k, v, out, dout, dq, lse, delta, dlse, masks_for(config.dq), mask_mod, score_mod, scale,
+                   config.dq)
+        _launch_dkdv(q, k, v, dout, dk, dv, None, lse, delta, transpose_block_mask(masks_for(config.dkdv)),
+                     mask_mod, score_mod, scale, config.dkdv, DQ_NONE)
+    return dq, dk, dv
+
+
+def _tune(q, k, v, out, dout, lse, dlse, dk, dv, delta, mask_mod, score_mod, block_mask, scale, dq_mode,
+          masks_for) -> BwdConfig:
+    """Pick the fastest dK/dV (and, in separate mode, dQ) config for this shape; cached."""
+    key = (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), mask_mod.structure,
+           None if score_mod is None else score_mod.name,
+           None if block_mask is None else (block_mask.block_m, block_mask.block_n), dq_mode)
+    if key in _tuned:
+        return _tuned[key]
+    head_dim = q.shape[-1]
+    dkdv_candidates = _fitting(candidate_configs("dkdv", head_dim, q.device), block_mask)
+    dq_candidates = _fitting(candidate_configs("dq", head_dim, q.device), block_mask)
+    if dq_mode == "atomic":
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        _launch_preprocess(out, dout, delta, dlse, None)
+        best_dkdv = _fastest(dkdv_candidates, lambda c: _launch_dkdv(
+            q, k, v, dout, dk, dv, dq_acc, lse, delta, transpose_block_mask(masks_for(c)), mask_mod, score_mod,
+            scale, c, DQ_ATOMIC))
+        config = BwdConfig("atomic", best_dkdv)
+    else:
+        dq = torch.empty_like(q)
+        best_dq = _fastest(dq_candidates, lambda c: _launch_dq(
+            q, k, v, out, dout, dq, lse, delta, dlse, masks_for(c), mask_mod, score_mod, scale, c))
+        best_dkdv = _fastest(dkdv_candidates, lambda c: _launch_dkdv(
+            q, k, v, dout, dk, dv, None, lse, delta, transpose_block_mask(masks_for(c)), mask_mod, score_mod,
+            scale, c, DQ_NONE))
+        config = BwdConfig("separate", best_dkdv, best_dq)
+    _tuned[key] = config
+    return config
+
+
+def _fastest(candidates: list, launch) -> KernelConfig:
+    if len(candidates) == 1 or interpreting():
+        return candidates[0]
+    timings = {}
+    for cfg in candidates:
+        try:
+            timings[cfg] = triton.testing.do_bench(lambda: launch(cfg), warmup=5, rep=20, return_mode="median")
+        except triton.runtime.errors.OutOfResources:
+            continue
+    if not timings:
+        raise RuntimeError("attention backward: no kernel configuration fits this GPU (shared memory/registers)")
+    return min(timings, key=timings.get)
