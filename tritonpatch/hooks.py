@@ -64,8 +64,9 @@ class _StagesHook:
 class _LLVMOptionScope:
     """At most one set of LLVM options is applied at a time, process-wide.
 
-    ``hold(settings, triton_names)``: the first holder of a set snapshots the options named by
-    ``DISABLE_LLVM_OPT`` and applies ``settings``; the last holder restores everything exactly.
+    ``enter((settings, triton_names))`` / ``exit()`` around a stage: the first holder of a set
+    snapshots the options named by ``DISABLE_LLVM_OPT`` (``triton_names``) and applies
+    ``settings``; the last holder restores everything exactly.
     Holders asking for the same set share it; a different set waits, and while it waits newcomers
     for the active set wait too, so no set starves.
     """
