@@ -14,5 +14,14 @@ from .pipeline import Pipeline, current_pipeline, options, use_pipeline
 __all__ = [
     "Pipeline", "options", "use_pipeline", "current_pipeline", "install", "uninstall", "installed",
     "TritonpatchError", "NativeUnavailableError", "UnknownOptionError", "OptionTypeError", "PipelineError",
-    "PassError",
+    "PassError", "jit", "autotune",
 ]
+
+
+def __getattr__(name):
+    """``tritonpatch.jit`` / ``tritonpatch.autotune`` import Triton, so they load on first use."""
+    if name in ("jit", "autotune"):
+        from . import authoring
+
+        return getattr(authoring, name)
+    raise AttributeError(f"module 'tritonpatch' has no attribute {name!r}")
