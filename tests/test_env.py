@@ -125,8 +125,8 @@ def _pth_installed() -> bool:
 @native
 def test_autoload_subprocess(tmp_path):
     """`TRITONPATCH_AUTOLOAD=1 TRITONPATCH_DISABLE_LSR=1` with no tritonpatch import compiles with LSR
-    disabled (same PTX as Triton's own DISABLE_LLVM_OPT=disable-lsr); a malformed value warns in one
-    line and the program runs unpatched."""
+    disabled (same PTX as Triton's own DISABLE_LLVM_OPT=disable-lsr) and TRITONPATCH_LOG=info says
+    so; a malformed value warns in one line and the program runs unpatched."""
     site_dir = ""
     if not _pth_installed():  # editable checkout: hand the repository's .pth to `site` ourselves
         site_dir = str(tmp_path / "site")
@@ -134,7 +134,7 @@ def test_autoload_subprocess(tmp_path):
         shutil.copy(os.path.join(ROOT, "tritonpatch_autoload.pth"), site_dir)
     code = _AUTOLOAD_CHILD.format(here=HERE)
     cases = {
-        "lsr": {"TRITONPATCH_AUTOLOAD": "1", "TRITONPATCH_DISABLE_LSR": "1"},
+        "lsr": {"TRITONPATCH_AUTOLOAD": "1", "TRITONPATCH_DISABLE_LSR": "1", "TRITONPATCH_LOG": "info"},
         "malformed": {"TRITONPATCH_AUTOLOAD": "1", "TRITONPATCH_DISABLE_LSR": "sometimes"},
     }
     children = {
@@ -152,7 +152,9 @@ def test_autoload_subprocess(tmp_path):
     lsr, lsr_err = results["lsr"]
     assert lsr["heavy_at_start"] == [] and lsr["hooked"]
     assert lsr["ptx"] == reference["triton_lsr"] != reference["default"]
-    assert "tritonpatch" not in lsr_err
+    logged = [line for line in lsr_err.splitlines() if "tritonpatch" in line]
+    assert logged == ["[tritonpatch] strided_sum compiled with Pipeline(llvm={'disable-lsr': True}) "
+                      f"[{Pipeline(disable_lsr=True).fingerprint()}]"], lsr_err
 
     malformed, malformed_err = results["malformed"]
     warnings = [line for line in malformed_err.splitlines() if "tritonpatch" in line]

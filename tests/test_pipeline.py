@@ -20,6 +20,15 @@ from tritonpatch import pipeline as pipeline_module
 native = pytest.mark.skipif(not tllvm.available(), reason="tritonpatch._native is not usable here")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def leave_triton_as_found():
+    """options() installs tritonpatch into Triton; take it out again after this module."""
+    was_installed = tritonpatch.installed()
+    yield
+    if not was_installed:
+        tritonpatch.uninstall()
+
+
 @pytest.fixture(autouse=True)
 def no_environment(monkeypatch):
     """The TRITONPATCH_* variables of the shell running the tests play no part."""
