@@ -13,13 +13,13 @@ import torch
 from . import reference
 from .attention_fwd import FwdConfig, attention_forward, tuned_configs
 from .block_mask import BlockMask, block_mask_from_classes, build_block_mask, from_flex_block_mask
-from .masks import (MaskMod, ScoreMod, alibi, alibi_slopes, allow_all, and_masks, causal, document,
-                    lookup_modifier, or_masks, prefix_lm, sliding_window, softcap)
+from .masks import (MaskMod, ScoreMod, alibi, alibi_slopes, allow_all, and_masks, causal, custom_mask, custom_score,
+                    document, lookup_modifier, or_masks, prefix_lm, sliding_window, softcap)
 
 __all__ = [
     "attention", "reference", "MaskMod", "ScoreMod", "causal", "prefix_lm", "sliding_window", "document",
-    "and_masks", "or_masks", "allow_all", "alibi", "alibi_slopes", "softcap", "BlockMask", "build_block_mask",
-    "block_mask_from_classes", "from_flex_block_mask", "FwdConfig", "tuned_configs",
+    "and_masks", "or_masks", "allow_all", "custom_mask", "custom_score", "alibi", "alibi_slopes", "softcap",
+    "BlockMask", "build_block_mask", "block_mask_from_classes", "from_flex_block_mask", "FwdConfig", "tuned_configs",
 ]
 
 

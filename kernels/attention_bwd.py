@@ -148,7 +148,8 @@ def _preprocess_kernel(O, DO, DELTA, DLSE, DQ_ACC,
 @triton.jit
 def _red_add_f32(ptrs, values):
     """Scalar inline-PTX ``red.global.add.f32`` (benchmark variant of the atomic_add report)."""
-    return tl.inline_asm_elementwise("red.global.add.f32 [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,f", [ptrs, values],
+    return tl.inline_asm_elementwise("red.global.add.f32 [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,f",
+                                     [ptrs.to(tl.int64, bitcast=True), values],
                                      dtype=tl.int32, is_pure=False, pack=1)
 
 
@@ -644,3 +645,65 @@ def _fastest(candidates: list, launch) -> KernelConfig:
     if not timings:
         raise RuntimeError("attention backward: no kernel configuration fits this GPU (shared memory/registers)")
     return min(timings, key=timings.get)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compile-only descriptions (tritonpatch.targets.compile_for_target, tests, inspection)
+# ---------------------------------------------------------------------------------------------
+
+_ELEMENT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def _arg_type(arg) -> str:
+    if isinstance(arg, torch.Tensor):
+        return "*" + {torch.int32: "i32", torch.int64: "i64", torch.float32: "fp32"}[arg.dtype]
+    return "i32" if isinstance(arg, int) and not isinstance(arg, bool) else "fp32"
+
+
+def compile_spec(kernel: str, dtype: torch.dtype, head_dim: int, config: KernelConfig, mask_mod: MaskMod,
+                 score_mod: ScoreMod | None = None, *, dq_write: str = "atomic", mask_tile: tuple | None = None):
+    """``(fn, signature, constexprs, attrs)`` of the ``"dkdv"`` or ``"dq"`` kernel for compile-only use:
+    contiguous last dims, and ``attrs`` marking what a launch on ``[B, H, S, D]`` tensors with S a
+    multiple of 16 specializes as 16-divisible (pointers, row/head/batch strides, lengths), which is
+    what lets ``tl.atomic_add`` vectorize. ``mask_tile``: the block mask's ``(block_m, block_n)``."""
+    mask_m, mask_n = mask_tile or (config.block_m, config.block_n)
+    elem = _ELEMENT[dtype]
+    if kernel == "dkdv":
+        fn = _attn_bwd_dkdv_kernel
+        pointers = {"Q": elem, "K": elem, "V": elem, "DO": elem, "DK": elem, "DV": elem, "DQ_ACC": "fp32",
+                    "LSE": "fp32", "DELTA": "fp32"}
+        groups = ["q", "k", "v", "do", "dk"]
+        extra = ["stride_qab", "stride_qah", "stride_qam", "stride_in"]
+        specific = {"DQ_WRITE": DQ_WRITE_NAMES[dq_write], "MASK_BLOCK_N": mask_n, "SUB_M": mask_m // config.block_m}
+    elif kernel == "dq":
+        fn = _attn_bwd_dq_kernel
+        pointers = {"Q": elem, "K": elem, "V": elem, "O": elem, "DO": elem, "DQ": elem, "LSE": "fp32",
+                    "DELTA": "fp32", "DLSE": "fp32"}
+        groups = ["q", "k", "v", "o", "do", "dq"]
+        extra = ["stride_iq"]
+        specific = {"HAS_DLSE": False, "MASK_BLOCK_M": mask_m, "SUB_N": mask_n // config.block_n}
+    else:
+        raise ValueError(f"kernel must be 'dkdv' or 'dq', got {kernel!r}")
+    signature = {name: "*" + t for name, t in pointers.items()}
+    constexprs = {}
+    for g in groups:
+        signature.update({f"stride_{g}b": "i32", f"stride_{g}h": "i32", f"stride_{g}{'n' if g in ('k', 'v', 'dk') else 'm'}": "i32"})
+        constexprs[f"stride_{g}d"] = 1
+    signature.update({name: "i32" for name in ["stride_lb", "stride_lh", "stride_nb", "stride_nh", "stride_ib",
+                                                "stride_ih", "num_heads", "group_size", "q_len", "kv_len"] + extra})
+    signature.update({"partial_num": "*i32", "partial_ids": "*i32", "full_num": "*i32", "full_ids": "*i32",
+                      "sm_scale": "fp32", "qk_scale": "fp32",
+                      "mask_args": tuple(_arg_type(a) for a in mask_mod.args),
+                      "score_args": tuple(_arg_type(a) for a in score_mod.args) if score_mod is not None else ()})
+    constexprs.update(specific)
+    constexprs.update({"MASK_FN": mask_mod.device_fn, "SCORE_FN": score_mod.device_fn if score_mod else None,
+                       "SCORE_GRAD_FN": score_gradient(score_mod), "HAS_SCORE": score_mod is not None,
+                       "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "HEAD_DIM": head_dim})
+    for name in constexprs:
+        signature[name] = "constexpr"
+    params = fn.arg_names
+    aligned = [i for i, name in enumerate(params) if str(signature[name]).startswith("*")
+               or (name.startswith("stride_") and name[-1] in "bhmn" and name != "stride_in")
+               or name in ("q_len", "kv_len")]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+    return fn, signature, constexprs, attrs

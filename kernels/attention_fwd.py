@@ -198,7 +198,7 @@ def _pipeline_variants(configs: list) -> list:
 
 
 def validate_inputs(q, k, v, enable_gqa: bool) -> None:
-    """Raise a clear error for shapes, dtypes and devices the kernel does not support."""
+    """Raise a clear error for shapes and dtypes the kernel does not support (devices: ``check_device``)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -212,7 +212,6 @@ def validate_inputs(q, k, v, enable_gqa: bool) -> None:
                         "bfloat16 (float32 only in the interpreter), or tritonpatch.kernels.reference")
     if not (q.device == k.device == v.device):
         raise ValueError(f"attention: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    check_device(q, "attention")
     batch, heads, _, head_dim = q.shape
     if k.shape != v.shape:
         raise ValueError(f"attention: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
@@ -344,16 +343,18 @@ def attention_forward(q, k, v, *, mask_mod: MaskMod | None = None, score_mod: Sc
                       block_mask: BlockMask | None = None, scale: float | None = None, enable_gqa: bool = False,
                       config: FwdConfig | None = None):
     """Run the forward kernel; returns ``(out, lse)``. ``config=None`` tunes (once per shape)."""
+    if mask_mod is not None and not isinstance(mask_mod, MaskMod):
+        raise TypeError("attention: mask_mod must come from tritonpatch.kernels masks (causal(), prefix_lm(), ..., "
+                        "custom_mask())")
+    if score_mod is not None and not isinstance(score_mod, ScoreMod):
+        raise TypeError("attention: score_mod must come from tritonpatch.kernels (alibi(), softcap(), custom_score())")
     validate_inputs(q, k, v, enable_gqa)
     batch, heads, q_len, head_dim = q.shape
     kv_len = k.shape[2]
     mask_mod = allow_all() if mask_mod is None else mask_mod
-    if not isinstance(mask_mod, MaskMod):
-        raise TypeError("attention: mask_mod must come from tritonpatch.kernels masks (causal(), prefix_lm(), ...)")
-    if score_mod is not None and not isinstance(score_mod, ScoreMod):
-        raise TypeError("attention: score_mod must come from tritonpatch.kernels (alibi(), softcap())")
     if block_mask is not None:
         _check_block_mask(block_mask, batch, heads, q_len, kv_len)
+    check_device(q, "attention")
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     out = torch.empty_like(q, memory_format=torch.contiguous_format) if not q.is_contiguous() else torch.empty_like(q)
     lse = torch.empty((batch, heads, q_len), dtype=torch.float32, device=q.device)

@@ -178,6 +178,31 @@ def _leaf_mask(name, leaf_fn, torch_fn, args=(), tile_rule=None, batch_dependent
     return MaskMod(name, device_fn, torch_fn, tuple(args), tile_rule, batch_dependent, False, structure)
 
 
+def custom_mask(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | None = None,
+                tile_rule: Optional[TileRule] = None, batch_dependent: bool = False,
+                head_dependent: bool = False) -> MaskMod:
+    """A mask from your own functions.
+
+    ``device_fn`` is a ``@triton.jit`` function ``(b, h, q_idx, kv_idx, *args) -> bool tile`` and
+    ``torch_fn(b, h, q_idx, kv_idx, *args)`` the same rule on torch tensors; ``args`` are runtime
+    ints/floats/tensors. Without ``tile_rule`` the block mask is found by evaluating ``device_fn``
+    on every tile. Set ``batch_dependent``/``head_dependent`` when the mask differs across them."""
+    name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
+    structure = ("mask-leaf", "custom", id(device_fn), len(args))
+    wrapper = _generate(structure, [device_fn], _call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
+                        "b, h, q_idx, kv_idx, args")
+    return MaskMod(name, wrapper, torch_fn, tuple(args), tile_rule, batch_dependent, head_dependent, structure)
+
+
+def custom_score(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | None = None) -> ScoreMod:
+    """A score modifier from ``device_fn(score, b, h, q_idx, kv_idx, *args)`` (``@triton.jit``, fp32
+    score tile in, new score out) and the same rule in torch."""
+    name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
+    wrapper = _generate(("score-leaf", "custom", id(device_fn), len(args)), [device_fn],
+                        _call_expr(0, "score, b, h, q_idx, kv_idx", 0, len(args)), "score, b, h, q_idx, kv_idx, args")
+    return ScoreMod(name, wrapper, torch_fn, tuple(args))
+
+
 def _combine(kind: str, masks: tuple) -> MaskMod:
     if not masks:
         raise ValueError(f"{kind}_masks() needs at least one mask")
@@ -365,13 +390,10 @@ def alibi(slopes: torch.Tensor) -> ScoreMod:
     if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1 or not slopes.is_floating_point():
         raise TypeError("alibi(slopes) needs a 1-D float tensor with one slope per query head")
     slopes = slopes.to(torch.float32).contiguous()
-    device_fn = _generate(("score-leaf", "alibi", 1), [_alibi_dev],
-                          "_leaf0(score, b, h, q_idx, kv_idx, args[0])", "score, b, h, q_idx, kv_idx, args")
-
     def torch_fn(score, b, h, q, kv, s):
         return score + s[h] * (kv - q).to(score.dtype)
 
-    return ScoreMod("alibi", device_fn, torch_fn, (slopes,))
+    return custom_score(_alibi_dev, torch_fn, (slopes,), name="alibi")
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -383,9 +405,8 @@ def softcap(cap: float) -> ScoreMod:
     """Tanh soft-capping (Gemma 2): ``cap * tanh(score / cap)``."""
     if not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap <= 0:
         raise ValueError(f"softcap(cap) needs a positive finite number, got {cap!r}")
-    device_fn = _generate(("score-leaf", "softcap", 1), [_softcap_dev],
-                          "_leaf0(score, b, h, q_idx, kv_idx, args[0])", "score, b, h, q_idx, kv_idx, args")
-    return ScoreMod("softcap", device_fn, lambda score, b, h, q, kv, c: c * torch.tanh(score / c), (float(cap),))
+    return custom_score(_softcap_dev, lambda score, b, h, q, kv, c: c * torch.tanh(score / c), (float(cap),),
+                        name="softcap")
 
 
 def _nonnegative_int(factory: str, name: str, value) -> int:

@@ -1,0 +1,80 @@
+"""tritonpatch.kernels public API: input errors, the interpreter suite (own process), the custom op."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tritonpatch.kernels as K
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_interpreter_suite():
+    """Run tests/test_kernels_interpret.py with TRITON_INTERPRET=1 in a fresh process."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                           os.path.join(REPO, "tests", "test_kernels_interpret.py")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1]
+
+
+def t(*shape, dtype=torch.float16):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("args, kwargs, error, message", [
+    ((t(2, 4, 8, 16), t(2, 4, 8, 16), "v"), {}, TypeError, "v must be a torch.Tensor"),
+    ((t(4, 8, 16), t(4, 8, 16), t(4, 8, 16)), {}, ValueError, r"\[B, H, S, D\]"),
+    ((t(1, 2, 8, 16, dtype=torch.float64),) * 3, {}, TypeError, "float64 is not supported"),
+    ((t(1, 2, 8, 16), t(1, 2, 8, 16, dtype=torch.bfloat16), t(1, 2, 8, 16)), {}, TypeError, "share a dtype"),
+    ((t(1, 2, 8, 16), t(1, 2, 8, 16), t(1, 2, 9, 16)), {}, ValueError, "same shape"),
+    ((t(1, 2, 8, 24),) * 3, {}, ValueError, "head dim 24"),
+    ((t(1, 4, 8, 16), t(1, 2, 8, 16), t(1, 2, 8, 16)), {}, ValueError, "enable_gqa=True"),
+    ((t(1, 4, 8, 16), t(1, 3, 8, 16), t(1, 3, 8, 16)), {"enable_gqa": True}, ValueError, "multiple of Hkv"),
+    ((t(1, 2, 8, 16),) * 3, {"mask_mod": lambda b, h, q, kv: q >= kv}, TypeError, "mask_mod must come from"),
+])
+def test_input_errors(args, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        K.attention(*args, **kwargs)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="CPU tensors are allowed in the interpreter")
+def test_cpu_tensors_without_interpreter_point_to_the_fix():
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        K.attention(t(1, 2, 8, 16), t(1, 2, 8, 16), t(1, 2, 8, 16))
+
+
+def test_block_mask_for_other_lengths_is_rejected():
+    bm = K.build_block_mask(K.causal(), 1, 1, 64, 64, device="cpu")
+    with pytest.raises(ValueError, match="block_mask was built for"):
+        K.attention(t(1, 2, 32, 16), t(1, 2, 32, 16), t(1, 2, 32, 16), mask_mod=K.causal(), block_mask=bm)
+
+
+def test_custom_op_is_registered_with_a_fake_impl():
+    op = torch.ops.tritonpatch.attention_fwd.default
+    assert "mask_key" in str(op._schema) and "block_geometry" in str(op._schema)
+
+
+def test_modifier_keys_resolve_while_alive():
+    mask = K.sliding_window(3)
+    assert K.lookup_modifier(mask.op_key) is mask
+    assert K.lookup_modifier("") is None
+    key = mask.op_key
+    del mask
+    import gc
+    gc.collect()
+    with pytest.raises(LookupError, match="no longer exists"):
+        K.lookup_modifier(key)
+
+
+def test_mask_objects_evaluate_like_flex_mask_mods():
+    q = torch.arange(6)[:, None]
+    kv = torch.arange(6)[None, :]
+    zero = torch.zeros((), dtype=torch.long)
+    assert torch.equal(K.prefix_lm(2)(zero, zero, q, kv), (kv < 2) | (q >= kv))
+    assert torch.equal(K.sliding_window(1)(zero, zero, q, kv), (q >= kv) & (q - kv <= 1))

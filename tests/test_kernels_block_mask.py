@@ -1,0 +1,175 @@
+"""Block-mask builder vs brute force (dense evaluation of the mask in torch), mask factories, errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tritonpatch.kernels as K
+from tritonpatch.kernels.block_mask import EMPTY, FULL, PARTIAL
+
+
+def brute_force_classes(mask, batch, heads, q_len, kv_len, block_m, block_n):
+    """Dense [B, H, Sq, Skv] evaluation, reduced per tile; ragged-edge FULL tiles demoted to PARTIAL."""
+    b = torch.arange(batch).view(batch, 1, 1, 1)
+    h = torch.arange(heads).view(1, heads, 1, 1)
+    q = torch.arange(q_len).view(1, 1, q_len, 1)
+    kv = torch.arange(kv_len).view(1, 1, 1, kv_len)
+    keep = mask(b, h, q, kv).expand(batch, heads, q_len, kv_len).to(torch.int8)
+    nq, nk = -(-q_len // block_m), -(-kv_len // block_n)
+    padded = torch.full((batch, heads, nq * block_m, nk * block_n), -1, dtype=torch.int8)
+    padded[:, :, :q_len, :kv_len] = keep
+    tiles = padded.view(batch, heads, nq, block_m, nk, block_n).permute(0, 1, 2, 4, 3, 5).reshape(
+        batch, heads, nq, nk, -1)
+    any_true = (tiles == 1).any(-1)
+    all_true = (tiles != 0).all(-1)
+    classes = torch.where(all_true, FULL, torch.where(any_true, PARTIAL, EMPTY)).to(torch.int8)
+    if kv_len % block_n:
+        classes[..., -1] = torch.where(classes[..., -1] == FULL, PARTIAL, classes[..., -1])
+    return classes
+
+
+def sorted_doc_ids(lengths):
+    return torch.cat([torch.full((n,), i, dtype=torch.int32) for i, n in enumerate(lengths)])
+
+
+def masks_under_test(seq):
+    ids = sorted_doc_ids([seq // 3, seq // 4, seq - seq // 3 - seq // 4])
+    return {
+        "causal": K.causal(),
+        "prefix_lm": K.prefix_lm(seq // 3),
+        "sliding_window": K.sliding_window(seq // 5),
+        "document": K.document(ids),
+        "causal&document": K.and_masks(K.causal(), K.document(ids)),
+        "sliding|prefix": K.or_masks(K.sliding_window(7), K.prefix_lm(19)),
+        "and(or(...), causal)": K.and_masks(K.or_masks(K.prefix_lm(11), K.sliding_window(30)), K.causal()),
+    }
+
+
+@pytest.mark.parametrize("name", list(masks_under_test(100)))
+@pytest.mark.parametrize("q_len,kv_len", [(100, 100), (96, 130), (130, 64)])
+def test_rule_classification_is_exact_for_leaves_and_sound_for_combinations(name, q_len, kv_len):
+    mask = masks_under_test(max(q_len, kv_len))[name]
+    if "document" in name and q_len != kv_len:
+        pytest.skip("document masks need Sq == Skv")
+    got = K.build_block_mask(mask, 1, 1, q_len, kv_len, block_m=32, block_n=16, device="cpu", method="rule")
+    expected = brute_force_classes(mask, 1, 1, q_len, kv_len, 32, 16)
+    classes = got.tile_classes()
+    # soundness: FULL only where every pair is allowed, EMPTY only where none is
+    assert ((classes == FULL) <= (expected == FULL)).all()
+    assert ((classes == EMPTY) <= (expected == EMPTY)).all()
+    if name in ("causal", "prefix_lm", "sliding_window", "document", "causal&document"):
+        assert torch.equal(classes, expected)
+
+
+def test_block_mask_layout_lists_tiles_in_ascending_order():
+    bm = K.build_block_mask(K.causal(), 1, 1, 256, 256, block_m=64, block_n=64, device="cpu")
+    assert bm.kv_num_blocks.tolist() == [[[1, 1, 1, 1]]]
+    assert bm.full_kv_num_blocks.tolist() == [[[0, 1, 2, 3]]]
+    assert bm.kv_indices[0, 0, 3, 0].item() == 3
+    assert bm.full_kv_indices[0, 0, 3, :3].tolist() == [0, 1, 2]
+    assert bm.kv_indices.dtype == torch.int32 and bm.kv_indices.is_contiguous()
+
+
+def test_block_mask_is_cached_per_values_and_shape():
+    first = K.build_block_mask(K.sliding_window(64), 2, 4, 512, 512, device="cpu")
+    assert K.build_block_mask(K.sliding_window(64), 2, 4, 512, 512, device="cpu") is first
+    assert K.build_block_mask(K.sliding_window(65), 2, 4, 512, 512, device="cpu") is not first
+    assert K.build_block_mask(K.sliding_window(64), 2, 4, 640, 512, device="cpu") is not first
+
+
+def test_batch_dependent_document_mask_has_a_batch_dim():
+    ids = torch.stack([sorted_doc_ids([40, 24]), sorted_doc_ids([10, 54])])
+    mask = K.document(ids)
+    bm = K.build_block_mask(mask, 2, 3, 64, 64, block_m=16, block_n=16, device="cpu")
+    assert bm.kv_indices.shape[:2] == (2, 1)
+    assert torch.equal(bm.tile_classes(), brute_force_classes(mask, 2, 1, 64, 64, 16, 16))
+
+
+def test_large_causal_build_uses_no_dense_mask():
+    """S = 131072 causal: the rule path allocates O(#tiles), and the result is the causal staircase."""
+    bm = K.build_block_mask(K.causal(), 1, 1, 131072, 131072, block_m=128, block_n=64, device="cpu")
+    assert bm.kv_indices.shape == (1, 1, 1024, 2048)
+    assert bm.full_kv_num_blocks[0, 0, :4].tolist() == [0, 2, 4, 6]
+    assert bm.kv_num_blocks[0, 0].unique().tolist() == [2]
+
+
+def test_flex_block_mask_conversion_matches_our_builder():
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    flex_mask = flex.create_block_mask(lambda b, h, q, kv: (q >= kv) & (q - kv <= 40), None, None, 256, 256,
+                                       device="cpu", BLOCK_SIZE=32)
+    ours = K.build_block_mask(K.sliding_window(40), 1, 1, 256, 256, block_m=32, block_n=32, device="cpu")
+    converted = K.from_flex_block_mask(flex_mask)
+    assert (converted.block_m, converted.block_n) == (32, 32)
+    assert torch.equal(converted.tile_classes(), ours.tile_classes())
+
+
+@settings(max_examples=25, deadline=None)
+@given(q_len=st.integers(1, 90), kv_len=st.integers(1, 90), block_m=st.sampled_from([8, 16, 32]),
+       block_n=st.sampled_from([8, 16]), prefix=st.integers(0, 100), window=st.integers(0, 100),
+       kind=st.sampled_from(["causal", "prefix_lm", "sliding_window", "prefix|window", "causal&prefix"]))
+def test_rule_classification_is_sound_for_random_parameters(q_len, kv_len, block_m, block_n, prefix, window, kind):
+    mask = {"causal": K.causal(), "prefix_lm": K.prefix_lm(prefix), "sliding_window": K.sliding_window(window),
+            "prefix|window": K.or_masks(K.prefix_lm(prefix), K.sliding_window(window)),
+            "causal&prefix": K.and_masks(K.causal(), K.prefix_lm(prefix))}[kind]
+    classes = K.build_block_mask(mask, 1, 1, q_len, kv_len, block_m=block_m, block_n=block_n, device="cpu",
+                                 method="rule").tile_classes()
+    expected = brute_force_classes(mask, 1, 1, q_len, kv_len, block_m, block_n)
+    assert ((classes == FULL) <= (expected == FULL)).all()
+    assert ((classes == EMPTY) <= (expected == EMPTY)).all()
+    if kind in ("causal", "prefix_lm", "sliding_window"):
+        assert torch.equal(classes, expected)
+
+
+@settings(max_examples=15, deadline=None)
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=6), block=st.sampled_from([8, 16]))
+def test_document_rule_is_exact_for_random_packings(lengths, block):
+    ids = sorted_doc_ids(lengths)
+    mask = K.and_masks(K.causal(), K.document(ids))
+    seq = ids.numel()
+    classes = K.build_block_mask(mask, 1, 1, seq, seq, block_m=block, block_n=block, device="cpu").tile_classes()
+    assert torch.equal(classes, brute_force_classes(mask, 1, 1, seq, seq, block, block))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: K.prefix_lm(-1), "non-negative int"),
+    (lambda: K.sliding_window(2.5), "non-negative int"),
+    (lambda: K.document(torch.zeros(3, dtype=torch.float32)), "int32/int64"),
+    (lambda: K.softcap(0.0), "positive"),
+    (lambda: K.alibi(torch.ones(2, 2)), "1-D float"),
+    (lambda: K.and_masks(), "at least one"),
+    (lambda: K.or_masks(K.causal(), lambda b, h, q, kv: q >= kv), "MaskMod"),
+    (lambda: K.build_block_mask(K.causal(), 1, 1, 0, 8, device="cpu"), "q_len"),
+    (lambda: K.build_block_mask(K.causal(), 1, 1, 8, 8, device="cpu", method="fast"), "method"),
+])
+def test_factory_and_builder_errors(call, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call()
+
+
+def test_rule_method_needs_a_rule():
+    import triton
+
+    @triton.jit
+    def every_other(b, h, q_idx, kv_idx):
+        return (kv_idx % 2) == 0
+
+    mask = K.custom_mask(every_other, lambda b, h, q, kv: kv % 2 == 0)
+    with pytest.raises(ValueError, match="no tile rule"):
+        K.build_block_mask(mask, 1, 1, 16, 16, device="cpu", method="rule")
+
+
+def test_reference_masks_rows_with_nothing_allowed():
+    q = torch.randn(1, 1, 4, 8)
+    k = torch.randn(1, 1, 4, 8)
+    import triton
+
+    @triton.jit
+    def late_rows(b, h, q_idx, kv_idx):
+        return q_idx >= 2
+
+    mask = K.custom_mask(late_rows, lambda b, h, qi, kv: (qi >= 2) & (kv >= 0))
+    out, lse = K.reference.attention(q, k, k, mask_mod=mask, return_lse=True)
+    assert torch.equal(out[0, 0, :2], torch.zeros(2, 8))
+    assert torch.isinf(lse[0, 0, :2]).all() and torch.isfinite(lse[0, 0, 2:]).all()

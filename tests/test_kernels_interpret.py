@@ -1,0 +1,157 @@
+"""The Triton attention kernel in Triton's interpreter vs the fp32 torch reference.
+
+The interpreter is a per-process choice (``TRITON_INTERPRET=1`` before Triton is imported), so these
+tests run only in such a process; ``test_kernels_api.py::test_interpreter_suite`` starts one.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import triton
+import triton.language as tl  # noqa: F401 - the interpreter needs tl in jit functions' globals
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="interpreter tests run in their own TRITON_INTERPRET=1 process "
+                                       "(tests/test_kernels_api.py::test_interpreter_suite)")
+
+import tritonpatch.kernels as K  # noqa: E402
+from tritonpatch.kernels import attention_fwd as A  # noqa: E402
+
+TOL = {torch.float16: 2e-3, torch.float32: 1e-4}
+
+
+def doc_ids(seq):
+    return torch.cat([torch.full((n,), i, dtype=torch.int32) for i, n in
+                      enumerate([seq // 3, seq // 4, seq - seq // 3 - seq // 4])])
+
+
+def qkv(batch, heads, kv_heads, q_len, kv_len, dim, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, q_len, dim, generator=gen).to(dtype)
+    k = torch.randn(batch, kv_heads, kv_len, dim, generator=gen).to(dtype)
+    v = torch.randn(batch, kv_heads, kv_len, dim, generator=gen).to(dtype)
+    return q, k, v
+
+
+def assert_matches_reference(q, k, v, **kwargs):
+    out, lse = K.attention(q, k, v, return_lse=True, **kwargs)
+    ref, ref_lse = K.reference.attention(q, k, v, return_lse=True, **kwargs)
+    tol = TOL[q.dtype]
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[finite], ref_lse[finite], atol=1e-3, rtol=1e-3)
+    return out, lse
+
+
+MASKS = {
+    "none": lambda s: None,
+    "causal": lambda s: K.causal(),
+    "prefix_lm": lambda s: K.prefix_lm(s // 3),
+    "sliding_window": lambda s: K.sliding_window(9),
+    "document": lambda s: K.document(doc_ids(s)),
+    "causal&document": lambda s: K.and_masks(K.causal(), K.document(doc_ids(s))),
+    "sliding|prefix": lambda s: K.or_masks(K.sliding_window(5), K.prefix_lm(13)),
+    "and(or, causal)": lambda s: K.and_masks(K.or_masks(K.prefix_lm(7), K.sliding_window(20)), K.causal()),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("name", list(MASKS))
+def test_every_mask_matches_reference(name, dtype):
+    seq = 70
+    q, k, v = qkv(1, 2, 2, seq, seq, 16, dtype)
+    assert_matches_reference(q, k, v, mask_mod=MASKS[name](seq))
+
+
+@pytest.mark.parametrize("name", ["none", "causal", "prefix_lm", "sliding_window", "sliding|prefix"])
+def test_gqa_and_unequal_lengths(name):
+    q, k, v = qkv(2, 4, 2, 45, 83, 32, torch.float16, seed=1)
+    assert_matches_reference(q, k, v, mask_mod=MASKS[name](83), enable_gqa=True)
+
+
+def test_mqa_longer_queries_than_keys():
+    q, k, v = qkv(1, 4, 1, 90, 33, 16, torch.float16, seed=2)
+    assert_matches_reference(q, k, v, mask_mod=K.causal(), enable_gqa=True)
+
+
+@pytest.mark.parametrize("score", ["alibi", "softcap"])
+def test_score_mods(score):
+    q, k, v = qkv(1, 4, 4, 50, 50, 16, torch.float32, seed=3)
+    mod = K.alibi(K.alibi_slopes(4)) if score == "alibi" else K.softcap(2.0)
+    assert_matches_reference(q, k, v, mask_mod=K.causal(), score_mod=mod, scale=0.7)
+
+
+def test_non_contiguous_inputs():
+    base = torch.randn(2, 64, 3, 16, dtype=torch.float16)       # [B, S, H, D] storage
+    q = base.transpose(1, 2)
+    k = torch.randn(2, 64, 3, 16, dtype=torch.float16).transpose(1, 2)
+    v = torch.randn(2, 3, 16, 64, dtype=torch.float16).transpose(2, 3)  # strided in D
+    assert_matches_reference(q, k, v, mask_mod=K.sliding_window(11))
+
+
+def test_custom_mask_with_empty_rows_uses_the_tile_kernel():
+    @triton.jit
+    def late_and_even(b, h, q_idx, kv_idx, start):
+        return (q_idx >= start) & ((kv_idx % 2) == 0)
+
+    mask = K.custom_mask(late_and_even, lambda b, h, q, kv, start: (q >= start) & (kv % 2 == 0), (20,))
+    q, k, v = qkv(1, 2, 2, 64, 64, 16, torch.float32, seed=4)
+    out, lse = assert_matches_reference(q, k, v, mask_mod=mask)
+    assert torch.equal(out[:, :, :20], torch.zeros_like(out[:, :, :20]))
+    assert torch.isinf(lse[:, :, :20]).all()
+
+
+@pytest.mark.parametrize("name", ["document", "causal&document", "sliding|prefix"])
+def test_tile_kernel_classification_matches_rule(name):
+    mask = MASKS[name](77)
+    by_kernel = K.build_block_mask(mask, 1, 1, 77, 77, block_m=16, block_n=8, device="cpu", method="kernel")
+    by_rule = K.build_block_mask(mask, 1, 1, 77, 77, block_m=16, block_n=8, device="cpu", method="rule")
+    kernel_classes, rule_classes = by_kernel.tile_classes(), by_rule.tile_classes()
+    # the kernel is exact; the rule may call an all-true/all-false tile partial, never the reverse
+    assert ((rule_classes == 2) <= (kernel_classes == 2)).all()
+    assert ((rule_classes == 0) <= (kernel_classes == 0)).all()
+
+
+def test_tma_descriptor_path():
+    q, k, v = qkv(1, 2, 1, 50, 61, 16, torch.float16, seed=5)
+    mask = K.sliding_window(13)
+    out, lse = A.attention_forward(q, k, v, mask_mod=mask, enable_gqa=True, config=A.FwdConfig(32, 16, 4, 1, True))
+    ref, ref_lse = K.reference.attention(q, k, v, mask_mod=mask, enable_gqa=True, return_lse=True)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+
+
+def test_prebuilt_and_flex_block_masks():
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    q, k, v = qkv(1, 2, 2, 64, 64, 16, torch.float16, seed=6)
+    expected = K.reference.attention(q, k, v, mask_mod=K.causal()).float()
+    ours = K.build_block_mask(K.causal(), 1, 2, 64, 64, block_m=32, block_n=16, device="cpu")
+    out = K.attention(q, k, v, mask_mod=K.causal(), block_mask=ours)
+    torch.testing.assert_close(out.float(), expected, atol=2e-3, rtol=2e-3)
+    flex_mask = flex.create_block_mask(lambda b, h, qi, kv: qi >= kv, None, None, 64, 64, device="cpu",
+                                       BLOCK_SIZE=16)
+    out = K.attention(q, k, v, mask_mod=K.causal(), block_mask=flex_mask)
+    torch.testing.assert_close(out.float(), expected, atol=2e-3, rtol=2e-3)
+
+
+def test_torch_compile_calls_the_custom_op():
+    q, k, v = qkv(1, 2, 2, 40, 40, 16, torch.float32, seed=7)
+    mask, score = K.causal(), K.softcap(3.0)
+    compiled = torch.compile(lambda a, b, c: K.attention(a, b, c, mask_mod=mask, score_mod=score) * 2,
+                             fullgraph=True)
+    expected = 2 * K.reference.attention(q, k, v, mask_mod=mask, score_mod=score)
+    torch.testing.assert_close(compiled(q, k, v), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_fake_impl_gives_shapes_for_tracing():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 4, 33, 16)
+        k = torch.empty(2, 2, 50, 16)
+        out, lse = torch.ops.tritonpatch.attention_fwd(q, k, k, None, None, None, None, [0, 0, 0, 0], "", "",
+                                                       None, True)
+    assert out.shape == (2, 4, 33, 16) and lse.shape == (2, 4, 33) and lse.dtype == torch.float32
