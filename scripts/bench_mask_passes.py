@@ -37,10 +37,8 @@ VARIANTS = [  # (label, MASKED, passes)
     ("masked", True, []),
     ("masked + hoist-masks", True, ["hoist-masks"]),
     ("masked + elide-uniform-masks", True, ["elide-uniform-masks"]),
-    ("masked + elide-uniform-masks(all_false=false)", True, ["elide-uniform-masks(all_false=false)"]),
     ("masked + skip-masked-blocks", True, ["skip-masked-blocks"]),
     ("masked + elide + skip", True, ["elide-uniform-masks", "skip-masked-blocks"]),
-    ("masked + elide(all_false=false) + skip", True, ["elide-uniform-masks(all_false=false)", "skip-masked-blocks"]),
     ("masked + hoist + elide + skip", True, ["hoist-masks", "elide-uniform-masks", "skip-masked-blocks"]),
 ]
 BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES = 128, 64, 4, 3

@@ -10,9 +10,7 @@ register_pass("hoist-masks", "ttgir",
               {"sink_broadcasts": PassOption(bool, True, "move broadcasts of loop-invariant values back into the loop")})(hoist.run)
 register_pass("elide-uniform-masks", "ttir",
               "per tile, skip the mask ops where interval arithmetic proves the mask all-true or all-false (exact)",
-              {"max_atoms": _MAX_ATOMS,
-               "all_false": PassOption(bool, True, "also elide all-false tiles (select the fill value directly)")},
-              order=1)(elide.run)
+              {"max_atoms": _MAX_ATOMS}, order=1)(elide.run)
 register_pass("skip-masked-blocks", "ttir",
               "narrow loop bounds to drop leading/trailing tiles whose mask is all-false when such a tile "
               "leaves the loop state unchanged (exact where the unpatched output is finite)",
