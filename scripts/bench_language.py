@@ -1,0 +1,282 @@
+"""dQ accumulation in an attention backward: tritonpatch.language.red_add vs tl.atomic_add vs a plain store.
+
+The seed-2 micro benchmark shape: a causal attention backward with the KV block outer (one program
+per (kv block, batch*head)); each step computes S, dP, dS, accumulates dK and dV in registers and
+adds its dQ tile (a tl.dot result, in the MMA layout) into global dQ. Only that write differs:
+
+- ``atomic_add``: ``tl.atomic_add`` (acq_rel, Triton's default), ``atomic_add_relaxed``: sem="relaxed";
+- ``red_add``: ``tritonpatch.language.red_add`` (red.global.add on pairs, no layout conversion);
+- ``store``: ``tl.store`` (wrong result, the cost of writing without a reduction);
+- ``none``: no dQ write (the dQ dot is dead code: the ceiling, as in the seed report).
+
+dQ accumulates in fp32 or bf16. TFLOP/s = 5·B·H·N²·D / time (causal attention backward, as the
+seed report counts it). Times are triton.testing.do_bench medians on fresh random inputs.
+
+Usage:
+    python scripts/bench_language.py --out DIR             # GPU: check, then time -> DIR/language.{json,md,png}
+    python scripts/bench_language.py --static              # no GPU: compile every variant for sm_90, print facts
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import sys
+import time
+
+import triton
+import triton.language as tl
+
+import tritonpatch.language as tpl
+
+WRITES = ("atomic_add", "atomic_add_relaxed", "red_add", "store", "none")
+DTYPES = ("fp32", "bf16")
+SIZES = (2048, 4096, 8192, 16384)
+BATCH, HEADS, HEAD_DIM = 4, 8, 64
+BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES = 64, 64, 4, 2  # no spills in any variant (see --static)
+
+
+@triton.jit
+def attention_bwd_dq_kernel(Q, K, V, DO, DQ, DK, DV, N_CTX, qk_scale, HEAD_DIM: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WRITE: tl.constexpr):
+    start_n = tl.program_id(0) * BLOCK_N
+    base = tl.program_id(1).to(tl.int64) * N_CTX * HEAD_DIM
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_n = offs_n[:, None] < N_CTX
+    kv_offsets = base + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    k = tl.load(K + kv_offsets, mask=in_n, other=0.0)
+    v = tl.load(V + kv_offsets, mask=in_n, other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    for start_m in range(start_n, N_CTX, BLOCK_M):  # causal: query rows from the kv block on
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        in_m = offs_m[:, None] < N_CTX
+        q_offsets = base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+        q = tl.load(Q + q_offsets, mask=in_m, other=0.0)
+        do = tl.load(DO + q_offsets, mask=in_m, other=0.0)
+        p = tl.exp2(tl.dot(q, tl.trans(k)) * qk_scale)
+        p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+        ds = p * (tl.dot(do, tl.trans(v)) - 0.5)
+        dv += tl.dot(tl.trans(p.to(tl.bfloat16)), do)
+        dk += tl.dot(tl.trans(ds.to(tl.bfloat16)), q)
+        dq = tl.dot(ds.to(tl.bfloat16), k)
+        dq_pointers = DQ + q_offsets
+        if WRITE == "atomic_add":
+            tl.atomic_add(dq_pointers, dq, mask=in_m)
+        elif WRITE == "atomic_add_relaxed":
+            tl.atomic_add(dq_pointers, dq, mask=in_m, sem="relaxed")
+        elif WRITE == "red_add":
+            tpl.red_add(dq_pointers, dq, mask=in_m)
+        elif WRITE == "store":
+            tl.store(dq_pointers, dq.to(DQ.dtype.element_ty), mask=in_m)
+    tl.store(DK + kv_offsets, dk.to(DK.dtype.element_ty), mask=in_n)
+    tl.store(DV + kv_offsets, dv.to(DV.dtype.element_ty), mask=in_n)
+
+
+def log(*parts):
+    print(f"[{time.strftime('%H:%M:%S')}]", *parts, flush=True)
+
+
+def launch(q, k, v, do, dq, dk, dv, write: str):
+    batch_heads, n_ctx, head_dim = q.shape
+    grid = (triton.cdiv(n_ctx, BLOCK_N), batch_heads)
+    qk_scale = head_dim ** -0.5 * 1.4426950408889634
+    attention_bwd_dq_kernel[grid](q, k, v, do, dq, dk, dv, n_ctx, qk_scale, HEAD_DIM=head_dim, BLOCK_M=BLOCK_M,
+                                  BLOCK_N=BLOCK_N, WRITE=write, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+
+
+def inputs(batch_heads: int, n_ctx: int, seed: int):
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(batch_heads, n_ctx, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.5
+            for _ in range(4)]
+
+
+def reference_dq(q, k, v, do):
+    """dQ of the kernel's arithmetic in fp32 (dS rounded to bf16 as the kernel does)."""
+    import torch
+
+    n_ctx = q.shape[1]
+    q32, k32, v32, do32 = (t.float() for t in (q, k, v, do))
+    p = torch.exp2(q32 @ k32.transpose(1, 2) * (HEAD_DIM ** -0.5 * 1.4426950408889634))
+    causal = torch.ones(n_ctx, n_ctx, device=q.device, dtype=torch.bool).tril()
+    p = torch.where(causal, p, 0.0)
+    ds = (p * (do32 @ v32.transpose(1, 2) - 0.5)).to(torch.bfloat16).float()
+    return ds @ k32
+
+
+def check(results: list) -> bool:
+    """red_add and tl.atomic_add against the fp32 reference: a partial last block (masks), and a
+    dQ that starts one element past an aligned address (every pair takes the scalar path)."""
+    import torch
+
+    ok = True
+    for dtype_name in DTYPES:
+        dtype = getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype_name])
+        for n_ctx, misaligned in ((1000, False), (1000, True), (2048, False)):
+            q, k, v, do = inputs(2, n_ctx, seed=n_ctx + misaligned)
+            ref = reference_dq(q, k, v, do)
+            errors = {}
+            for write in ("atomic_add", "red_add"):
+                storage = torch.full((2 * n_ctx * HEAD_DIM + 1,), float("nan"), device="cuda", dtype=dtype)
+                dq = storage[1:] if misaligned else storage[:-1]
+                dq.zero_()
+                dk, dv = torch.empty_like(k), torch.empty_like(v)
+                launch(q, k, v, do, dq.view(2, n_ctx, HEAD_DIM), dk, dv, write)
+                torch.cuda.synchronize()
+                out = dq.view(2, n_ctx, HEAD_DIM).float()
+                errors[write] = ((out - ref).norm() / ref.norm()).item()
+                untouched = storage[0] if misaligned else storage[-1]
+                if not torch.isnan(untouched):
+                    errors[write] = float("inf")  # wrote outside dQ
+            limit = 1e-5 if dtype_name == "fp32" else 2e-2
+            passed = all(err < limit for err in errors.values())
+            ok &= passed
+            row = {"dtype": dtype_name, "n_ctx": n_ctx, "misaligned": misaligned, "limit": limit,
+                   "rel_err": errors, "passed": passed}
+            results.append(row)
+            log("check", json.dumps(row))
+    return ok
+
+
+def bench(sizes, results: list) -> None:
+    import torch
+    from triton.testing import do_bench
+
+    for n_ctx in sizes:
+        batch_heads = BATCH * HEADS
+        q, k, v, do = inputs(batch_heads, n_ctx, seed=n_ctx)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        flops = 5 * BATCH * HEADS * n_ctx * n_ctx * HEAD_DIM
+        for dtype_name in DTYPES:
+            dq = torch.zeros(batch_heads, n_ctx, HEAD_DIM, device="cuda",
+                             dtype=torch.float32 if dtype_name == "fp32" else torch.bfloat16)
+            for write in WRITES:
+                ms = do_bench(lambda: launch(q, k, v, do, dq, dk, dv, write), warmup=25, rep=100,
+                              return_mode="median")
+                row = {"n_ctx": n_ctx, "dtype": dtype_name, "write": write, "ms": ms, "tflops": flops / ms * 1e-9}
+                results.append(row)
+                log("bench", json.dumps(row))
+
+
+def static_facts() -> list:
+    """Compile every variant for sm_90 (no GPU): layout conversions, reduction instructions,
+    registers and spills. Pointers are marked 16-byte aligned as a JIT launch would."""
+    from triton.compiler import ASTSource
+
+    from tritonpatch.inspect import disassemble, measure_resources
+    from tritonpatch.targets import parse_target
+
+    signature = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "DO": "*bf16", "DQ": None, "DK": "*bf16",
+                 "DV": "*bf16", "N_CTX": "i32", "qk_scale": "fp32"}
+    rows = []
+    for dtype_name in DTYPES:
+        for write in WRITES:
+            sig = dict(signature, DQ=f"*{dtype_name}")
+            constexprs = {"HEAD_DIM": HEAD_DIM, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "WRITE": write}
+            sig.update({name: "constexpr" for name in constexprs})
+            attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(sig.values()) if ty.startswith("*")}
+            src = ASTSource(fn=attention_bwd_dq_kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+            kernel = triton.compile(src, target=parse_target("sm_90"),
+                                    options={"num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
+            ptx, cubin = kernel.asm["ptx"], kernel.asm["cubin"]
+            resources = measure_resources(cubin, ptx, 90, (), kernel.metadata.shared)
+            rows.append({
+                "dtype": dtype_name, "write": write,
+                "convert_layouts": kernel.asm["ttgir"].count("ttg.convert_layout"),
+                "reductions": sorted(set(re.findall(r"\b((?:red|atom)\.[\w.]+)", ptx))),
+                "sass_reductions": sorted(set(re.findall(r"\b((?:RED|ATOM)G?\.[\w.]+)", disassemble(cubin)))),
+                "registers": resources.registers, "spill_bytes": resources.spill_stores + resources.spill_loads,
+                "shared_bytes": kernel.metadata.shared,
+            })
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def markdown(meta: dict, checks: list, rows: list, static: list) -> str:
+    lines = [f"# dQ accumulation: tritonpatch.language.red_add vs tl.atomic_add ({meta['gpu']})", "",
+             f"`{meta['command']}` on {meta['date']}: torch {meta['torch']}, triton {meta['triton']}. "
+             f"Causal attention backward, KV block outer, B={BATCH} H={HEADS} D={HEAD_DIM}, "
+             f"BLOCK_M={BLOCK_M} BLOCK_N={BLOCK_N}, num_warps={NUM_WARPS}, num_stages={NUM_STAGES}; "
+             "TFLOP/s = 5·B·H·N²·D / median time.", ""]
+    for dtype_name in DTYPES:
+        lines += [f"## dQ in {dtype_name}", "", "| N_CTX | " + " | ".join(WRITES) + " | red_add / atomic_add |",
+                  "|---|" + "---|" * (len(WRITES) + 1)]
+        for n_ctx in sorted({r["n_ctx"] for r in rows}):
+            by_write = {r["write"]: r for r in rows if r["n_ctx"] == n_ctx and r["dtype"] == dtype_name}
+            cells = [f"{by_write[w]['tflops']:.0f} ({by_write[w]['ms']:.3f} ms)" for w in WRITES]
+            ratio = by_write["atomic_add"]["ms"] / by_write["red_add"]["ms"]
+            lines.append(f"| {n_ctx} | " + " | ".join(cells) + f" | {ratio:.3f}× |")
+        lines.append("")
+    lines += ["## Correctness (relative L2 error against the fp32 reference)", "",
+              "| dQ dtype | N_CTX | misaligned dQ | atomic_add | red_add | limit | passed |", "|---|---|---|---|---|---|---|"]
+    for c in checks:
+        lines.append(f"| {c['dtype']} | {c['n_ctx']} | {c['misaligned']} | {c['rel_err']['atomic_add']:.2e} | "
+                     f"{c['rel_err']['red_add']:.2e} | {c['limit']:.0e} | {c['passed']} |")
+    if static:
+        lines += ["", "## Compiled for sm_90 (same configuration)", "",
+                  "| dQ dtype | write | layout conversions | PTX reductions | SASS reductions | registers | spill bytes "
+                  "| shared bytes |", "|---|---|---|---|---|---|---|---|"]
+        for s in static:
+            lines.append(f"| {s['dtype']} | {s['write']} | {s['convert_layouts']} | {', '.join(s['reductions']) or '-'} | "
+                         f"{', '.join(s['sass_reductions']) or '-'} | {s['registers']} | {s['spill_bytes']} | "
+                         f"{s['shared_bytes']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(DTYPES), figsize=(6 * len(DTYPES), 4), sharey=True)
+    for ax, dtype_name in zip(axes, DTYPES):
+        for write in WRITES:
+            points = sorted((r["n_ctx"], r["tflops"]) for r in rows if r["dtype"] == dtype_name and r["write"] == write)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=write)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"dQ accumulated in {dtype_name}")
+        ax.set_xlabel("N_CTX")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("TFLOP/s (causal bwd)")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="directory for language.{json,md,png}")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    parser.add_argument("--static", action="store_true", help="compile for sm_90 and print facts (no GPU needed)")
+    args = parser.parse_args(argv)
+    static = static_facts() if args.static or args.out else []
+    if args.static:
+        return 0
+    import torch
+
+    command = "python scripts/bench_language.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    meta = {"command": command, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": triton.__version__, "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    checks, rows = [], []
+    ok = check(checks)
+    bench([int(s) for s in args.sizes.split(",")], rows)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "language.json"), "w") as f:
+        json.dump({"meta": meta, "checks": checks, "results": rows, "static": static}, f, indent=1)
+    with open(os.path.join(args.out, "language.md"), "w") as f:
+        f.write(markdown(meta, checks, rows, static))
+    plot(rows, os.path.join(args.out, "language.png"))
+    print(markdown(meta, checks, rows, static))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
