@@ -7,6 +7,8 @@ gradient rule is rejected when the forward is called, not when backward runs.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from .attention_bwd import attention_backward, choose_dq_mode, score_gradient
@@ -54,3 +56,69 @@ def attention_with_grad(q, k, v, *, mask_mod=None, score_mod=None, block_mask=No
         out, lse = attention_forward(q, k, v, mask_mod=mask_mod, score_mod=score_mod, block_mask=block_mask,
                                      scale=scale, enable_gqa=enable_gqa)
     return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library: the backward op and the autograd rule of ``tritonpatch::attention_fwd``, so that
+# graphs compiled with torch.compile (which call the forward op) can be differentiated.
+# ---------------------------------------------------------------------------------------------
+
+def _block_mask_from_tensors(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_geometry):
+    if kv_num_blocks is None:
+        return None
+    return BlockMask(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, *block_geometry)
+
+
+@torch.library.custom_op("tritonpatch::attention_bwd", mutates_args=())
+def _attention_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                      dout: torch.Tensor, dlse: Optional[torch.Tensor], kv_num_blocks: Optional[torch.Tensor],
+                      kv_indices: Optional[torch.Tensor], full_kv_num_blocks: Optional[torch.Tensor],
+                      full_kv_indices: Optional[torch.Tensor], block_geometry: list[int], mask_key: str,
+                      score_key: str, scale: Optional[float], enable_gqa: bool,
+                      dq_mode: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from .masks import lookup_modifier
+
+    block_mask = _block_mask_from_tensors(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
+                                          block_geometry)
+    return attention_backward(q, k, v, out, lse, dout, dlse=dlse, mask_mod=lookup_modifier(mask_key),
+                              score_mod=lookup_modifier(score_key), block_mask=block_mask, scale=scale,
+                              enable_gqa=enable_gqa, dq_mode=dq_mode)
+
+
+@_attention_bwd_op.register_fake
+def _attention_bwd_fake(q, k, v, out, lse, dout, dlse, kv_num_blocks, kv_indices, full_kv_num_blocks,
+                        full_kv_indices, block_geometry, mask_key, score_key, scale, enable_gqa, dq_mode):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+_FWD_OP_ARGS = ("q", "k", "v", "kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                "block_geometry", "mask_key", "score_key", "scale", "enable_gqa")
+
+
+def _setup_context(ctx, inputs, output):
+    named = dict(zip(_FWD_OP_ARGS, inputs))
+    out, lse = output
+    ctx.save_for_backward(named["q"], named["k"], named["v"], out, lse, named["kv_num_blocks"],
+                          named["kv_indices"], named["full_kv_num_blocks"], named["full_kv_indices"])
+    ctx.plain = (named["block_geometry"], named["mask_key"], named["score_key"], named["scale"], named["enable_gqa"])
+
+
+def _fwd_op_backward(ctx, dout, dlse):
+    q, k, v, out, lse, *mask_tensors = ctx.saved_tensors
+    block_geometry, mask_key, score_key, scale, enable_gqa = ctx.plain
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.tritonpatch.attention_bwd(q, k, v, out, lse, dout, dlse, *mask_tensors, block_geometry,
+                                                     mask_key, score_key, scale, enable_gqa, "auto")
+    return (dq, dk, dv) + (None,) * (len(_FWD_OP_ARGS) - 3)
+
+
+def register_custom_op_autograd() -> None:
+    """Give ``torch.ops.tritonpatch.attention_fwd`` its backward (idempotent; call after the forward
+    op is defined, i.e. at the end of ``tritonpatch/kernels/__init__.py``). Inside compiled graphs
+    the dQ mode is ``"auto"``."""
+    op = torch.ops.tritonpatch.attention_fwd.default
+    if getattr(register_custom_op_autograd, "_done", False):
+        return
+    torch.library.register_autograd(op, _fwd_op_backward, setup_context=_setup_context)
+    register_custom_op_autograd._done = True

@@ -1,0 +1,183 @@
+"""The attention backward kernels in Triton's interpreter vs autograd through the fp64 torch reference.
+
+Runs only with ``TRITON_INTERPRET=1`` set before Triton is imported;
+``test_kernels_bwd.py::test_interpreter_suite`` starts such a process.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import triton.language as tl  # noqa: F401 - the interpreter needs tl in jit functions' globals
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="interpreter tests run in their own TRITON_INTERPRET=1 process "
+                                       "(tests/test_kernels_bwd.py::test_interpreter_suite)")
+
+import tritonpatch.kernels as K  # noqa: E402
+from tritonpatch.kernels import attention_bwd as B  # noqa: E402
+from tritonpatch.kernels.autograd import attention_with_grad  # noqa: E402
+
+# max |grad - ref| relative to max |ref|: fp16 rounds P and dS to fp16 before the matmuls
+TOL = {torch.float32: 1e-4, torch.float16: 2e-2}
+SEQ = 40   # not a multiple of the interpreter tiles (16 / 32): exercises the sequence-end paths
+
+
+def doc_ids(seq):
+    return torch.cat([torch.full((n,), i, dtype=torch.int32) for i, n in
+                      enumerate([seq // 3, seq // 4, seq - seq // 3 - seq // 4])])
+
+
+MASKS = {
+    "none": lambda: None,
+    "causal": K.causal,
+    "prefix_lm": lambda: K.prefix_lm(13),
+    "sliding_window": lambda: K.sliding_window(9),
+    "document": lambda: K.document(doc_ids(SEQ)),
+    "causal_document": lambda: K.and_masks(K.causal(), K.document(doc_ids(SEQ))),
+    "prefix_or_window": lambda: K.or_masks(K.prefix_lm(5), K.sliding_window(7)),
+}
+
+
+def inputs(batch, heads, kv_heads, q_len, kv_len, dim, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, q_len, dim, generator=gen).to(dtype)
+    k = torch.randn(batch, kv_heads, kv_len, dim, generator=gen).to(dtype)
+    v = torch.randn(batch, kv_heads, kv_len, dim, generator=gen).to(dtype)
+    dout = torch.randn(batch, heads, q_len, dim, generator=gen).to(dtype)
+    return q, k, v, dout
+
+
+def reference_grads(q, k, v, dout, dlse=None, **kwargs):
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    out, lse = K.reference.attention(*leaves, return_lse=True, **kwargs)
+    outputs, grads = [out], [dout.double()]
+    if dlse is not None:
+        finite = torch.isfinite(lse)
+        outputs.append(torch.where(finite, lse, 0.0))
+        grads.append(dlse.double())
+    torch.autograd.backward(outputs, grads)
+    return [t.grad for t in leaves]
+
+
+def kernel_grads(q, k, v, dout, dlse=None, dq_mode="auto", **kwargs):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, lse = attention_with_grad(*leaves, return_lse=True, dq_mode=dq_mode, **kwargs)
+    outputs, grads = [out], [dout]
+    if dlse is not None:
+        outputs.append(lse)
+        grads.append(dlse)
+    torch.autograd.backward(outputs, grads)
+    return [t.grad for t in leaves]
+
+
+def assert_close(got, want, dtype):
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert g.shape == w.shape and g.dtype == dtype, name
+        assert torch.isfinite(g).all(), name
+        error = (g.double() - w).abs().max().item()
+        assert error <= TOL[dtype] * w.abs().max().item() + 1e-6, f"{name}: max error {error}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dq_mode", ["atomic", "separate"])
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_gradients_every_mask(mask, dq_mode, dtype):
+    q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, dtype)
+    mask_mod = MASKS[mask]()
+    assert_close(kernel_grads(q, k, v, dout, dq_mode=dq_mode, mask_mod=mask_mod),
+                 reference_grads(q, k, v, dout, mask_mod=mask_mod), dtype)
+
+
+@pytest.mark.parametrize("dq_mode", ["atomic", "separate"])
+@pytest.mark.parametrize("score", ["alibi", "softcap"])
+def test_gradients_through_score_mods(score, dq_mode):
+    q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32)
+    score_mod = K.alibi(K.alibi_slopes(2)) if score == "alibi" else K.softcap(0.7)  # small cap: tanh saturates
+    assert_close(kernel_grads(q, k, v, dout, dq_mode=dq_mode, mask_mod=K.causal(), score_mod=score_mod),
+                 reference_grads(q, k, v, dout, mask_mod=K.causal(), score_mod=score_mod), torch.float32)
+
+
+@pytest.mark.parametrize("dq_mode", ["atomic", "separate"])
+def test_gqa_reduces_dk_dv_over_shared_heads(dq_mode):
+    q, k, v, dout = inputs(2, 6, 2, SEQ, SEQ, 16, torch.float32, seed=1)
+    assert_close(kernel_grads(q, k, v, dout, dq_mode=dq_mode, mask_mod=K.causal(), enable_gqa=True),
+                 reference_grads(q, k, v, dout, mask_mod=K.causal(), enable_gqa=True), torch.float32)
+
+
+@pytest.mark.parametrize("dq_mode", ["atomic", "separate"])
+def test_rows_without_keys_and_unequal_lengths(dq_mode):
+    # Sq=40 > Skv=24 with a causal window of 4: query rows 28.. see no key (out = 0, lse = -inf)
+    q, k, v, dout = inputs(1, 2, 2, SEQ, 24, 32, torch.float32, seed=2)
+    mask_mod = K.sliding_window(4)
+    got = kernel_grads(q, k, v, dout, dq_mode=dq_mode, mask_mod=mask_mod)
+    assert_close(got, reference_grads(q, k, v, dout, mask_mod=mask_mod), torch.float32)
+    assert torch.equal(got[0][:, :, 28:], torch.zeros_like(got[0][:, :, 28:]))
+
+
+@pytest.mark.parametrize("dq_mode", ["atomic", "separate"])
+def test_gradient_of_lse_output(dq_mode):
+    q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=3)
+    dlse = torch.randn(1, 2, SEQ, generator=torch.Generator().manual_seed(4))
+    assert_close(kernel_grads(q, k, v, dout, dlse, dq_mode=dq_mode, mask_mod=K.prefix_lm(7)),
+                 reference_grads(q, k, v, dout, dlse, mask_mod=K.prefix_lm(7)), torch.float32)
+
+
+@pytest.mark.parametrize("dq_mode", ["atomic", "separate"])
+def test_coarser_user_block_mask_is_subdivided(dq_mode):
+    """A block mask with 64x64 tiles drives kernels with 16/32-row tiles (SUB_M, SUB_N > 1)."""
+    q, k, v, dout = inputs(1, 2, 2, 72, 72, 16, torch.float32, seed=5)
+    mask_mod = K.causal()
+    block_mask = K.build_block_mask(mask_mod, 1, 2, 72, 72, block_m=64, block_n=64, device="cpu")
+    got = kernel_grads(q, k, v, dout, dq_mode=dq_mode, mask_mod=mask_mod, block_mask=block_mask)
+    assert_close(got, reference_grads(q, k, v, dout, mask_mod=mask_mod), torch.float32)
+
+
+def test_transposed_block_mask_matches_brute_force():
+    mask_mod = K.and_masks(K.causal(), K.document(doc_ids(SEQ)))
+    block_mask = K.build_block_mask(mask_mod, 1, 1, SEQ, SEQ, block_m=16, block_n=8, device="cpu")
+    transposed = B.transpose_block_mask(block_mask)
+    # brute force: classify each (kv block, q block) tile from the dense mask
+    q_idx, kv_idx = torch.arange(SEQ)[:, None], torch.arange(SEQ)[None, :]
+    dense = mask_mod(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), q_idx, kv_idx)
+    for n in range(0, SEQ // 8):
+        expected_full, expected_partial = [], []
+        for m in range(0, (SEQ + 15) // 16):
+            tile = dense[m * 16:(m + 1) * 16, n * 8:(n + 1) * 8]
+            if tile.all() and (m + 1) * 16 <= SEQ:
+                expected_full.append(m)
+            elif tile.any():
+                expected_partial.append(m)
+        full = transposed.full_q_indices[0, 0, n, :transposed.full_q_num_blocks[0, 0, n]].tolist()
+        partial = transposed.q_indices[0, 0, n, :transposed.q_num_blocks[0, 0, n]].tolist()
+        assert (sorted(full), sorted(partial)) == (expected_full, expected_partial), n
+
+
+def test_separate_mode_is_bitwise_reproducible():
+    q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float16, seed=6)
+    first = kernel_grads(q, k, v, dout, dq_mode="separate", mask_mod=K.causal())
+    second = kernel_grads(q, k, v, dout, dq_mode="separate", mask_mod=K.causal())
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_custom_op_backward_and_torch_compile():
+    """torch.ops.tritonpatch.attention_fwd gets its backward from register_custom_op_autograd, so a
+    graph compiled through the forward op trains."""
+    from tritonpatch.kernels.autograd import register_custom_op_autograd
+
+    register_custom_op_autograd()
+    q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=7)
+    mask_mod = K.sliding_window(11)
+    want = reference_grads(q, k, v, dout, mask_mod=mask_mod)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, _ = torch.ops.tritonpatch.attention_fwd(*leaves, None, None, None, None, [0, 0, 0, 0], mask_mod.op_key,
+                                                 "", None, False)
+    out.backward(dout)
+    assert_close([t.grad for t in leaves], want, torch.float32)
+
+    compiled = torch.compile(lambda a, b, c: K.attention(a, b, c, mask_mod=mask_mod), backend="aot_eager",
+                             fullgraph=True)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    compiled(*leaves).backward(dout)
+    assert_close([t.grad for t in leaves], want, torch.float32)
