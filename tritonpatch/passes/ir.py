@@ -252,11 +252,9 @@ class Module:
         return found
 
     def users(self, name: str, within: range | None = None) -> list[int]:
-        """Start lines of top-level ops (in ``within``) whose text uses ``name``."""
-        pattern = re.compile(re.escape(name) + r"(?![A-Za-z0-9_$.\-])")
+        """Lines (in ``within``) that use ``name`` (or one of its results ``name#k``)."""
         lines = within if within is not None else range(len(self.lines))
-        return [i for i in lines if any(base_name(v) == name for v in self.lines[i].operands)
-                and pattern.search(self.lines[i].body)]
+        return [i for i in lines if any(base_name(v) == name for v in self.lines[i].operands)]
 
     # --- building ----------------------------------------------------------------------------
     def fresh(self, hint: str = "tp") -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .ir import Module, TensorType, base_name, int_width, parse_type, split_top_level, type_of
+from .ir import Module, TensorType, int_width, parse_type, type_of
 
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 _COEFF_LIMIT = 1 << 20
@@ -88,8 +88,10 @@ class Analysis:
     # --- scalars -------------------------------------------------------------------------------
     def scalar(self, name: str) -> Affine | None:
         """Affine form of an integer scalar: constants folded, add/sub/mul-by-constant/extsi
-        expanded, anything else an opaque leaf (which must be at most 32 bits wide)."""
-        name = base_name(name)
+        expanded, anything else an opaque leaf (which must be at most 32 bits wide). Results of
+        multi-result ops (``%x#1``) are not analysed."""
+        if "#" in name:
+            return None
         index = self.module.defs.get(name)
         type_text = type_of(self.module, name)
         width = int_width(type_text) if isinstance(type_text, str) else None
@@ -135,7 +137,8 @@ class Analysis:
     # --- integer tensors -------------------------------------------------------------------------
     def tensor(self, name: str) -> Affine | None:
         """Affine form of an integer tensor (see the module docstring), None if it is not one."""
-        name = base_name(name)
+        if "#" in name:
+            return None
         index = self.module.defs.get(name)
         if index is None or index < 0:
             return None
@@ -185,7 +188,8 @@ class Analysis:
     # --- masks ---------------------------------------------------------------------------------------
     def mask(self, name: str) -> Mask | None:
         """The mask expression computing i1 tensor ``name``, None if it is not analysable."""
-        name = base_name(name)
+        if "#" in name:
+            return None
         index = self.module.defs.get(name)
         if index is None or index < 0:
             return None
@@ -213,8 +217,9 @@ class Analysis:
         elif line.op == "arith.constant":
             match = re.match(r"\s*dense<(true|false)>", line.body)
             result = Mask("const", value=match.group(1) == "true") if match else None
-        elif line.op == "tt.splat" and len(operands) == 1 and type_of(self.module, operands[0]) == "i1":
-            result = Mask("scalar", value=base_name(operands[0]))
+        elif line.op == "tt.splat" and len(operands) == 1 and "#" not in operands[0] \
+                and type_of(self.module, operands[0]) == "i1":
+            result = Mask("scalar", value=operands[0])
         if result is not None:
             self.ops.add(index)
         return result
@@ -452,4 +457,4 @@ def _evaluate(mask: Mask, env, position) -> bool:
 
 
 __all__ = ["Affine", "Check", "Mask", "Analysis", "PyOps", "IROps", "verdict", "guarded_verdict", "atom_verdict",
-           "brute_force", "scalar_value", "no_wrap", "split_top_level"]
+           "brute_force", "scalar_value", "no_wrap", "atom_conditions"]
