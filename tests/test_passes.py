@@ -195,6 +195,33 @@ def test_invalid_pass_output_raises_in_strict_mode(broken_pass):
         assert run_stage_passes("ttir", module, [parse_pass_spec(broken_pass)], strict=False) is module
 
 
+def test_ir_model_round_trips_and_indexes_regions():
+    compiled, _, _ = compile_with([], constexprs=loop_constexprs(TWO_MASKS))
+    text = compiled.asm["ttir"]
+    module = Module(text)
+    assert module.text() == text                                  # untouched lines are kept byte for byte
+    (loop,) = module.loops()
+    head = parse_for(module.lines[loop])
+    assert module.defs[head.iv] == loop and all(module.defs[arg] == loop for arg, _ in head.iter_args)
+    children = module.children(loop)
+    assert module.lines[children[-1]].op == "scf.yield"
+    reduces = [i for i in children if module.lines[i].op == "tt.reduce"]
+    assert reduces and all(module.end_of(i) > i and module.parent_of[i + 1] == i for i in reduces)
+    assert head.upper in module.uses(loop) and head.iv not in module.uses(loop)
+
+
+def test_a_pass_that_changes_nothing_returns_the_module_itself():
+    compiled, _, _ = compile_with([], constexprs=loop_constexprs(FROM_MEMORY))
+    from triton._C.libtriton import ir
+    from tritonpatch.passes import parse_module
+    context = ir.context()
+    ir.load_dialects(context)
+    module = parse_module(compiled.asm["ttir"], context)
+    with collect_reports() as reports:
+        assert run_stage_passes("ttir", module, [parse_pass_spec("elide-uniform-masks")], strict=True) is module
+    assert reports[0].counts == {"selects_elided": 0, "mask_ops_moved": 0} and reports[0].kept
+
+
 # --- the seed kernel ---------------------------------------------------------------------------
 BLOCK_POINTERS = tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 9)   # removed in Triton 3.9
 
