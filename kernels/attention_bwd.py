@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tritonpatch.language import red_add
+
 from ._launch import interpreting
 from .attention_fwd import validate_inputs
 from .block_mask import BlockMask, block_mask_from_classes, build_block_mask
@@ -34,8 +36,9 @@ from .masks import MaskMod, ScoreMod, allow_all, alibi, softcap
 
 LOG2E = 1.4426950408889634
 
-# dq_write values of the dK/dV kernel. Only ATOMIC (and NO_DQ in separate mode) give correct
-# results; NONE/STORE/RED exist for scripts/bench_bwd_atomic.py (the atomic_add report's table).
+# dq_write values of the dK/dV kernel: ATOMIC (tl.atomic_add, relaxed) and RED
+# (tritonpatch.language.red_add: red.global.add.v2.f32 straight from the MMA layout) are correct;
+# NONE (separate mode; or an upper bound) and STORE (racy, wrong) exist for scripts/bench_bwd_atomic.py.
 DQ_NONE, DQ_ATOMIC, DQ_STORE, DQ_RED = 0, 1, 2, 3
 DQ_WRITE_NAMES = {"none": DQ_NONE, "atomic": DQ_ATOMIC, "store": DQ_STORE, "red": DQ_RED}
 
@@ -146,14 +149,6 @@ def _preprocess_kernel(O, DO, DELTA, DLSE, DQ_ACC,
 
 
 @triton.jit
-def _red_add_f32(ptrs, values):
-    """Scalar inline-PTX ``red.global.add.f32`` (benchmark variant of the atomic_add report)."""
-    return tl.inline_asm_elementwise("red.global.add.f32 [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,f",
-                                     [ptrs.to(tl.int64, bitcast=True), values],
-                                     dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_qm, stride_qd, stride_dom, stride_dod,
                 stride_dqm, num_tiles, tile_ids, b, h, kv_idx, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
                 MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, SCORE_GRAD_FN: tl.constexpr, APPLY_MASK: tl.constexpr,
@@ -210,8 +205,10 @@ def _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_
             elif DQ_WRITE == 2:
                 tl.store(dq_ptrs, dq, mask=(q_rows < q_len)[:, None])
             else:
-                safe_ptrs = dq_src + tl.minimum(q_rows, q_len - 1)[:, None] * stride_dqm + offs_d[None, :]
-                _red_add_f32(safe_ptrs, tl.where((q_rows < q_len)[:, None], dq, 0.0))
+                if APPLY_MASK:
+                    red_add(dq_ptrs, dq, mask=(q_rows < q_len)[:, None])
+                else:
+                    red_add(dq_ptrs, dq)
     return dk, dv
 
 
@@ -382,10 +379,10 @@ class KernelConfig:
 # Hopper candidates. dK/dV: a wide kv tile (the accumulators) walked by narrow q steps; dQ: the
 # mirror image. Timed on the first call per shape; kept small because every candidate compiles.
 # Each compiles for sm_90 (bf16, causal, atomic dQ) without register spills (ptxas -v); e.g.
-# dK/dV D=64 BM64-BN128-w8 spills at 3 stages and BM32-BN128 spills with 4 warps.
+# dK/dV D=64 BM64-BN128-w8 spills at 3 stages, BM32-BN128 with 4 warps; D=128 BM64-BN64-w8 spills.
 _DKDV_CONFIGS = {
     64: [KernelConfig(64, 128, 8, 2), KernelConfig(32, 128, 8, 3)],
-    128: [KernelConfig(32, 128, 8, 2), KernelConfig(64, 64, 8, 2)],
+    128: [KernelConfig(32, 128, 8, 2), KernelConfig(32, 64, 8, 2)],
 }
 _DQ_CONFIGS = {
     64: [KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3)],
@@ -549,8 +546,8 @@ def attention_backward(q, k, v, out, lse, dout, *, dlse=None, mask_mod: MaskMod 
 
     ``dq_mode``: ``"atomic"``, ``"separate"`` (deterministic) or ``"auto"`` (see :func:`choose_dq_mode`).
     ``config``: fixed :class:`BwdConfig` (None tunes once per shape). ``dq_write`` is for
-    ``scripts/bench_bwd_atomic.py`` only: in atomic mode, ``"none"``, ``"store"`` and ``"red"``
-    replace the atomic add and give a **wrong dq**."""
+    ``scripts/bench_bwd_atomic.py``: in atomic mode ``"red"`` adds dQ with
+    ``tritonpatch.language.red_add`` (correct), ``"none"`` and ``"store"`` give a **wrong dq**."""
     validate_inputs(q, k, v, enable_gqa)
     batch, heads, q_len, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]

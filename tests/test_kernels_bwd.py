@@ -1,0 +1,156 @@
+"""Attention backward on the CPU: the interpreter suite (own process), sm_90 compile-only facts of
+the backward kernels, dq_mode selection under torch's determinism switch, and input errors."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import tritonpatch.kernels as K
+from tritonpatch.kernels import attention_bwd as B
+from tritonpatch.kernels.autograd import attention_with_grad
+from tritonpatch.targets import parse_target
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_interpreter_suite():
+    """Run tests/test_kernels_bwd_interpret.py with TRITON_INTERPRET=1 in a fresh process."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                           os.path.join(REPO, "tests", "test_kernels_bwd_interpret.py")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Compile-only (sm_90): every tuned candidate compiles to wgmma without spills; dQ adds vectorize.
+# ---------------------------------------------------------------------------------------------
+
+def compile_sm90(kernel, dtype, head_dim, config, mask_mod, score_mod=None, dq_write="atomic", mask_tile=None):
+    fn, signature, constexprs, attrs = B.compile_spec(kernel, dtype, head_dim, config, mask_mod, score_mod,
+                                                      dq_write=dq_write, mask_tile=mask_tile)
+    from triton.compiler import ASTSource
+
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                          target=parse_target("sm_90"),
+                          options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+
+
+def reduction_ops(ptx: str) -> dict:
+    ops = re.findall(r"\b((?:red|atom)\.global\.[\w.]+)", ptx)
+    return {op: ops.count(op) for op in set(ops)}
+
+
+CANDIDATES = [("dkdv", d, c) for d, cs in B._DKDV_CONFIGS.items() for c in cs] + \
+             [("dq", d, c) for d, cs in B._DQ_CONFIGS.items() for c in cs]
+
+
+@pytest.mark.parametrize("kernel, head_dim, config", CANDIDATES, ids=lambda x: getattr(x, "label", lambda: x)())
+def test_tuned_candidates_compile_for_sm90_without_spills(kernel, head_dim, config):
+    from tritonpatch.inspect import measure_resources
+
+    compiled = compile_sm90(kernel, torch.bfloat16, head_dim, config, K.causal())
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx
+    resources = measure_resources(compiled.asm["cubin"], ptx, 90, (), compiled.metadata.shared)
+    assert resources.spill_stores == 0 and resources.spill_loads == 0, resources
+    ops = reduction_ops(ptx)
+    if kernel == "dkdv":
+        # tl.atomic_add(sem="relaxed") on 16-byte aligned rows: only 4-wide vector atomics
+        assert ops and all(op == "atom.global.gpu.relaxed.add.v4.f32" for op in ops), ops
+    else:
+        assert not ops, ops   # the separate dQ kernel writes plain stores
+
+
+def test_dq_write_variants_compile():
+    config = B._DKDV_CONFIGS[64][0]
+    by_write = {w: reduction_ops(compile_sm90("dkdv", torch.float16, 64, config, K.causal(), dq_write=w).asm["ptx"])
+                for w in ("none", "store", "red")}
+    assert by_write["none"] == {} and by_write["store"] == {}
+    assert by_write["red"].get("red.global.add.v2.f32", 0) > 0, by_write["red"]
+
+
+def test_score_mods_and_coarse_block_masks_compile():
+    config = B._DKDV_CONFIGS[128][0]
+    for score_mod in (K.alibi(K.alibi_slopes(4)), K.softcap(30.0)):
+        for kernel, cfg in (("dkdv", config), ("dq", B._DQ_CONFIGS[128][0])):
+            ptx = compile_sm90(kernel, torch.bfloat16, 128, cfg, K.sliding_window(256), score_mod,
+                               mask_tile=(128, 128)).asm["ptx"]
+            assert "wgmma.mma_async" in ptx
+
+
+# ---------------------------------------------------------------------------------------------
+# dq_mode selection and errors (no kernel runs)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def deterministic():
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(previous)
+
+
+def test_dq_mode_selection():
+    assert B.choose_dq_mode("separate", 4096) == "separate"
+    assert B.choose_dq_mode("atomic", 4096) == "atomic"
+    assert B.choose_dq_mode("auto", 1 << 20) == "atomic"
+    assert B.choose_dq_mode("auto", max(B.AUTO_ATOMIC_MIN_Q_LEN, 1) - 1) == \
+        ("separate" if B.AUTO_ATOMIC_MIN_Q_LEN > 0 else "atomic")
+    with pytest.raises(ValueError, match="dq_mode must be one of"):
+        B.choose_dq_mode("fast", 128)
+
+
+def test_deterministic_algorithms_force_separate(deterministic):
+    assert B.choose_dq_mode("auto", 1 << 20) == "separate"
+    assert B.choose_dq_mode("separate", 1 << 20) == "separate"
+    with pytest.raises(RuntimeError, match="use_deterministic_algorithms"):
+        B.choose_dq_mode("atomic", 1 << 20)
+
+
+def grad_inputs(dtype=torch.float16):
+    return [torch.zeros(1, 2, 8, 16, dtype=dtype, requires_grad=True) for _ in range(3)]
+
+
+def test_score_mod_without_gradient_rule_is_rejected_at_call_time():
+    @triton.jit
+    def squash(score, b, h, q_idx, kv_idx):
+        return score * tl.sigmoid(score)
+
+    score_mod = K.custom_score(squash, lambda s, b, h, q, kv: s * torch.sigmoid(s), name="squash")
+    with pytest.raises(NotImplementedError, match="score_mod 'squash' has no gradient rule"):
+        attention_with_grad(*grad_inputs(), score_mod=score_mod)
+
+
+def test_determinism_error_at_call_time(deterministic):
+    with pytest.raises(RuntimeError, match="dq_mode='atomic'"):
+        attention_with_grad(*grad_inputs(), mask_mod=K.causal(), dq_mode="atomic")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"out": torch.zeros(1, 2, 9, 16, dtype=torch.float16)}, "out must match q"),
+    ({"dout": torch.zeros(1, 2, 8, 16, dtype=torch.bfloat16)}, "dout must match q"),
+    ({"lse": torch.zeros(1, 2, 8, dtype=torch.float16)}, "lse must be float32"),
+    ({"dq_write": "plain"}, "dq_write must be one of"),
+    ({"dq_mode": "quick"}, "dq_mode must be one of"),
+])
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="checks run before the device check")
+def test_backward_input_errors(change, message):
+    q, k, v = (torch.zeros(1, 2, 8, 16, dtype=torch.float16, device="meta") for _ in range(3))
+    args = {"out": torch.zeros_like(q), "lse": torch.zeros(1, 2, 8, device="meta"), "dout": torch.zeros_like(q)}
+    kwargs = {}
+    for name, value in change.items():
+        if name in args:
+            args[name] = value.to("meta")
+        else:
+            kwargs[name] = value
+    with pytest.raises((ValueError, TypeError), match=message):
+        B.attention_backward(q, k, v, args["out"], args["lse"], args["dout"], **kwargs)
