@@ -168,12 +168,14 @@ class FwdConfig:
         return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{tma}{pipe}"
 
 
-# Candidates for Hopper (H100/H200); the tuner times them on the first call per shape.
+# Candidates for Hopper (H100/H200), chosen from ptxas reports for sm_90a (registers, no spills, shared
+# memory within 227 KB); the tuner times them on the first call per shape. TMA variants need fewer
+# registers (no per-element 64-bit addresses), e.g. D=64 BM128-BN64-w8 uses 125 registers.
 _HOPPER_CONFIGS = {
-    64: [FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 8, 3), FwdConfig(128, 64, 4, 3, True),
-         FwdConfig(128, 128, 8, 3, True)],
-    128: [FwdConfig(128, 64, 8, 3), FwdConfig(128, 128, 8, 2), FwdConfig(128, 64, 8, 3, True),
-          FwdConfig(128, 128, 8, 2, True)],
+    64: [FwdConfig(128, 64, 8, 3, True), FwdConfig(128, 64, 4, 3, True), FwdConfig(128, 128, 8, 3, True),
+         FwdConfig(128, 128, 4, 3, True), FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 8, 3)],
+    128: [FwdConfig(128, 64, 8, 3, True), FwdConfig(128, 64, 8, 2, True), FwdConfig(128, 64, 8, 4, True),
+          FwdConfig(128, 128, 8, 2, True), FwdConfig(128, 64, 8, 3)],
 }
 _INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
@@ -183,6 +185,8 @@ def candidate_configs(head_dim: int, device: torch.device) -> list:
     if device.type == "cpu":
         return [_INTERPRETER_CONFIG]
     base = _HOPPER_CONFIGS.get(head_dim) or [FwdConfig(64, 32, 4, 2)]
+    if torch.cuda.get_device_capability(device)[0] < 9:   # TMA descriptors need Hopper or newer
+        base = [c for c in base if not c.use_tma] or [FwdConfig(128, 64, 4, 2)]
     return list(base) + _pipeline_variants(base[:1])
 
 
@@ -356,7 +360,7 @@ def attention_forward(q, k, v, *, mask_mod: MaskMod | None = None, score_mod: Sc
         _check_block_mask(block_mask, batch, heads, q_len, kv_len)
     check_device(q, "attention")
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format) if not q.is_contiguous() else torch.empty_like(q)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, heads, q_len), dtype=torch.float32, device=q.device)
 
     def masks_for(cfg):
