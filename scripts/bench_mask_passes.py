@@ -1,6 +1,6 @@
 """Seed kernel through the mask passes: bit-identity and time, side by side.
 
-The kernel is the seed report's shape (tests/fixtures/seed_kernel.py: FlexAttention-style forward,
+The kernel is the seed report's shape (kernels/seed.py, importable as tritonpatch.kernels.seed: FlexAttention-style forward,
 block pointers, every kv block visited, mask ``(q <= P & kv <= P) | q >= kv``), unchanged; only the
 passes differ. Variants: unmasked (``MASKED=False``), masked, masked + each pass, masked + elide +
 skip, masked + all three. For every pass variant the output on fresh random inputs is compared
@@ -23,14 +23,13 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="bench_mask_passes_cache_"))
 
 import triton  # noqa: E402
 
 import tritonpatch  # noqa: E402
 from tritonpatch.passes import collect_reports  # noqa: E402
-from tests.fixtures.seed_kernel import SIGNATURE, seed_attention_fwd, seed_constexprs  # noqa: E402
+from tritonpatch.kernels.seed import SIGNATURE, seed_attention_fwd, seed_constexprs  # noqa: E402
 
 VARIANTS = [  # (label, MASKED, passes)
     ("unmasked", False, []),

@@ -2,9 +2,7 @@
 generality across mask styles, untouched non-matching code; bit-identity on the GPU."""
 from __future__ import annotations
 
-import os
 import re
-import sys
 import warnings
 from collections import Counter
 
@@ -19,8 +17,7 @@ from tritonpatch.passes import (available_passes, collect_reports, parse_pass_sp
 from tritonpatch.passes.ir import Module, parse_for
 from tritonpatch.targets import compile_for_target
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.fixtures.seed_kernel import SIGNATURE, seed_attention_fwd, seed_constexprs  # noqa: E402
+from tritonpatch.kernels.seed import SIGNATURE, seed_attention_fwd, seed_constexprs
 
 ALL = ["hoist-masks", "elide-uniform-masks", "skip-masked-blocks"]
 CAUSAL, PREFIX_RUNTIME, DIAGONAL, SLIDING, TWO_MASKS, FROM_MEMORY = range(6)
