@@ -386,3 +386,14 @@ def test_rewritten_kernels_match_the_unpatched_kernel_bit_for_bit(mask, negated,
         assert torch.equal(patched[finite], reference[finite])
     else:
         assert torch.equal(patched.view(torch.int16), reference.view(torch.int16))
+
+
+def test_pass_source_joins_the_cache_tag(monkeypatch):
+    """An edited pass must recompile even where the package version is unchanged."""
+    import tritonpatch.passes as passes_module
+
+    before = tritonpatch.Pipeline(passes=["hoist-masks"]).cache_tag
+    assert passes_module.source_digest()[:16] in before
+    monkeypatch.setattr(passes_module, "source_digest", lambda: "f" * 64)
+    assert tritonpatch.Pipeline(passes=["hoist-masks"]).cache_tag != before
+    assert "f" * 16 not in tritonpatch.Pipeline(disable_lsr=True).cache_tag  # no passes: pass code irrelevant

@@ -138,8 +138,14 @@ class Pipeline:
         set_(self, "_fingerprint", hashlib.sha256(f"{_FINGERPRINT_VERSION}:{payload}".encode()).hexdigest()[:32])
         set_(self, "_hash", hash((llvm, passes, ptxas)))
         # What joins Triton's cache keys: nothing for an empty Pipeline (keys stay Triton's own);
-        # the tritonpatch version is included so that changed pass implementations recompile.
-        set_(self, "cache_tag", f"-tritonpatch-{__version__}-{self._fingerprint}" if (llvm or passes or ptxas) else "")
+        # the tritonpatch version, and the passes' source when there are passes, so that changed
+        # pass implementations recompile.
+        tag = f"-tritonpatch-{__version__}-{self._fingerprint}" if (llvm or passes or ptxas) else ""
+        if passes:
+            from .passes import source_digest
+
+            tag += f"-{source_digest()[:16]}"
+        set_(self, "cache_tag", tag)
 
     def __setattr__(self, name, value):
         raise AttributeError("Pipeline is frozen; use merge() to derive a new one")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import hashlib
 import logging
 import os
 import tempfile
@@ -264,6 +266,18 @@ def _load_builtin_passes() -> None:
         from . import builtin  # noqa: F401
 
 
+@functools.lru_cache(maxsize=None)
+def source_digest() -> str:
+    """sha256 of the built-in passes' source files: it joins the cache key of every Pipeline with
+    passes, so an edited pass recompiles even where the package version stays the same."""
+    digest = hashlib.sha256()
+    folder = os.path.dirname(os.path.abspath(__file__))
+    for name in sorted(f for f in os.listdir(folder) if f.endswith(".py")):
+        with open(os.path.join(folder, name), "rb") as handle:
+            digest.update(name.encode() + b"\0" + handle.read())
+    return digest.hexdigest()
+
+
 __all__ = ["PassSpec", "PassOption", "PassInfo", "PassReport", "STAGES", "register_pass", "unregister_pass",
            "available_passes", "pass_info", "pass_stage", "parse_pass_spec", "validate_pass_spec",
-           "resolved_options", "collect_reports", "run_stage_passes", "parse_module"]
+           "resolved_options", "collect_reports", "run_stage_passes", "parse_module", "source_digest"]
