@@ -235,6 +235,25 @@ def test_ir_pass_runs_after_its_stage():
     assert "0f3F800000" in patched.asm["ptx"] and "0f3F800000" not in default.asm["ptx"]
 
 
+def test_failing_pass_falls_back_or_raises_when_strict(reference, monkeypatch):
+    """TRITONPATCH_STRICT decides: keep Triton's IR with a warning, or raise PassError."""
+    from tritonpatch.passes import register_pass, unregister_pass
+
+    @register_pass("test-broken", "ttgir", "test only: always fails")
+    def broken(text, options):
+        raise ValueError("broken on purpose")
+
+    try:
+        with pytest.warns(RuntimeWarning, match="broken on purpose"):
+            assert ptx(passes=["test-broken"], **LSR) == reference["lsr"]
+        monkeypatch.setenv("TRITONPATCH_STRICT", "1")
+        with pytest.raises(tritonpatch.PassError, match="broken on purpose"):
+            ptx(passes=["test-broken"], **LSR)
+    finally:
+        unregister_pass("test-broken")
+    assert ptx() == reference["default"]
+
+
 def test_hook_chaining_and_keys():
     """Our hook calls the one it replaced (both call forms) and folds the keys in O(1)."""
     calls = []
