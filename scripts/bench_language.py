@@ -14,7 +14,7 @@ seed report counts it). Times are triton.testing.do_bench medians on fresh rando
 
 Usage:
     python scripts/bench_language.py --out DIR             # GPU: check, then time -> DIR/language.{json,md,png}
-    python scripts/bench_language.py --static              # no GPU: compile every variant for sm_90, print facts
+    python scripts/bench_language.py --static [--out DIR]  # no GPU: compile every variant for sm_90 -> language_static.*
 """
 from __future__ import annotations
 
@@ -35,11 +35,13 @@ import tritonpatch.language as tpl
 WRITES = ("atomic_add", "atomic_add_relaxed", "red_add", "store", "none")
 DTYPES = ("fp32", "bf16")
 SIZES = (2048, 4096, 8192, 16384)
+CHECK_SIZES = (1000, 2048)  # a partial last block (masks) and a full one
+INPUT_DTYPE = "bfloat16"  # Q, K, V, dO (and dS before the dQ dot)
 BATCH, HEADS, HEAD_DIM = 4, 8, 64
 BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES = 64, 64, 4, 2  # no spills in any variant (see --static)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N_CTX"])
 def attention_bwd_dq_kernel(Q, K, V, DO, DQ, DK, DV, N_CTX, qk_scale, HEAD_DIM: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WRITE: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
@@ -61,9 +63,9 @@ def attention_bwd_dq_kernel(Q, K, V, DO, DQ, DK, DV, N_CTX, qk_scale, HEAD_DIM: 
         p = tl.exp2(tl.dot(q, tl.trans(k)) * qk_scale)
         p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
         ds = p * (tl.dot(do, tl.trans(v)) - 0.5)
-        dv += tl.dot(tl.trans(p.to(tl.bfloat16)), do)
-        dk += tl.dot(tl.trans(ds.to(tl.bfloat16)), q)
-        dq = tl.dot(ds.to(tl.bfloat16), k)
+        dv += tl.dot(tl.trans(p.to(Q.dtype.element_ty)), do)
+        dk += tl.dot(tl.trans(ds.to(Q.dtype.element_ty)), q)
+        dq = tl.dot(ds.to(Q.dtype.element_ty), k)
         dq_pointers = DQ + q_offsets
         if WRITE == "atomic_add":
             tl.atomic_add(dq_pointers, dq, mask=in_m)
@@ -89,16 +91,40 @@ def launch(q, k, v, do, dq, dk, dv, write: str):
                                   BLOCK_N=BLOCK_N, WRITE=write, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
 
 
+def _warmup(variant: tuple[str, str]) -> None:
+    """Compile one (dQ dtype, write) variant as a launch would specialize it."""
+    import torch
+
+    dtype_name, write = variant
+    x, dq = getattr(torch, INPUT_DTYPE), torch.float32 if dtype_name == "fp32" else torch.bfloat16
+    attention_bwd_dq_kernel.warmup(x, x, x, x, dq, x, x, 2048, 0.18, HEAD_DIM=HEAD_DIM,
+                                   BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, WRITE=write, num_warps=NUM_WARPS,
+                                   num_stages=NUM_STAGES, grid=(1,))
+
+
+def precompile() -> None:
+    """Fill Triton's disk cache with every variant from worker processes (one compile is one
+    thread), so the timed process only loads them."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    variants = [(dtype_name, write) for dtype_name in DTYPES for write in WRITES]
+    start = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=min(len(variants), os.cpu_count() or 1), mp_context=get_context("spawn")) as pool:
+        list(pool.map(_warmup, variants))
+    log(f"compiled {len(variants)} variants in {time.perf_counter() - start:.1f} s")
+
+
 def inputs(batch_heads: int, n_ctx: int, seed: int):
     import torch
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    return [torch.randn(batch_heads, n_ctx, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.5
+    return [torch.randn(batch_heads, n_ctx, HEAD_DIM, device="cuda", generator=gen).mul(0.5).to(getattr(torch, INPUT_DTYPE))
             for _ in range(4)]
 
 
 def reference_dq(q, k, v, do):
-    """dQ of the kernel's arithmetic in fp32 (dS rounded to bf16 as the kernel does)."""
+    """dQ of the kernel's arithmetic in fp32 (dS rounded to the input type, as the kernel does)."""
     import torch
 
     n_ctx = q.shape[1]
@@ -106,40 +132,46 @@ def reference_dq(q, k, v, do):
     p = torch.exp2(q32 @ k32.transpose(1, 2) * (HEAD_DIM ** -0.5 * 1.4426950408889634))
     causal = torch.ones(n_ctx, n_ctx, device=q.device, dtype=torch.bool).tril()
     p = torch.where(causal, p, 0.0)
-    ds = (p * (do32 @ v32.transpose(1, 2) - 0.5)).to(torch.bfloat16).float()
+    ds = (p * (do32 @ v32.transpose(1, 2) - 0.5)).to(q.dtype).float()
     return ds @ k32
 
 
 def check(results: list) -> bool:
-    """red_add and tl.atomic_add against the fp32 reference: a partial last block (masks), and a
-    dQ that starts one element past an aligned address (every pair takes the scalar path)."""
+    """red_add and tl.atomic_add against the fp32 reference and against each other: a partial
+    last block (masks), and a dQ that starts one element past an aligned address (every pair of
+    red_add takes the scalar path)."""
     import torch
 
     ok = True
     for dtype_name in DTYPES:
         dtype = getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype_name])
-        for n_ctx, misaligned in ((1000, False), (1000, True), (2048, False)):
+        for n_ctx, misaligned in ((CHECK_SIZES[0], False), (CHECK_SIZES[0], True), (CHECK_SIZES[1], False)):
             q, k, v, do = inputs(2, n_ctx, seed=n_ctx + misaligned)
             ref = reference_dq(q, k, v, do)
-            errors = {}
-            for write in ("atomic_add", "red_add"):
+            errors, outputs = {}, {}
+            for write in ("red_add",) if misaligned else ("atomic_add", "red_add"):  # misaligned: the helper's fallback
                 storage = torch.full((2 * n_ctx * HEAD_DIM + 1,), float("nan"), device="cuda", dtype=dtype)
                 dq = storage[1:] if misaligned else storage[:-1]
                 dq.zero_()
                 dk, dv = torch.empty_like(k), torch.empty_like(v)
                 launch(q, k, v, do, dq.view(2, n_ctx, HEAD_DIM), dk, dv, write)
                 torch.cuda.synchronize()
-                out = dq.view(2, n_ctx, HEAD_DIM).float()
+                out = outputs[write] = dq.view(2, n_ctx, HEAD_DIM).float()
                 errors[write] = ((out - ref).norm() / ref.norm()).item()
                 untouched = storage[0] if misaligned else storage[-1]
                 if not torch.isnan(untouched):
                     errors[write] = float("inf")  # wrote outside dQ
-            limit = 1e-5 if dtype_name == "fp32" else 2e-2
-            passed = all(err < limit for err in errors.values())
+            # fp32: dS is rounded to bf16 in both, so an in-kernel exp2 one ulp off can flip a rounding
+            # (~1e-5 overall); a lost or doubled tile is >1e-2. The two writes differ only in order.
+            limit, agreement_limit = (1e-3, 1e-5) if dtype_name == "fp32" else (3e-2, 3e-2)
+            agreement = None
+            if "atomic_add" in outputs:
+                agreement = ((outputs["red_add"] - outputs["atomic_add"]).norm() / ref.norm()).item()
+            passed = all(err < limit for err in errors.values()) and (agreement is None or agreement < agreement_limit)
             ok &= passed
             row = {"dtype": dtype_name, "n_ctx": n_ctx, "misaligned": misaligned, "limit": limit,
-                   "rel_err": errors, "passed": passed}
-            results.append(row)
+                   "rel_err": errors, "red_vs_atomic": agreement, "agreement_limit": agreement_limit,
+                   "passed": passed}
             log("check", json.dumps(row))
     return ok
 
@@ -198,7 +230,7 @@ def static_facts() -> list:
     return rows
 
 
-def markdown(meta: dict, checks: list, rows: list, static: list) -> str:
+def markdown(meta: dict, checks: list, rows: list) -> str:
     lines = [f"# dQ accumulation: tritonpatch.language.red_add vs tl.atomic_add ({meta['gpu']})", "",
              f"`{meta['command']}` on {meta['date']}: torch {meta['torch']}, triton {meta['triton']}. "
              f"Causal attention backward, KV block outer, B={BATCH} H={HEADS} D={HEAD_DIM}, "
@@ -214,18 +246,28 @@ def markdown(meta: dict, checks: list, rows: list, static: list) -> str:
             lines.append(f"| {n_ctx} | " + " | ".join(cells) + f" | {ratio:.3f}× |")
         lines.append("")
     lines += ["## Correctness (relative L2 error against the fp32 reference)", "",
-              "| dQ dtype | N_CTX | misaligned dQ | atomic_add | red_add | limit | passed |", "|---|---|---|---|---|---|---|"]
+              "| dQ dtype | N_CTX | misaligned dQ | atomic_add | red_add | limit | red_add vs atomic_add | limit | passed |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for c in checks:
-        lines.append(f"| {c['dtype']} | {c['n_ctx']} | {c['misaligned']} | {c['rel_err']['atomic_add']:.2e} | "
-                     f"{c['rel_err']['red_add']:.2e} | {c['limit']:.0e} | {c['passed']} |")
-    if static:
-        lines += ["", "## Compiled for sm_90 (same configuration)", "",
-                  "| dQ dtype | write | layout conversions | PTX reductions | SASS reductions | registers | spill bytes "
-                  "| shared bytes |", "|---|---|---|---|---|---|---|---|"]
-        for s in static:
-            lines.append(f"| {s['dtype']} | {s['write']} | {s['convert_layouts']} | {', '.join(s['reductions']) or '-'} | "
-                         f"{', '.join(s['sass_reductions']) or '-'} | {s['registers']} | {s['spill_bytes']} | "
-                         f"{s['shared_bytes']} |")
+        atomic = f"{c['rel_err']['atomic_add']:.2e}" if "atomic_add" in c["rel_err"] else "-"
+        agreement = "-" if c["red_vs_atomic"] is None else f"{c['red_vs_atomic']:.2e}"
+        lines.append(f"| {c['dtype']} | {c['n_ctx']} | {c['misaligned']} | {atomic} | {c['rel_err']['red_add']:.2e} | "
+                     f"{c['limit']:.0e} | {agreement} | {c['agreement_limit']:.0e} | {c['passed']} |")
+    lines += ["", "Compile-time facts of the same variants (layout conversions, reduction instructions, registers): "
+              "[language_static.md](language_static.md)."]
+    return "\n".join(lines) + "\n"
+
+
+def static_markdown(static: list) -> str:
+    lines = [f"# dQ accumulation variants compiled for sm_90 (triton {triton.__version__}, no GPU)", "",
+             "`python scripts/bench_language.py --static --out docs/benchmarks`: the kernel and configuration of "
+             "[language.md](language.md), pointers marked 16-byte aligned as a launch specializes them.", "",
+             "| dQ dtype | write | layout conversions | PTX reductions | SASS reductions | registers | spill bytes "
+             "| shared bytes |", "|---|---|---|---|---|---|---|---|"]
+    for s in static:
+        lines.append(f"| {s['dtype']} | {s['write']} | {s['convert_layouts']} | {', '.join(s['reductions']) or '-'} | "
+                     f"{', '.join(s['sass_reductions']) or '-'} | {s['registers']} | {s['spill_bytes']} | "
+                     f"{s['shared_bytes']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -256,9 +298,17 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--static", action="store_true", help="compile for sm_90 and print facts (no GPU needed)")
     args = parser.parse_args(argv)
-    static = static_facts() if args.static or args.out else []
     if args.static:
+        static = static_facts()
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "language_static.json"), "w") as f:
+                json.dump({"triton": triton.__version__, "variants": static}, f, indent=1)
+            with open(os.path.join(args.out, "language_static.md"), "w") as f:
+                f.write(static_markdown(static))
         return 0
+    if not args.out:
+        parser.error("--out DIR is needed (or --static)")
     import torch
 
     command = "python scripts/bench_language.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -266,15 +316,16 @@ def main(argv=None) -> int:
             "triton": triton.__version__, "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     checks, rows = [], []
+    precompile()
     ok = check(checks)
     bench([int(s) for s in args.sizes.split(",")], rows)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "language.json"), "w") as f:
-        json.dump({"meta": meta, "checks": checks, "results": rows, "static": static}, f, indent=1)
+        json.dump({"meta": meta, "checks": checks, "results": rows}, f, indent=1)
     with open(os.path.join(args.out, "language.md"), "w") as f:
-        f.write(markdown(meta, checks, rows, static))
+        f.write(markdown(meta, checks, rows))
+    print(markdown(meta, checks, rows))
     plot(rows, os.path.join(args.out, "language.png"))
-    print(markdown(meta, checks, rows, static))
     return 0 if ok else 1
 
 
