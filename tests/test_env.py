@@ -105,6 +105,8 @@ _AUTOLOAD_CHILD = textwrap.dedent("""
         site.addsitedir(sys.argv[1])  # what `site` does with the installed .pth at start-up
     heavy = sorted(m for m in ("triton", "torch") if m in sys.modules)
     sys.path.insert(0, {here!r})
+    import importlib.util
+    assert importlib.util.find_spec("triton") is not None  # a probe (torch does one) must not disarm autoload
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

@@ -31,13 +31,16 @@ def _install_quietly() -> None:
 class _LoaderThenInstall:
     """Delegates to Triton's loader, then installs tritonpatch once Triton's module has run."""
 
-    def __init__(self, loader):
+    def __init__(self, loader, watcher):
         self._loader = loader
+        self._watcher = watcher
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
+        if self._watcher in sys.meta_path:
+            sys.meta_path.remove(self._watcher)
         self._loader.exec_module(module)
         _install_quietly()
 
@@ -46,20 +49,22 @@ class _LoaderThenInstall:
 
 
 class _TritonImportWatcher:
-    """A meta-path finder that reacts to the first ``import triton`` and then removes itself."""
+    """A meta-path finder that hands out Triton's spec with a loader that installs tritonpatch
+    after Triton's import. It stays in place until Triton is actually imported: probes such as
+    ``importlib.util.find_spec("triton")`` (torch does this) find a spec without importing."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "triton":
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        from importlib.util import find_spec
-
-        spec = find_spec("triton")
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _LoaderThenInstall(spec.loader)
-        return spec
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _LoaderThenInstall(spec.loader, self)
+                return spec
+        return None
 
 
 def activate() -> None:
