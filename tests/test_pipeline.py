@@ -165,6 +165,29 @@ def test_one_options_object_reentered():
 
 
 @native
+def test_one_options_object_shared_by_interleaved_tasks():
+    block = options(disable_lsr=True)
+
+    async def task(hold):
+        with block:
+            await hold.wait()
+            inside = current_pipeline()
+        return inside, current_pipeline()
+
+    async def main():
+        first, second = asyncio.Event(), asyncio.Event()
+        a, b = asyncio.create_task(task(first)), asyncio.create_task(task(second))
+        await asyncio.sleep(0)
+        first.set()  # a exits while b is still inside
+        result_a = await a
+        second.set()
+        return result_a, await b
+
+    expected = (Pipeline(disable_lsr=True), Pipeline())
+    assert asyncio.run(main()) == (expected, expected)
+
+
+@native
 def test_threads_and_tasks_do_not_see_each_other():
     seen = {}
     inside, release = threading.Event(), threading.Event()

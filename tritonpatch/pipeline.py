@@ -324,6 +324,11 @@ class _Block:
         _scoped.reset(scoped)
 
 
+# The options() blocks entered by `with` in this context, innermost last: one object may be entered
+# by several threads or asyncio tasks at once, and each exits its own entry.
+_open_blocks: contextvars.ContextVar[tuple] = contextvars.ContextVar("tritonpatch_open_blocks", default=())
+
+
 class options:
     """Compile the kernels of a block (or of every call of a decorated function) with these settings.
 
@@ -337,16 +342,20 @@ class options:
 
     def __init__(self, **settings: Any):
         self.layer = Pipeline(**settings)
-        self._open = threading.local()
 
     def __enter__(self) -> Pipeline:
         block = _Block(self.layer)
         effective = block.__enter__()
-        self._open.__dict__.setdefault("blocks", []).append(block)
+        _open_blocks.set(_open_blocks.get() + ((self, block),))
         return effective
 
     def __exit__(self, *exc_info) -> None:
-        self._open.blocks.pop().__exit__(*exc_info)
+        stack = _open_blocks.get()
+        owner, block = stack[-1]
+        if owner is not self:
+            raise RuntimeError("tritonpatch.options blocks must be exited in the reverse order of entry")
+        _open_blocks.set(stack[:-1])
+        block.__exit__(*exc_info)
 
     def __call__(self, func):
         if inspect.iscoroutinefunction(func):
