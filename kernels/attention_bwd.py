@@ -38,9 +38,10 @@ LOG2E = 1.4426950408889634
 
 # dq_write values of the dK/dV kernel: ATOMIC (tl.atomic_add, relaxed) and RED
 # (tritonpatch.language.red_add: red.global.add.v2.f32 straight from the MMA layout) are correct;
-# NONE (separate mode; or an upper bound) and STORE (racy, wrong) exist for scripts/bench_bwd_atomic.py.
-DQ_NONE, DQ_ATOMIC, DQ_STORE, DQ_RED = 0, 1, 2, 3
-DQ_WRITE_NAMES = {"none": DQ_NONE, "atomic": DQ_ATOMIC, "store": DQ_STORE, "red": DQ_RED}
+# NONE (separate mode; as a benchmark bound it also drops the dQ matmul), DISCARD (dQ computed, never
+# written: the cost of the write alone) and STORE (racy, wrong) exist for scripts/bench_bwd_atomic.py.
+DQ_NONE, DQ_ATOMIC, DQ_STORE, DQ_RED, DQ_DISCARD = 0, 1, 2, 3, 4
+DQ_WRITE_NAMES = {"none": DQ_NONE, "atomic": DQ_ATOMIC, "store": DQ_STORE, "red": DQ_RED, "discard": DQ_DISCARD}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,9 +196,12 @@ def _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_
         ds = ds.to(q.dtype)
         dk = tl.dot(ds, q, dk)
         if DQ_WRITE != 0:
-            dq = tl.dot(tl.trans(ds), k)                    # [BLOCK_M, HEAD_DIM] fp32, unscaled
+            dq = tl.dot(tl.trans(ds), k) * sm_scale         # [BLOCK_M, HEAD_DIM] fp32
             dq_ptrs = dq_src + q_rows[:, None] * stride_dqm + offs_d[None, :]
-            if DQ_WRITE == 1:
+            if DQ_WRITE == 4:
+                if q_len < 0:                               # never true: keeps the dQ matmul alive
+                    tl.store(dq_ptrs, dq)
+            elif DQ_WRITE == 1:
                 if APPLY_MASK:
                     tl.atomic_add(dq_ptrs, dq, mask=(q_rows < q_len)[:, None], sem="relaxed")
                 else:
@@ -533,6 +537,19 @@ def tuned_configs() -> dict:
     return dict(_tuned)
 
 
+def _tuning_key(q, k, mask_mod, score_mod, block_mask, dq_mode) -> tuple:
+    return (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), mask_mod.structure,
+            None if score_mod is None else score_mod.name,
+            None if block_mask is None else (block_mask.block_m, block_mask.block_n), dq_mode)
+
+
+def tuned_config(q, k, *, mask_mod: MaskMod | None = None, score_mod: ScoreMod | None = None,
+                 block_mask: BlockMask | None = None, dq_mode: str = "atomic") -> BwdConfig | None:
+    """The config the tuner picked for these inputs and (resolved) ``dq_mode``; None before the first call."""
+    mask_mod = allow_all() if mask_mod is None else mask_mod
+    return _tuned.get(_tuning_key(q, k, mask_mod, score_mod, block_mask, dq_mode))
+
+
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -547,7 +564,8 @@ def attention_backward(q, k, v, out, lse, dout, *, dlse=None, mask_mod: MaskMod 
     ``dq_mode``: ``"atomic"``, ``"separate"`` (deterministic) or ``"auto"`` (see :func:`choose_dq_mode`).
     ``config``: fixed :class:`BwdConfig` (None tunes once per shape). ``dq_write`` is for
     ``scripts/bench_bwd_atomic.py``: in atomic mode ``"red"`` adds dQ with
-    ``tritonpatch.language.red_add`` (correct), ``"none"`` and ``"store"`` give a **wrong dq**."""
+    ``tritonpatch.language.red_add`` (correct); ``"none"``, ``"discard"`` and ``"store"`` give a
+    **wrong dq** (no dQ matmul; dQ computed but not written; racy plain stores)."""
     validate_inputs(q, k, v, enable_gqa)
     batch, heads, q_len, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
@@ -592,7 +610,7 @@ def attention_backward(q, k, v, out, lse, dout, *, dlse=None, mask_mod: MaskMod 
         _launch_preprocess(out, dout, delta, dlse, dq_acc)
         _launch_dkdv(q, k, v, dout, dk, dv, dq_acc, lse, delta, transpose_block_mask(masks_for(config.dkdv)),
                      mask_mod, score_mod, scale, config.dkdv, DQ_WRITE_NAMES[dq_write])
-        dq = (dq_acc * scale).to(q.dtype)
+        dq = dq_acc.to(q.dtype)
     else:
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)
         _launch_dq(q, k, v, out, dout, dq, lse, delta, dlse, masks_for(config.dq), mask_mod, score_mod, scale,
@@ -605,9 +623,7 @@ def attention_backward(q, k, v, out, lse, dout, *, dlse=None, mask_mod: MaskMod 
 def _tune(q, k, v, out, dout, lse, dlse, dk, dv, delta, mask_mod, score_mod, block_mask, scale, dq_mode,
           masks_for) -> BwdConfig:
     """Pick the fastest dK/dV (and, in separate mode, dQ) config for this shape; cached."""
-    key = (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), mask_mod.structure,
-           None if score_mod is None else score_mod.name,
-           None if block_mask is None else (block_mask.block_m, block_mask.block_n), dq_mode)
+    key = _tuning_key(q, k, mask_mod, score_mod, block_mask, dq_mode)
     if key in _tuned:
         return _tuned[key]
     head_dim = q.shape[-1]
