@@ -238,6 +238,8 @@ def install() -> None:
     """Hook tritonpatch into Triton (idempotent). Reads the ``TRITONPATCH_*`` variables now, so a
     malformed value raises here. ``options()`` and ``use_pipeline()`` call this for you."""
     global _hook
+    if _hook is not None:
+        return
     with _install_lock:
         if _hook is not None:
             return

@@ -11,14 +11,13 @@ other's settings, and resolving it is O(1) (Triton 3.7+ asks for it on every ker
 """
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import hashlib
 import inspect
 import json
 import threading
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Mapping
 
 from . import __version__, env
 from .errors import NativeUnavailableError, OptionTypeError, PipelineError, UnknownOptionError
@@ -281,39 +280,65 @@ def current_cache_tag() -> str:
     return pipeline.cache_tag
 
 
+_hooks = None
+
+
 def _install() -> None:
-    from .hooks import install
+    """Install tritonpatch into Triton unless done (runs on every block entry: keep it cheap)."""
+    global _hooks
+    if _hooks is None:
+        from . import hooks
 
-    install()
+        _hooks = hooks
+    if not _hooks.installed():
+        _hooks.install()
 
 
-@contextlib.contextmanager
-def use_pipeline(pipeline: Pipeline) -> Iterator[Pipeline]:
-    """Compile with exactly ``pipeline`` inside the block, ignoring ``options()`` and the environment
-    (for per-kernel pipelines: ``tritonpatch.jit`` wraps each launch in this)."""
-    if not isinstance(pipeline, Pipeline):
-        raise PipelineError(f"use_pipeline() takes a Pipeline, got {pipeline!r}")
-    _install()
-    forced, effective = _forced.set(pipeline), _effective.set(pipeline)
-    try:
-        yield pipeline
-    finally:
+class use_pipeline:
+    """``with use_pipeline(p):`` compiles with exactly ``p``, ignoring ``options()`` and the
+    environment (per-kernel pipelines: ``tritonpatch.jit`` enters one around each launch, so it
+    is kept light). One object per ``with``."""
+
+    __slots__ = ("pipeline", "tokens")
+
+    def __init__(self, pipeline: Pipeline):
+        if not isinstance(pipeline, Pipeline):
+            raise PipelineError(f"use_pipeline() takes a Pipeline, got {pipeline!r}")
+        self.pipeline = pipeline
+
+    def __enter__(self) -> Pipeline:
+        _install()
+        self.tokens = (_forced.set(self.pipeline), _effective.set(self.pipeline))
+        return self.pipeline
+
+    def __exit__(self, *exc_info) -> None:
+        forced, effective = self.tokens
         _effective.reset(effective)
         _forced.reset(forced)
+
+
+_MERGE_MEMO_SIZE = 64
 
 
 class _Block:
     """One entry into an options() layer: sets the merged Pipeline, restores the previous one."""
 
-    __slots__ = ("layer", "tokens")
+    __slots__ = ("layer", "merged", "tokens")
 
-    def __init__(self, layer: Pipeline):
+    def __init__(self, layer: Pipeline, merged: dict):
         self.layer = layer
+        self.merged = merged  # base Pipeline -> base.merge(layer), shared by the entries of one options()
 
     def __enter__(self) -> Pipeline:
         _install()
         base = _scoped.get()
-        scoped = (environment_pipeline() if base is None else base).merge(self.layer)
+        if base is None:
+            base = environment_pipeline()
+        scoped = self.merged.get(base)
+        if scoped is None:
+            if len(self.merged) >= _MERGE_MEMO_SIZE:
+                self.merged.clear()
+            scoped = self.merged[base] = base.merge(self.layer)
         forced = _forced.get()
         self.tokens = (_scoped.set(scoped), _effective.set(scoped if forced is None else forced))
         return scoped
@@ -342,9 +367,10 @@ class options:
 
     def __init__(self, **settings: Any):
         self.layer = Pipeline(**settings)
+        self._merged: dict = {}
 
     def __enter__(self) -> Pipeline:
-        block = _Block(self.layer)
+        block = _Block(self.layer, self._merged)
         effective = block.__enter__()
         _open_blocks.set(_open_blocks.get() + ((self, block),))
         return effective
@@ -361,13 +387,13 @@ class options:
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
             async def async_wrapper(*args, **kwargs):
-                with _Block(self.layer):
+                with _Block(self.layer, self._merged):
                     return await func(*args, **kwargs)
             return async_wrapper
 
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
-            with _Block(self.layer):
+            with _Block(self.layer, self._merged):
                 return func(*args, **kwargs)
         return wrapper
 
