@@ -9,8 +9,8 @@ bwd = 2.5 × fwd, fwd = 4·B·H·N²·D × 0.5 for causal. Target: atomic within
 
 Usage (CUDA machine):
     python scripts/bench_bwd_atomic.py --out DIR                 # table -> DIR/attention_bwd.{json,md,png}
-    python scripts/bench_bwd_atomic.py --out DIR --flex          # + fwd+bwd vs FlexAttention (causal, B=4 H=16)
-    python scripts/bench_bwd_atomic.py --warmup                  # only compile every variant (fills the cache)
+    python scripts/bench_bwd_atomic.py --out DIR --tables atomic,flex   # + fwd+bwd vs FlexAttention (causal, B=4 H=16)
+    python scripts/bench_bwd_atomic.py --warmup --tables flex    # run each row once (fills the compile caches)
     TRITON_INTERPRET=1 python scripts/bench_bwd_atomic.py --cpu-smoke --out DIR   # every path, tiny, no GPU
 Times: ``triton.testing.do_bench`` medians (warm-up excluded) on fresh random inputs.
 """
@@ -53,13 +53,14 @@ def log(*parts):
 
 
 class Timer:
-    """do_bench medians on CUDA; one wall-clock call in --cpu-smoke (checks the code paths only)."""
+    """do_bench medians; with ``single_call`` one wall-clock call (--warmup, --cpu-smoke: compile and
+    check the code paths, no meaningful numbers)."""
 
-    def __init__(self, smoke: bool):
-        self.smoke = smoke
+    def __init__(self, single_call: bool):
+        self.single_call = single_call
 
     def __call__(self, fn, grad_to_none=None) -> float:
-        if self.smoke:
+        if self.single_call:
             start = time.perf_counter()
             fn()
             return (time.perf_counter() - start) * 1e3
@@ -155,20 +156,6 @@ def flex_table(device, timer, deadline, grid=FLEX_GRID, batch=BATCH, heads=FLEX_
     return rows
 
 
-def warmup(device, dtype) -> None:
-    """Compile every variant once (same specializations as the table: N multiple of 16)."""
-    seq = 2048
-    q, k, v, dout = inputs(seq, device, dtype)
-    out, lse = forward(q, k, v, K.causal())
-    for mode in ("atomic", "separate"):
-        config = tuned(q, k, v, out, lse, dout, K.causal(), mode)
-        for dq_mode, dq_write, _ in VARIANTS.values():
-            if dq_mode == mode:
-                B.attention_backward(q, k, v, out, lse, dout, mask_mod=K.causal(), dq_mode=dq_mode, config=config,
-                                     dq_write=dq_write)
-    torch.cuda.synchronize() if device.type == "cuda" else None
-
-
 def environment(device) -> dict:
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter smoke run)"
     return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
@@ -242,8 +229,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=".", help="directory for attention_bwd.{json,md,png}")
     parser.add_argument("--seq-lens", default=",".join(map(str, SEQ_LENS)))
-    parser.add_argument("--flex", action="store_true", help="also fwd+bwd vs FlexAttention (causal, D 64/128)")
-    parser.add_argument("--warmup", action="store_true", help="only compile every variant, then exit")
+    parser.add_argument("--tables", default="atomic", help="comma list: atomic (the report's table), flex "
+                        "(fwd+bwd vs FlexAttention, causal, D 64/128)")
+    parser.add_argument("--warmup", action="store_true", help="run each row once to fill the compile caches "
+                        "(N_CTX 2048 only for the atomic table), write nothing")
     parser.add_argument("--time-budget", type=float, default=1e9, help="seconds; later rows are skipped")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1")
     args = parser.parse_args()
@@ -257,23 +246,28 @@ def main() -> int:
     else:
         print("bench_bwd_atomic.py needs a CUDA GPU (or --cpu-smoke under TRITON_INTERPRET=1)", file=sys.stderr)
         return 2
-    if args.warmup:
-        warmup(device, dtype)
-        return 0
-    timer = Timer(args.cpu_smoke)
+    tables = set(args.tables.split(","))
+    if not tables <= {"atomic", "flex"}:
+        parser.error(f"--tables takes atomic and/or flex, got {args.tables}")
+    timer = Timer(args.cpu_smoke or args.warmup)
+    seq_lens = [2048] if args.warmup else [int(s) for s in args.seq_lens.split(",")]
     os.makedirs(args.out, exist_ok=True)
     report = {"environment": environment(device)}
     json_path = os.path.join(args.out, "attention_bwd.json")
 
     def save(**updates):
         report.update(updates)
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=1)
+        if not args.warmup:
+            with open(json_path, "w") as f:
+                json.dump(report, f, indent=1)
 
-    save(atomic=atomic_table([int(s) for s in args.seq_lens.split(",")], device, dtype, timer, deadline))
-    if args.flex:
+    if "atomic" in tables:
+        save(atomic=atomic_table(seq_lens, device, dtype, timer, deadline))
+    if "flex" in tables:
         grid = [(16, 48), (32, 40)] if args.cpu_smoke else FLEX_GRID
         save(flex=flex_table(device, timer, deadline, grid=grid))
+    if args.warmup:
+        return 0
     write_markdown(os.path.join(args.out, "attention_bwd.md"), report)
     write_plot(os.path.join(args.out, "attention_bwd.png"), report)
     return 0
