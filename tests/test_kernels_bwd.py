@@ -64,8 +64,9 @@ def test_tuned_candidates_compile_for_sm90_without_spills(kernel, head_dim, conf
     assert resources.spill_stores == 0 and resources.spill_loads == 0, resources
     ops = reduction_ops(ptx)
     if kernel == "dkdv":
-        # tl.atomic_add(sem="relaxed") on 16-byte aligned rows: only 4-wide vector atomics
-        assert ops and all(op == "atom.global.gpu.relaxed.add.v4.f32" for op in ops), ops
+        # tl.atomic_add(sem="relaxed") on 16-byte aligned rows: only 4-wide vector atomics (3.9 emits red
+        # for an unused result, 3.6 atom)
+        assert ops and all(re.fullmatch(r"(atom|red)\.global\.gpu\.relaxed\.add\.v4\.f32", op) for op in ops), ops
     else:
         assert not ops, ops   # the separate dQ kernel writes plain stores
 
