@@ -274,7 +274,7 @@ def block_mask_build_time(device, seq_len: int = 131072) -> dict:
 # ------------------------------------------------------------------------------------------------
 def environment() -> dict:
     return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(), "date_utc": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"),
+            "python": platform.python_version(), "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
             "command": "python " + " ".join(sys.argv), "batch": BATCH, "heads": HEADS, "dtype": "bfloat16"}
 
 
@@ -290,7 +290,8 @@ def write_markdown(path, report, rows) -> None:
              "|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda r, key, spec=".1f": format(r[key], spec) if key in r else "—"
     for r in rows:
-        lines.append(f"| {r['mask']} | {r['head_dim']} | {r['seq_len']} | {fmt(r, 'ours_tflops')} | {r['ours_config']} | "
+        lines.append(f"| {r['mask']} | {r['head_dim']} | {r['seq_len']} | {fmt(r, 'ours_tflops')} | "
+                     f"{r['ours_config']} | "
                      f"{fmt(r, 'flex_tflops')} | {fmt(r, 'sdpa_flash_tflops')} | {fmt(r, 'sdpa_cudnn_tflops')} | "
                      f"{fmt(r, 'vs_flex', '.2f')} | {fmt(r, 'vs_cudnn', '.2f')} |")
     failed = [r for r in report.get("rows", []) if "error" in r]
@@ -302,7 +303,8 @@ def write_markdown(path, report, rows) -> None:
     checks = report.get("check")
     if checks:
         passed = sum(1 for c in checks if c["ok"])
-        lines += ["", f"Correctness vs the fp32 reference (bf16, rel. error ≤ 1e-2): {passed}/{len(checks)} cases pass; "
+        lines += ["", "Correctness vs the fp32 reference (bf16, rel. error ≤ 1e-2): "
+                  f"{passed}/{len(checks)} cases pass; "
                   "worst rel. error " + format(max(c.get("rel_err", float("nan")) for c in checks), ".2e")]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -313,7 +315,8 @@ def write_plot(path, rows) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    impls = [("ours", "tritonpatch"), ("flex", "FlexAttention"), ("sdpa_flash", "SDPA flash"), ("sdpa_cudnn", "SDPA cuDNN")]
+    impls = [("ours", "tritonpatch"), ("flex", "FlexAttention"), ("sdpa_flash", "SDPA flash"),
+             ("sdpa_cudnn", "SDPA cuDNN")]
     fig, ax = plt.subplots(figsize=(max(10, len(rows) * 0.7), 5))
     width = 0.2
     for i, (key, label) in enumerate(impls):

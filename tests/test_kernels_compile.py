@@ -27,8 +27,8 @@ MODIFIERS = {
 # every modifier once; head dim, dtype and load path rotate so each of those values is covered too
 VARIANTS = [(name, (64, 128)[i % 2], (torch.float16, torch.bfloat16)[(i // 2) % 2], bool(i % 3 == 0))
             for i, name in enumerate(MODIFIERS)]
-VARIANTS += [("causal", d, dt, tma) for d in (64, 128) for dt in (torch.float16, torch.bfloat16) for tma in (False, True)
-             if ("causal", d, dt, tma) not in VARIANTS]
+VARIANTS += [("causal", d, dt, tma) for d in (64, 128) for dt in (torch.float16, torch.bfloat16)
+             for tma in (False, True) if ("causal", d, dt, tma) not in VARIANTS]
 
 
 def compile_variant(name, head_dim, dtype, use_tma):
