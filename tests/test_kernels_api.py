@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -20,7 +21,8 @@ def test_interpreter_suite():
                            os.path.join(REPO, "tests", "test_kernels_interpret.py")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1]
+    passed = re.search(r"(\d+) passed", proc.stdout.splitlines()[-1])
+    assert passed and int(passed.group(1)) >= 30, proc.stdout[-2000:]   # the suite really ran
 
 
 def t(*shape, dtype=torch.float16):
