@@ -1,15 +1,22 @@
 """tritonpatch: patch Triton's compile pipeline from Python.
 
-Importing tritonpatch has no side effects and does not import Triton; Triton is hooked on the
-first ``options()`` / ``use_pipeline()`` / ``install()`` (or at interpreter start with
-``TRITONPATCH_AUTOLOAD=1``).
+Importing tritonpatch has no side effects and is cheap (it runs in every Python process under
+``TRITONPATCH_AUTOLOAD=1``): the public names below load their module on first use, and Triton is
+hooked on the first ``options()`` / ``use_pipeline()`` / ``install()`` (or, with autoload, right
+after the program imports Triton).
 """
+import importlib
+
 __version__ = "0.1.0"
 
 from .errors import (NativeUnavailableError, OptionTypeError, PassError, PipelineError, TritonpatchError,
                      UnknownOptionError)
-from .hooks import install, installed, uninstall
-from .pipeline import Pipeline, current_pipeline, options, use_pipeline
+
+_LAZY = {
+    "Pipeline": "pipeline", "options": "pipeline", "use_pipeline": "pipeline", "current_pipeline": "pipeline",
+    "install": "hooks", "uninstall": "hooks", "installed": "hooks",
+    "jit": "authoring", "autotune": "authoring",  # these import Triton
+}
 
 __all__ = [
     "Pipeline", "options", "use_pipeline", "current_pipeline", "install", "uninstall", "installed",
@@ -19,9 +26,13 @@ __all__ = [
 
 
 def __getattr__(name):
-    """``tritonpatch.jit`` / ``tritonpatch.autotune`` import Triton, so they load on first use."""
-    if name in ("jit", "autotune"):
-        from . import authoring
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tritonpatch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
 
-        return getattr(authoring, name)
-    raise AttributeError(f"module 'tritonpatch' has no attribute {name!r}")
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
