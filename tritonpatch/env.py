@@ -107,10 +107,12 @@ def pipeline_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any
     environ = os.environ if environ is None else environ
     settings: dict[str, Any] = {}
     llvm = parse_llvm_options(environ.get(LLVM_OPTIONS, ""))
-    if DISABLE_LSR in environ and environ[DISABLE_LSR].strip():
+    # TRITONPATCH_DISABLE_LSR=0 means Triton's default, not an explicit `disable-lsr=false` (which
+    # would give every kernel a new cache key for the same code).
+    if parse_bool(DISABLE_LSR, environ):
         if "disable-lsr" in llvm:
             raise PipelineError(f"{DISABLE_LSR} and {LLVM_OPTIONS} both set disable-lsr; set it in one place")
-        llvm["disable-lsr"] = parse_bool(DISABLE_LSR, environ)
+        llvm["disable-lsr"] = True
     if llvm:
         settings["llvm"] = llvm
     passes = split_pass_list(environ.get(PASSES, ""))
