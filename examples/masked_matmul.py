@@ -5,8 +5,9 @@
   clears C between trials, since split-K programs accumulate into it;
 - ``tritonpatch.jit(pipeline=...)`` pins a Pipeline on a second kernel built from the same
   source, for callers who already know their config and want no tuning;
-- ``tritonpatch.language.red_add`` accumulates the split-K partial tiles straight from the MMA
-  layout (``ACCUMULATE="atomic_add"`` uses ``tl.atomic_add`` instead, for comparison).
+- the split-K partial tiles are summed with ``tl.atomic_add(..., sem="relaxed")``: an inline-PTX
+  reduction helper was measured against it and lost (docs/authoring.md, "Device helpers"), and
+  relaxed is all a sum needs (Triton's default ``acq_rel`` costs 2-3x in docs/benchmarks/language.md).
 
 Tiles entirely above the diagonal are skipped; the diagonal tiles are masked.
 
@@ -22,7 +23,6 @@ import triton
 import triton.language as tl
 
 import tritonpatch
-import tritonpatch.language as tpl
 from tritonpatch import Pipeline
 
 PIPELINES = [Pipeline(), Pipeline(disable_lsr=True)]
@@ -36,8 +36,7 @@ PINNED_CONFIG = CONFIGS[1]
 
 
 def masked_matmul_kernel(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                         ACCUMULATE: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     """Program (m, n, s) adds ``A[m-block, K blocks s, s + SPLIT_K, ...] @ B[those K blocks, n-block]``
     into C, keeping only entries on or below the diagonal; C must start at zero."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -54,11 +53,7 @@ def masked_matmul_kernel(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stri
                         mask=(k[:, None] < K) & (rn[None, :] < N), other=0.0)
             acc = tl.dot(a, b, acc)
         keep = (rm[:, None] >= rn[None, :]) & (rm[:, None] < M) & (rn[None, :] < N)
-        pointers = C + rm[:, None] * stride_cm + rn[None, :] * stride_cn
-        if ACCUMULATE == "red_add":
-            tpl.red_add(pointers, acc, mask=keep)
-        else:
-            tl.atomic_add(pointers, acc, mask=keep, sem="relaxed")
+        tl.atomic_add(C + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc, mask=keep, sem="relaxed")
 
 
 # Three kernels from one source: bare (follows the Pipeline in effect), tuned over PIPELINES, pinned.
@@ -71,22 +66,20 @@ def _grid(M: int, N: int):
     return lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])
 
 
-def masked_matmul(a, b, accumulate: str = "red_add", tuned: bool = True):
+def masked_matmul(a, b, tuned: bool = True):
     """``tril(a @ b)`` in fp32 (``a``: M x K, ``b``: K x N, fp16/bf16/fp32 on one device).
     ``tuned``: the autotuned kernel; otherwise the pinned kernel with ``PINNED_CONFIG``."""
     import torch
 
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"masked_matmul needs a (M, K) and a (K, N) matrix, got {tuple(a.shape)} and {tuple(b.shape)}")
-    if accumulate not in ("red_add", "atomic_add"):
-        raise ValueError(f"accumulate is 'red_add' or 'atomic_add', got {accumulate!r}")
     (M, K), N = a.shape, b.shape[1]
     c = torch.zeros(M, N, device=a.device, dtype=torch.float32)
     args = (a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride())
     if tuned:
-        tuned_kernel[_grid(M, N)](*args, ACCUMULATE=accumulate)
+        tuned_kernel[_grid(M, N)](*args)
     else:
-        pinned_kernel[_grid(M, N)](*args, ACCUMULATE=accumulate, **PINNED_CONFIG.all_kwargs())
+        pinned_kernel[_grid(M, N)](*args, **PINNED_CONFIG.all_kwargs())
     return c
 
 
@@ -99,7 +92,7 @@ SIGNATURE = {"A": "*fp16", "B": "*fp16", "C": "*fp32", "M": "i32", "N": "i32", "
              "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32", "stride_cm": "i32", "stride_cn": "i32"}
 
 
-def compile_candidates(target: str = "sm_90", accumulate: str = "red_add") -> dict:
+def compile_candidates(target: str = "sm_90") -> dict:
     """Compile every (config, Pipeline) candidate of ``tuned_kernel`` for ``target`` without a
     GPU: ``{(config index, Pipeline): CompiledKernel}``."""
     from tritonpatch.targets import compile_for_target
@@ -107,7 +100,7 @@ def compile_candidates(target: str = "sm_90", accumulate: str = "red_add") -> di
     compiled = {}
     for index, config in enumerate(CONFIGS):
         options = {k: v for k, v in config.all_kwargs().items() if k not in config.kwargs}
-        constexprs = {**config.kwargs, "ACCUMULATE": accumulate}
+        constexprs = config.kwargs
         for pipeline in PIPELINES:
             with tritonpatch.use_pipeline(pipeline):
                 compiled[index, pipeline] = compile_for_target(jit_kernel, SIGNATURE, constexprs,
@@ -116,7 +109,7 @@ def compile_candidates(target: str = "sm_90", accumulate: str = "red_add") -> di
 
 
 def check(shapes=((512, 512, 512), (1000, 700, 300), (256, 2048, 4096)), dtype_name: str = "float16") -> float:
-    """Worst relative error of every path (tuned/pinned x red_add/atomic_add) against float64."""
+    """Worst relative error of both kernels (tuned, pinned) against float64."""
     import torch
 
     worst = 0.0
@@ -125,11 +118,10 @@ def check(shapes=((512, 512, 512), (1000, 700, 300), (256, 2048, 4096)), dtype_n
         b = torch.randn(K, N, device="cuda", dtype=getattr(torch, dtype_name))
         expected = reference(a, b)
         for tuned in (True, False):
-            for accumulate in ("red_add", "atomic_add"):
-                out = masked_matmul(a, b, accumulate=accumulate, tuned=tuned)
-                error = ((out.double() - expected).norm() / expected.norm()).item()
-                print(f"check M={M} N={N} K={K} tuned={tuned} {accumulate}: rel err {error:.2e}", flush=True)
-                worst = max(worst, error)
+            out = masked_matmul(a, b, tuned=tuned)
+            error = ((out.double() - expected).norm() / expected.norm()).item()
+            print(f"check M={M} N={N} K={K} tuned={tuned}: rel err {error:.2e}", flush=True)
+            worst = max(worst, error)
     return worst
 
 
