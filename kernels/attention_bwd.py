@@ -27,8 +27,6 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonpatch.language import red_add
-
 from ._launch import interpreting
 from .attention_fwd import validate_inputs
 from .block_mask import BlockMask, block_mask_from_classes, build_block_mask
@@ -36,8 +34,8 @@ from .masks import MaskMod, ScoreMod, allow_all, alibi, softcap
 
 LOG2E = 1.4426950408889634
 
-# dq_write values of the dK/dV kernel: ATOMIC (tl.atomic_add, relaxed) and RED
-# (tritonpatch.language.red_add: red.global.add.v2.f32 straight from the MMA layout) are correct;
+# dq_write values of the dK/dV kernel: ATOMIC (tl.atomic_add, relaxed) and RED (scalar inline-PTX
+# red.global.add.f32 straight from the MMA layout, the report's inline-asm variant) are correct;
 # NONE (separate mode; as a benchmark bound it also drops the dQ matmul), DISCARD (dQ computed, never
 # written: the cost of the write alone) and STORE (racy, wrong) exist for scripts/bench_bwd_atomic.py.
 DQ_NONE, DQ_ATOMIC, DQ_STORE, DQ_RED, DQ_DISCARD = 0, 1, 2, 3, 4
@@ -150,6 +148,14 @@ def _preprocess_kernel(O, DO, DELTA, DLSE, DQ_ACC,
 
 
 @triton.jit
+def _red_add_f32(pointers, values):
+    """``*pointers += values`` by scalar inline-PTX ``red.global.add.f32`` (no layout conversion):
+    the report's inline-asm variant, kept for scripts/bench_bwd_atomic.py."""
+    tl.inline_asm_elementwise("red.global.add.f32 [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,f",
+                              [pointers.to(tl.int64, bitcast=True), values], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_qm, stride_qd, stride_dom, stride_dod,
                 stride_dqm, num_tiles, tile_ids, b, h, kv_idx, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
                 MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, SCORE_GRAD_FN: tl.constexpr, APPLY_MASK: tl.constexpr,
@@ -208,11 +214,9 @@ def _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_
                     tl.atomic_add(dq_ptrs, dq, sem="relaxed")
             elif DQ_WRITE == 2:
                 tl.store(dq_ptrs, dq, mask=(q_rows < q_len)[:, None])
-            else:
-                if APPLY_MASK:
-                    red_add(dq_ptrs, dq, mask=(q_rows < q_len)[:, None])
-                else:
-                    red_add(dq_ptrs, dq)
+            else:   # rows past the end add zero to the last row instead of writing out of bounds
+                safe_ptrs = dq_src + tl.minimum(q_rows, q_len - 1)[:, None] * stride_dqm + offs_d[None, :]
+                _red_add_f32(safe_ptrs, tl.where((q_rows < q_len)[:, None], dq, 0.0))
     return dk, dv
 
 
@@ -563,8 +567,8 @@ def attention_backward(q, k, v, out, lse, dout, *, dlse=None, mask_mod: MaskMod 
 
     ``dq_mode``: ``"atomic"``, ``"separate"`` (deterministic) or ``"auto"`` (see :func:`choose_dq_mode`).
     ``config``: fixed :class:`BwdConfig` (None tunes once per shape). ``dq_write`` is for
-    ``scripts/bench_bwd_atomic.py``: in atomic mode ``"red"`` adds dQ with
-    ``tritonpatch.language.red_add`` (correct); ``"none"``, ``"discard"`` and ``"store"`` give a
+    ``scripts/bench_bwd_atomic.py``: in atomic mode ``"red"`` adds dQ with scalar inline-PTX
+    ``red.global.add.f32`` (correct); ``"none"``, ``"discard"`` and ``"store"`` give a
     **wrong dq** (no dQ matmul; dQ computed but not written; racy plain stores)."""
     validate_inputs(q, k, v, enable_gqa)
     batch, heads, q_len, head_dim = q.shape

@@ -1,5 +1,5 @@
 """GPU numerics of the attention backward vs autograd through the fp32 reference (bf16, relative
-error <= 2e-2 per gradient), determinism of dq_mode="separate", and the red_add dQ variant.
+error <= 2e-2 per gradient), determinism of dq_mode="separate", and the inline-PTX red dQ variant.
 Run on the device machine: ``pytest -m gpu tests/test_kernels_bwd_gpu.py``."""
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_score_mods_gqa_autograd_tuned(score):
     assert_grads_close([t.grad for t in leaves], want)
 
 
-def test_red_add_dq_matches_reference():
+def test_inline_ptx_red_dq_matches_reference():
     q, k, v, dout = make_inputs(2, 4, 4, SEQ, 64, seed=2)
     got = backward(q, k, v, dout, "atomic", 64, dq_write="red", mask_mod=K.causal())
     assert_grads_close(got, reference_grads(q, k, v, dout, mask_mod=K.causal()))
