@@ -8,7 +8,7 @@ through a compile-only driver; autotuning chooses with a fake timer.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+import pickle
 
 import pytest
 import triton
@@ -276,6 +276,18 @@ def caller_raw(X, Y, N, stride, BLOCK: tl.constexpr):
     for i in range(0, N):
         acc += plain_scaled_load(X, i * stride + offs)
     tl.store(Y + offs, acc)
+
+
+def test_pipeline_config_is_a_config_per_pipeline():
+    """Candidates differing only in Pipeline are different Configs (hash, equality, str: Triton's
+    timings dict and disk-cache key), and survive pickling."""
+    launch = triton.Config({"BLOCK": 64}, num_warps=4)
+    plain, lsr = PipelineConfig(launch, Pipeline()), PipelineConfig(launch, LSR)
+    assert plain != lsr and len({plain, lsr}) == 2 and str(plain) != str(lsr)
+    copy = pickle.loads(pickle.dumps(lsr))
+    assert copy == lsr and copy.pipeline == LSR and copy.launch_config.all_kwargs() == launch.all_kwargs()
+    with pytest.raises(PipelineError, match="reserved"):
+        PipelineConfig(triton.Config({PIPELINE_KWARG: 1}), LSR)
 
 
 def test_bad_arguments_name_the_problem():
