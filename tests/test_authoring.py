@@ -230,6 +230,14 @@ def test_autotune_pruning_sees_pipelines(monkeypatch):
     assert tuned.best_config.pipeline == LSR and compiled.asm["ptx"] == reference_ptx(strided_sum, LSR, BLOCK=64)
 
 
+def test_pruning_must_keep_pipeline_configs(monkeypatch):
+    log, calls = CompileLog(monkeypatch), []
+    tuned = autotuned(log, TABLE, calls, prune_configs_by={
+        "early_config_prune": lambda configs, named_args, **kw: [triton.Config({"BLOCK": 64})]})
+    with pytest.raises(PipelineError, match="without a Pipeline"):
+        warm(tuned)
+
+
 def test_progress_on_stderr(monkeypatch, capsys):
     log, calls = CompileLog(monkeypatch), []
     warm(autotuned(log, TABLE, calls, progress=True))

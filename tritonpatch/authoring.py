@@ -227,6 +227,9 @@ class PipelineAutotuner(Autotuner):
 
     def prune_configs(self, kwargs):
         pruned = super().prune_configs(kwargs)
+        if any(PIPELINE_KWARG not in config.kwargs for config in pruned):
+            raise PipelineError("early_config_prune returned configs without a Pipeline; return (a subset of) the "
+                                "PipelineConfigs it was given (filter on config.pipeline / config.kwargs)")
         show = self.progress if self.progress is not None else (
             len(pruned) >= PROGRESS_MIN_CONFIGS and sys.stderr.isatty())
         self._sweep = _SweepProgress(self.base_fn.__name__, len(pruned), sys.stderr) if show else None
