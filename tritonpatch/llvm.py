@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import difflib
 import fnmatch
+import os
 import struct
 import threading
 from typing import Any, Iterator, Mapping
@@ -74,6 +75,15 @@ class LLVMOption:
 
 _lock = threading.RLock()
 _registry_instance = None
+
+
+def _reset_lock_in_child() -> None:
+    """A fork while another thread held the lock must not leave the child deadlocked."""
+    global _lock
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
 def _registry():
