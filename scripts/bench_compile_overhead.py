@@ -10,7 +10,7 @@ side of a launch (binder, specialization, the 3.7+ zero-argument hook call or th
 wrapper, the in-memory cache lookup) but not the driver call; a compile-only driver stands in for
 CUDA. This is not GPU launch latency.
 
-Usage: python scripts/bench_compile_overhead.py [--rounds 15] [--json docs/benchmarks/compile_overhead.json]
+Usage: python scripts/bench_compile_overhead.py [--rounds 15] [--out docs/benchmarks]
 Results of each Triton version are merged into the JSON under its version; the markdown table next
 to it is regenerated from the JSON.
 """
@@ -260,8 +260,10 @@ def write_markdown(path: str, data: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--json", default=os.path.join("docs", "benchmarks", "compile_overhead.json"))
+    parser.add_argument("--out", default=os.path.join("docs", "benchmarks"),
+                        help="directory of compile_overhead.json/.md (results of other Triton versions are kept)")
     args = parser.parse_args()
+    json_path = os.path.join(args.out, "compile_overhead.json")
     os.environ.pop("TRITON_ALWAYS_COMPILE", None)
     for name in os.environ:
         if name.startswith("TRITONPATCH_"):
@@ -281,14 +283,14 @@ def main() -> None:
         "added_work": added_result,
     }
     data = {}
-    if os.path.exists(args.json):
-        with open(args.json) as handle:
+    if os.path.exists(json_path):
+        with open(json_path) as handle:
             data = json.load(handle)
     data[triton.__version__] = run
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as handle:
+    os.makedirs(args.out, exist_ok=True)
+    with open(json_path, "w") as handle:
         json.dump(data, handle, indent=2)
-    write_markdown(os.path.splitext(args.json)[0] + ".md", data)
+    write_markdown(os.path.join(args.out, "compile_overhead.md"), data)
     for name, row in compile_result.items():
         print(f"{name:24s} plain {row['plain_s']:.3f}s  tritonpatch {row['tritonpatch_s']:.3f}s  "
               f"ratio {row['ratio']:.3f}  paired {row['paired_ratio']:.3f}")
