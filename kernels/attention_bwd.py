@@ -10,7 +10,8 @@ Given the forward's output ``O`` and natural-log log-sum-exp ``lse`` (fp32, ``[B
 * **dQ**: either ``dq_mode="atomic"`` (the same kernel adds ``dS K`` into an fp32 buffer with
   ``tl.atomic_add``, relaxed order: fewest FLOPs, not bitwise reproducible), or
   ``dq_mode="separate"`` (a dQ kernel over q tiles walks the forward-orientation block mask;
-  deterministic, recomputes ``S`` and ``dP``). ``"auto"`` picks by :func:`choose_dq_mode`.
+  deterministic, recomputes ``S`` and ``dP``). ``"auto"`` times both on the first call per shape
+  and keeps the faster (:func:`choose_dq_mode`).
 * **delta** = ``rowsum(dO * O)`` (minus ``dlse`` when the lse output gets a gradient): in separate
   mode it is fused into the dQ kernel, which runs first and stores delta for the dK/dV kernel; in
   atomic mode a small preprocessing kernel computes it and zeroes the fp32 dQ buffer in one pass.
@@ -426,14 +427,14 @@ def _fitting(configs: list, block_mask: BlockMask | None) -> list:
 # ---------------------------------------------------------------------------------------------
 
 DQ_MODES = ("auto", "atomic", "separate")
-# Measured on one H200 (scripts/bench_bwd_atomic.py, docs/benchmarks/attention_bwd_atomic.md):
-# below this many query rows the separate dQ kernel was faster than atomics.
-AUTO_ATOMIC_MIN_Q_LEN = 0
 
 
-def choose_dq_mode(dq_mode: str, q_len: int) -> str:
-    """Resolve ``dq_mode``. ``torch.use_deterministic_algorithms(True)`` forces ``"separate"`` (and
-    rejects an explicit ``"atomic"``); ``"auto"`` takes atomics from ``AUTO_ATOMIC_MIN_Q_LEN`` rows up."""
+def choose_dq_mode(dq_mode: str) -> str:
+    """Validate ``dq_mode`` and apply torch's determinism switch: with
+    ``torch.use_deterministic_algorithms(True)`` ``"auto"`` becomes ``"separate"`` and an explicit
+    ``"atomic"`` is an error. ``"auto"`` otherwise stays ``"auto"``: the tuner times both modes on
+    the first call per shape and keeps the faster (on H200, D=64 causal, they were within 2% of
+    each other from N=4096 up: docs/benchmarks/attention_bwd.md)."""
     if dq_mode not in DQ_MODES:
         raise ValueError(f"attention backward: dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
     if torch.are_deterministic_algorithms_enabled():
@@ -442,8 +443,6 @@ def choose_dq_mode(dq_mode: str, q_len: int) -> str:
                                "and is not deterministic, but torch.use_deterministic_algorithms(True) is on; use "
                                "dq_mode='separate' or 'auto'")
         return "separate"
-    if dq_mode == "auto":
-        return "atomic" if q_len >= AUTO_ATOMIC_MIN_Q_LEN else "separate"
     return dq_mode
 
 
@@ -565,7 +564,8 @@ def attention_backward(q, k, v, out, lse, dout, *, dlse=None, mask_mod: MaskMod 
     """Gradients ``(dq, dk, dv)`` of :func:`tritonpatch.kernels.attention` given its ``out`` and
     natural-log ``lse`` and the output gradient ``dout`` (``dlse``: optional gradient of ``lse``).
 
-    ``dq_mode``: ``"atomic"``, ``"separate"`` (deterministic) or ``"auto"`` (see :func:`choose_dq_mode`).
+    ``dq_mode``: ``"atomic"``, ``"separate"`` (deterministic) or ``"auto"`` (the faster, timed per
+    shape; see :func:`choose_dq_mode`).
     ``config``: fixed :class:`BwdConfig` (None tunes once per shape). ``dq_write`` is for
     ``scripts/bench_bwd_atomic.py``: in atomic mode ``"red"`` adds dQ with scalar inline-PTX
     ``red.global.add.f32`` (correct); ``"none"``, ``"discard"`` and ``"store"`` give a
@@ -591,7 +591,7 @@ def attention_backward(q, k, v, out, lse, dout, *, dlse=None, mask_mod: MaskMod 
         raise ValueError(f"attention backward: block_mask was built for (Sq, Skv) = ({block_mask.q_len}, "
                          f"{block_mask.kv_len}), inputs have ({q_len}, {kv_len})")
     if config is not None and config.dq_mode == "atomic" and torch.are_deterministic_algorithms_enabled():
-        choose_dq_mode("atomic", q_len)   # raises the determinism error
+        choose_dq_mode("atomic")   # raises the determinism error
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     q, k, v, out, dout = (_contiguous(t) for t in (q, k, v, out, dout))
     lse = lse.contiguous()
@@ -603,53 +603,77 @@ def attention_backward(q, k, v, out, lse, dout, *, dlse=None, mask_mod: MaskMod 
         return build_block_mask(mask_mod, batch, heads, q_len, kv_len, block_m=kernel_config.block_m,
                                 block_n=kernel_config.block_n, device=q.device)
 
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    delta = torch.empty((batch, heads, q_len), dtype=torch.float32, device=q.device)
+    buffers = _Buffers(q, k, v, out, dout, lse, dlse, mask_mod, score_mod, scale, masks_for)
     if config is None:
-        config = _tune(q, k, v, out, dout, lse, dlse, dk, dv, delta, mask_mod, score_mod, block_mask, scale,
-                       choose_dq_mode(dq_mode, q_len), masks_for)
+        config = _tune(buffers, block_mask, choose_dq_mode(dq_mode))
+    dq = _run(buffers, config, DQ_WRITE_NAMES[dq_write])
+    return dq, buffers.dk, buffers.dv
+
+
+class _Buffers:
+    """Inputs and outputs of one backward call (the tuner reuses them as scratch)."""
+
+    def __init__(self, q, k, v, out, dout, lse, dlse, mask_mod, score_mod, scale, masks_for):
+        self.q, self.k, self.v, self.out, self.dout, self.lse, self.dlse = q, k, v, out, dout, lse, dlse
+        self.mask_mod, self.score_mod, self.scale, self.masks_for = mask_mod, score_mod, scale, masks_for
+        self.dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+        self.dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+        self.delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+
+    def dkdv(self, config: KernelConfig, dq_acc, dq_write: int):
+        _launch_dkdv(self.q, self.k, self.v, self.dout, self.dk, self.dv, dq_acc, self.lse, self.delta,
+                     transpose_block_mask(self.masks_for(config)), self.mask_mod, self.score_mod, self.scale, config,
+                     dq_write)
+
+    def dq(self, config: KernelConfig, dq):
+        _launch_dq(self.q, self.k, self.v, self.out, self.dout, dq, self.lse, self.delta, self.dlse,
+                   self.masks_for(config), self.mask_mod, self.score_mod, self.scale, config)
+
+
+def _run(buf: _Buffers, config: BwdConfig, dq_write: int) -> torch.Tensor:
+    """One backward with a resolved config; fills buf.dk/buf.dv and returns dq."""
     if config.dq_mode == "atomic":
-        dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-        _launch_preprocess(out, dout, delta, dlse, dq_acc)
-        _launch_dkdv(q, k, v, dout, dk, dv, dq_acc, lse, delta, transpose_block_mask(masks_for(config.dkdv)),
-                     mask_mod, score_mod, scale, config.dkdv, DQ_WRITE_NAMES[dq_write])
-        dq = dq_acc.to(q.dtype)
-    else:
-        dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-        _launch_dq(q, k, v, out, dout, dq, lse, delta, dlse, masks_for(config.dq), mask_mod, score_mod, scale,
-                   config.dq)
-        _launch_dkdv(q, k, v, dout, dk, dv, None, lse, delta, transpose_block_mask(masks_for(config.dkdv)),
-                     mask_mod, score_mod, scale, config.dkdv, DQ_NONE)
-    return dq, dk, dv
+        dq_acc = torch.empty(buf.q.shape, dtype=torch.float32, device=buf.q.device)
+        _launch_preprocess(buf.out, buf.dout, buf.delta, buf.dlse, dq_acc)   # delta, and zeroes dq_acc
+        buf.dkdv(config.dkdv, dq_acc, dq_write)
+        return dq_acc.to(buf.q.dtype)
+    dq = torch.empty_like(buf.q, memory_format=torch.contiguous_format)
+    buf.dq(config.dq, dq)                                                    # also computes delta
+    buf.dkdv(config.dkdv, None, DQ_NONE)
+    return dq
 
 
-def _tune(q, k, v, out, dout, lse, dlse, dk, dv, delta, mask_mod, score_mod, block_mask, scale, dq_mode,
-          masks_for) -> BwdConfig:
-    """Pick the fastest dK/dV (and, in separate mode, dQ) config for this shape; cached."""
-    key = _tuning_key(q, k, mask_mod, score_mod, block_mask, dq_mode)
+def _tune(buf: _Buffers, block_mask, dq_mode: str) -> BwdConfig:
+    """The fastest config for this shape and ``dq_mode``; for ``"auto"`` the faster of the tuned
+    atomic and separate configs, timed end to end (the interpreter, which times nothing, takes
+    separate). Cached per tuning key."""
+    key = _tuning_key(buf.q, buf.k, buf.mask_mod, buf.score_mod, block_mask, dq_mode)
     if key in _tuned:
         return _tuned[key]
-    head_dim = q.shape[-1]
-    dkdv_candidates = _fitting(candidate_configs("dkdv", head_dim, q.device), block_mask)
-    dq_candidates = _fitting(candidate_configs("dq", head_dim, q.device), block_mask)
-    if dq_mode == "atomic":
-        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        _launch_preprocess(out, dout, delta, dlse, None)
-        best_dkdv = _fastest(dkdv_candidates, lambda c: _launch_dkdv(
-            q, k, v, dout, dk, dv, dq_acc, lse, delta, transpose_block_mask(masks_for(c)), mask_mod, score_mod,
-            scale, c, DQ_ATOMIC))
-        config = BwdConfig("atomic", best_dkdv)
+    if dq_mode == "auto":
+        configs = [_tune(buf, block_mask, mode) for mode in ("separate", "atomic")]
+        if interpreting():
+            config = configs[0]
+        else:
+            timings = {c: triton.testing.do_bench(lambda: _run(buf, c, DQ_ATOMIC), warmup=5, rep=20,
+                                                  return_mode="median") for c in configs}
+            config = min(timings, key=timings.get)
     else:
-        dq = torch.empty_like(q)
-        best_dq = _fastest(dq_candidates, lambda c: _launch_dq(
-            q, k, v, out, dout, dq, lse, delta, dlse, masks_for(c), mask_mod, score_mod, scale, c))
-        best_dkdv = _fastest(dkdv_candidates, lambda c: _launch_dkdv(
-            q, k, v, dout, dk, dv, None, lse, delta, transpose_block_mask(masks_for(c)), mask_mod, score_mod,
-            scale, c, DQ_NONE))
-        config = BwdConfig("separate", best_dkdv, best_dq)
+        config = _tune_mode(buf, block_mask, dq_mode)
     _tuned[key] = config
     return config
+
+
+def _tune_mode(buf: _Buffers, block_mask, dq_mode: str) -> BwdConfig:
+    head_dim, device = buf.q.shape[-1], buf.q.device
+    dkdv_candidates = _fitting(candidate_configs("dkdv", head_dim, device), block_mask)
+    if dq_mode == "atomic":
+        dq_acc = torch.zeros(buf.q.shape, dtype=torch.float32, device=device)
+        _launch_preprocess(buf.out, buf.dout, buf.delta, buf.dlse, None)
+        return BwdConfig("atomic", _fastest(dkdv_candidates, lambda c: buf.dkdv(c, dq_acc, DQ_ATOMIC)))
+    dq = torch.empty_like(buf.q)
+    best_dq = _fastest(_fitting(candidate_configs("dq", head_dim, device), block_mask), lambda c: buf.dq(c, dq))
+    return BwdConfig("separate", _fastest(dkdv_candidates, lambda c: buf.dkdv(c, None, DQ_NONE)), best_dq)
 
 
 def _fastest(candidates: list, launch) -> KernelConfig:

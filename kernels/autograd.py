@@ -43,14 +43,15 @@ class AttentionFunction(torch.autograd.Function):
 def attention_with_grad(q, k, v, *, mask_mod=None, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
                         return_lse=False, dq_mode: str = "auto"):
     """:func:`tritonpatch.kernels.attention` with a backward. ``dq_mode``: ``"atomic"`` (dQ by fp32
-    atomics in the dK/dV kernel), ``"separate"`` (a dQ kernel; deterministic) or ``"auto"``;
-    ``torch.use_deterministic_algorithms(True)`` makes ``"auto"`` mean ``"separate"``."""
+    atomics in the dK/dV kernel), ``"separate"`` (a dQ kernel; deterministic) or ``"auto"`` (the
+    faster of the two, timed on the first call per shape); ``torch.use_deterministic_algorithms(True)``
+    makes ``"auto"`` mean ``"separate"``."""
     if block_mask is not None and not isinstance(block_mask, BlockMask):
         block_mask = from_flex_block_mask(block_mask)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad:
         score_gradient(score_mod)                      # clear error now, not in backward
-        choose_dq_mode(dq_mode, q.shape[2])            # validates dq_mode / determinism now
+        choose_dq_mode(dq_mode)                        # validates dq_mode / determinism now
         out, lse = AttentionFunction.apply(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, dq_mode)
     else:
         out, lse = attention_forward(q, k, v, mask_mod=mask_mod, score_mod=score_mod, block_mask=block_mask,

@@ -71,6 +71,18 @@ def causal_bwd_flops(seq: int, batch: int = BATCH, heads: int = HEADS, head_dim:
     return 2.5 * 4 * batch * heads * seq * seq * head_dim * 0.5
 
 
+def causal_fwd_bwd_flops(seq: int, batch: int, heads: int, head_dim: int) -> float:
+    """Useful FLOPs of causal fwd+bwd: 3.5 × 4·B·H·D × (allowed pairs S(S+1)/2)."""
+    return 3.5 * 4 * batch * heads * head_dim * (seq * (seq + 1) / 2)
+
+
+def add_flex_tflops(row: dict, batch: int, heads: int) -> None:
+    flops = causal_fwd_bwd_flops(row["seq_len"], batch, heads, row["head_dim"])
+    for impl in ("ours", "flex"):
+        if f"{impl}_ms" in row:
+            row[f"{impl}_tflops"] = flops / row[f"{impl}_ms"] / 1e9
+
+
 def inputs(seq, device, dtype, batch=BATCH, heads=HEADS, head_dim=HEAD_DIM):
     q, k, v, dout = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype) for _ in range(4))
     return q, k, v, dout
@@ -133,13 +145,12 @@ def flex_table(device, timer, deadline, grid=FLEX_GRID, batch=BATCH, heads=FLEX_
             continue
         q, k, v, dout = inputs(seq, device, torch.bfloat16, batch, heads, head_dim)
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        flops = 3.5 * 4 * batch * heads * seq * head_dim * (seq * (seq + 1) / 2)   # exact causal pair count
         row = {"head_dim": head_dim, "seq_len": seq}
         mask = K.causal()
         ours = lambda: attention_with_grad(q, k, v, mask_mod=mask).backward(dout)
         ours()
         row["ours_ms"] = timer(ours, grad_to_none=[q, k, v])
-        row["ours_dq_mode"] = B.choose_dq_mode("auto", seq)
+        row["ours_dq_mode"] = B.tuned_config(q, k, mask_mod=mask, dq_mode="auto").dq_mode
         try:
             flex_mask = create_block_mask(lambda b, h, qi, kv: qi >= kv, None, None, seq, seq, device=device)
             theirs = lambda: flex(q, k, v, block_mask=flex_mask).backward(dout)
@@ -147,9 +158,7 @@ def flex_table(device, timer, deadline, grid=FLEX_GRID, batch=BATCH, heads=FLEX_
             row["flex_ms"] = timer(theirs, grad_to_none=[q, k, v])
         except Exception as exc:  # noqa: BLE001 - Flex unavailable here (e.g. the CPU smoke run): record it
             row["flex_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        for impl in ("ours", "flex"):
-            if f"{impl}_ms" in row:
-                row[f"{impl}_tflops"] = flops / row[f"{impl}_ms"] / 1e9
+        add_flex_tflops(row, batch, heads)
         if "flex_ms" in row:
             row["vs_flex"] = row["flex_ms"] / row["ours_ms"]
         log(f"fwd+bwd causal D{head_dim} S{seq}: ours {row['ours_tflops']:.1f} TFLOP/s"
@@ -162,7 +171,7 @@ def flex_table(device, timer, deadline, grid=FLEX_GRID, batch=BATCH, heads=FLEX_
 def environment(device) -> dict:
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter smoke run)"
     return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-            "date_utc": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"), "command": "python " + " ".join(sys.argv)}
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"), "command": "python " + " ".join(sys.argv)}
 
 
 def write_markdown(path, report) -> None:
@@ -233,6 +242,7 @@ def write_plot(path, report) -> None:
 
 
 def main() -> int:
+    global BATCH, HEADS, FLEX_HEADS   # --cpu-smoke shrinks the shapes
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=".", help="directory for attention_bwd.{json,md,png}")
     parser.add_argument("--seq-lens", default=",".join(map(str, SEQ_LENS)))
@@ -242,10 +252,22 @@ def main() -> int:
                         "(N_CTX 2048 only for the atomic table), write nothing")
     parser.add_argument("--time-budget", type=float, default=1e9, help="seconds; later rows are skipped")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1")
+    parser.add_argument("--from-json", help="rewrite the markdown/plot from this JSON report (TFLOP/s recomputed "
+                        "from the measured ms) into --out; runs nothing")
     args = parser.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            report = json.load(f)
+        for row in report.get("flex", []):
+            if "seq_len" in row and "skipped" not in row:
+                add_flex_tflops(row, BATCH, FLEX_HEADS)
+        with open(os.path.join(args.out, "attention_bwd.json"), "w") as f:
+            json.dump(report, f, indent=1)
+        write_markdown(os.path.join(args.out, "attention_bwd.md"), report)
+        write_plot(os.path.join(args.out, "attention_bwd.png"), report)
+        return 0
     deadline = time.time() + args.time_budget
     if args.cpu_smoke:
-        global BATCH, HEADS, FLEX_HEADS
         BATCH, HEADS, FLEX_HEADS = 1, 2, 2
         device, dtype = torch.device("cpu"), torch.float32
     elif torch.cuda.is_available():

@@ -104,20 +104,16 @@ def deterministic():
 
 
 def test_dq_mode_selection():
-    assert B.choose_dq_mode("separate", 4096) == "separate"
-    assert B.choose_dq_mode("atomic", 4096) == "atomic"
-    assert B.choose_dq_mode("auto", 1 << 20) == "atomic"
-    assert B.choose_dq_mode("auto", max(B.AUTO_ATOMIC_MIN_Q_LEN, 1) - 1) == \
-        ("separate" if B.AUTO_ATOMIC_MIN_Q_LEN > 0 else "atomic")
+    assert [B.choose_dq_mode(m) for m in ("separate", "atomic", "auto")] == ["separate", "atomic", "auto"]
     with pytest.raises(ValueError, match="dq_mode must be one of"):
-        B.choose_dq_mode("fast", 128)
+        B.choose_dq_mode("fast")
 
 
 def test_deterministic_algorithms_force_separate(deterministic):
-    assert B.choose_dq_mode("auto", 1 << 20) == "separate"
-    assert B.choose_dq_mode("separate", 1 << 20) == "separate"
+    assert B.choose_dq_mode("auto") == "separate"
+    assert B.choose_dq_mode("separate") == "separate"
     with pytest.raises(RuntimeError, match="use_deterministic_algorithms"):
-        B.choose_dq_mode("atomic", 1 << 20)
+        B.choose_dq_mode("atomic")
 
 
 def grad_inputs(dtype=torch.float16):

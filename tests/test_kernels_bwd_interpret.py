@@ -181,3 +181,14 @@ def test_custom_op_backward_and_torch_compile():
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     compiled(*leaves).backward(dout)
     assert_close([t.grad for t in leaves], want, torch.float32)
+
+
+def test_auto_mode_resolves_and_is_cached():
+    """dq_mode='auto' tunes both modes; the interpreter (no timings) keeps the deterministic one."""
+    q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=8)
+    mask_mod = K.prefix_lm(9)
+    assert B.tuned_config(q, k, mask_mod=mask_mod, dq_mode="auto") is None
+    assert_close(kernel_grads(q, k, v, dout, dq_mode="auto", mask_mod=mask_mod),
+                 reference_grads(q, k, v, dout, mask_mod=mask_mod), torch.float32)
+    assert B.tuned_config(q, k, mask_mod=mask_mod, dq_mode="auto").dq_mode == "separate"
+    assert B.tuned_config(q, k, mask_mod=mask_mod, dq_mode="atomic").dq_mode == "atomic"
