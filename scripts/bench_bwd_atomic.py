@@ -179,7 +179,7 @@ def write_markdown(path, report) -> None:
     lines = ["# Attention backward: dQ accumulation (the atomic_add report) and fwd+bwd vs FlexAttention", "",
              f"- command: `{env['command']}`",
              f"- GPU: {env['gpu']}; torch {env['torch']}; triton {env['triton']}; python {env['python']}; "
-             f"date {env['date_utc']} UTC", ""]
+             f"date {env['date_utc']} UTC"] + [f"- note: {note}" for note in report.get("notes", [])] + [""]
     rows = [r for r in report.get("atomic", []) if "ms" in r]
     if rows:
         labels = list(VARIANTS)
@@ -201,17 +201,18 @@ def write_markdown(path, report) -> None:
                 lines.append(f"| {r['n_ctx']} | skipped ({r['skipped']}) |" + " |" * (len(labels) + 2))
     flex_rows = report.get("flex", [])
     if flex_rows:
-        lines += ["", f"## fwd+bwd, causal, B={BATCH} H={FLEX_HEADS} bf16: ours (dq_mode auto, tuned) vs FlexAttention "
-                  "(torch.compile, BlockMask prebuilt)", "",
+        lines += ["", f"## fwd+bwd, causal, B={BATCH} H={FLEX_HEADS} bf16: ours (attention_with_grad, tuned) vs "
+                  "FlexAttention (torch.compile, BlockMask prebuilt)", "",
                   "Useful TFLOP/s = 3.5 × 4·B·H·D × (causal pairs) / time. Target (issue 6): ≥ 1.10× Flex.", "",
-                  "| D | S | ours TFLOP/s | Flex TFLOP/s | ours/Flex |", "|---|---|---|---|---|"]
+                  "| D | S | ours TFLOP/s | ours dQ mode | Flex TFLOP/s | ours/Flex |", "|---|---|---|---|---|---|"]
         for r in flex_rows:
             if "skipped" in r:
-                lines.append(f"| {r['head_dim']} | {r['seq_len']} | skipped ({r['skipped']}) | | |")
+                lines.append(f"| {r['head_dim']} | {r['seq_len']} | skipped ({r['skipped']}) | | | |")
                 continue
             flex = f"{r['flex_tflops']:.1f}" if "flex_tflops" in r else r.get("flex_error", "—")[:60]
             ratio = f"{r['vs_flex']:.2f}" if "vs_flex" in r else "—"
-            lines.append(f"| {r['head_dim']} | {r['seq_len']} | {r['ours_tflops']:.1f} | {flex} | {ratio} |")
+            lines.append(f"| {r['head_dim']} | {r['seq_len']} | {r['ours_tflops']:.1f} | {r.get('ours_dq_mode', '—')} | "
+                         f"{flex} | {ratio} |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
