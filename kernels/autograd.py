@@ -14,6 +14,7 @@ import torch
 from .attention_bwd import attention_backward, choose_dq_mode, score_gradient
 from .attention_fwd import attention_forward
 from .block_mask import BlockMask, from_flex_block_mask
+from .masks import lookup_modifier
 
 
 class AttentionFunction(torch.autograd.Function):
@@ -77,8 +78,6 @@ def _attention_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: to
                       full_kv_indices: Optional[torch.Tensor], block_geometry: list[int], mask_key: str,
                       score_key: str, scale: Optional[float], enable_gqa: bool,
                       dq_mode: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from .masks import lookup_modifier
-
     block_mask = _block_mask_from_tensors(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
                                           block_geometry)
     return attention_backward(q, k, v, out, lse, dout, dlse=dlse, mask_mod=lookup_modifier(mask_key),
