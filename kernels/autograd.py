@@ -13,7 +13,7 @@ import torch
 
 from .attention_bwd import attention_backward, choose_dq_mode, score_gradient
 from .attention_fwd import attention_forward
-from .block_mask import BlockMask, from_flex_block_mask
+from .block_mask import BlockMask, block_mask_from_tensors, from_flex_block_mask
 from .masks import lookup_modifier
 
 
@@ -49,7 +49,7 @@ def attention_with_grad(q, k, v, *, mask_mod=None, score_mod=None, block_mask=No
     makes ``"auto"`` mean ``"separate"``."""
     if block_mask is not None and not isinstance(block_mask, BlockMask):
         block_mask = from_flex_block_mask(block_mask)
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    needs_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
     if needs_grad:
         score_gradient(score_mod)                      # clear error now, not in backward
         choose_dq_mode(dq_mode)                        # validates dq_mode / determinism now
@@ -65,12 +65,6 @@ def attention_with_grad(q, k, v, *, mask_mod=None, score_mod=None, block_mask=No
 # graphs compiled with torch.compile (which call the forward op) can be differentiated.
 # ---------------------------------------------------------------------------------------------
 
-def _block_mask_from_tensors(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_geometry):
-    if kv_num_blocks is None:
-        return None
-    return BlockMask(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, *block_geometry)
-
-
 @torch.library.custom_op("tritonpatch::attention_bwd", mutates_args=())
 def _attention_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                       dout: torch.Tensor, dlse: Optional[torch.Tensor], kv_num_blocks: Optional[torch.Tensor],
@@ -78,7 +72,7 @@ def _attention_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: to
                       full_kv_indices: Optional[torch.Tensor], block_geometry: list[int], mask_key: str,
                       score_key: str, scale: Optional[float], enable_gqa: bool,
                       dq_mode: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    block_mask = _block_mask_from_tensors(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
+    block_mask = block_mask_from_tensors(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
                                           block_geometry)
     return attention_backward(q, k, v, out, lse, dout, dlse=dlse, mask_mod=lookup_modifier(mask_key),
                               score_mod=lookup_modifier(score_key), block_mask=block_mask, scale=scale,

@@ -208,3 +208,19 @@ def _classes_from_lists(num: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 def clear_cache() -> None:
     """Forget every cached block mask."""
     _cache.clear()
+
+
+def block_mask_to_tensors(block_mask: "BlockMask | None") -> tuple:
+    """The block mask as custom-op arguments: four index tensors (or None) and the geometry list."""
+    if block_mask is None:
+        return None, None, None, None, [0, 0, 0, 0]
+    return (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
+            block_mask.full_kv_indices, [block_mask.block_m, block_mask.block_n, block_mask.q_len, block_mask.kv_len])
+
+
+def block_mask_from_tensors(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
+                            block_geometry) -> "BlockMask | None":
+    """Inverse of :func:`block_mask_to_tensors`."""
+    if kv_num_blocks is None:
+        return None
+    return BlockMask(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, *block_geometry)

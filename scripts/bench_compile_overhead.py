@@ -32,7 +32,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import tritonpatch  # noqa: E402
-from tritonpatch.targets import compile_for_target  # noqa: E402
+from tritonpatch.targets import CompileOnlyDriver, compile_for_target  # noqa: E402
 
 
 @triton.jit
@@ -118,19 +118,6 @@ def bench_compile(rounds: int) -> dict:
                                       "paired_ratio": statistics.median(r["paired_ratio"] for r in result.values()),
                                       "samples": rounds}
     return result
-
-
-class CompileOnlyDriver:
-    def get_current_target(self):
-        from triton.backends.compiler import GPUTarget
-
-        return GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
 
 
 def bench_launch_path(repeats: int = 5000, rounds: int = 21) -> dict | None:

@@ -41,21 +41,6 @@ def compile_kernel():
     return compile_for_target(strided_sum, SIGNATURE, CONSTEXPRS, target="sm_90", num_warps=4)
 
 
-class CompileOnlyDriver:
-    """Enough of a Triton driver for ``JITFunction.warmup`` to compile for sm_90 without a GPU."""
-
-    def get_current_target(self):
-        from triton.backends.compiler import GPUTarget
-
-        return GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-
 _CHILD = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {here!r})

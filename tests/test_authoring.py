@@ -17,11 +17,11 @@ from triton import knobs
 from triton.runtime.jit import MockTensor
 
 import tritonpatch
-from pipeline_helpers import CompileOnlyDriver
 from tritonpatch import Pipeline, PipelineError
 from tritonpatch import llvm as tllvm
 from tritonpatch._triton_compat import TRITON_VERSION
 from tritonpatch.authoring import PIPELINE_KWARG, PipelineConfig, PipelineJITFunction
+from tritonpatch.targets import CompileOnlyDriver
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not tllvm.available(), reason="tritonpatch._native is not usable here")

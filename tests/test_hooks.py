@@ -13,7 +13,8 @@ from triton import knobs
 
 import tritonpatch
 import tritonpatch.llvm as tllvm
-from pipeline_helpers import BOTH, LSR, UNROLL, CompileOnlyDriver, compile_kernel, fresh_process_ptx, strided_sum
+from pipeline_helpers import BOTH, LSR, UNROLL, compile_kernel, fresh_process_ptx, strided_sum
+from tritonpatch.targets import CompileOnlyDriver
 from tritonpatch import hooks
 
 pytestmark = pytest.mark.skipif(not tllvm.available(), reason="tritonpatch._native is not usable here")

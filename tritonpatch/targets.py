@@ -32,3 +32,20 @@ def compile_for_target(fn, signature: Mapping[str, str], constexprs: Mapping[str
         sig.setdefault(name, "constexpr")
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
     return triton.compile(src, target=parse_target(target), options=dict(options))
+
+
+class CompileOnlyDriver:
+    """Enough of a Triton driver for ``JITFunction.warmup`` to compile for ``target`` without a GPU
+    (install it with ``triton.runtime.driver.set_active(CompileOnlyDriver())``)."""
+
+    def __init__(self, target: str = "sm_90"):
+        self.target = parse_target(target)
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
