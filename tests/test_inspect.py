@@ -146,3 +146,32 @@ def run_cli_env(env, *args):
 
     script = os.path.join(os.path.dirname(sys.executable), "tritonpatch")
     return subprocess.run([script, *args], capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+
+
+@pytest.mark.parametrize("launch,message", [
+    ({"args": {}}, "needs grid"),
+    ({"grid": [1], "args": {"X": {"shape": [4], "dtype": "float17"}}}, "launch argument 'X'"),
+    ({"grid": [1], "args": {"X": {"shape": [4], "dtype": "float16", "init": "ones"}}}, "init = randn|zeros|nan"),
+    ({"grid": [1], "args": {"N": 3}, "outputs": ["N"]}, "not a tensor argument"),
+])
+def test_launch_sections_are_checked(launch, message):
+    with pytest.raises(ValueError, match=message):
+        inspect.check_launch(launch)
+
+
+def test_example_launch_section_is_valid():
+    from tritonpatch.cli import load_kernel_spec
+
+    spec = load_kernel_spec(os.path.join(os.path.dirname(__file__), "..", "examples", "masked_attention.toml"))
+    assert spec["launch"]["outputs"] == ["Out"]
+
+
+@pytest.mark.gpu
+def test_cli_compare_times_both_variants_and_checks_outputs_on_a_gpu():
+    """disable-lsr rewrites address arithmetic only: the outputs must be bitwise equal."""
+    spec = os.path.join(os.path.dirname(__file__), "..", "examples", "masked_attention.toml")
+    result = run_cli("compare", spec, "--b", "disable-lsr", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["a"]["runtime_ms"] > 0 and data["b"]["runtime_ms"] > 0
+    assert data["outputs_bitwise_equal"] is True

@@ -80,7 +80,8 @@ def pipeline_from_text(text: str):
 
 def load_kernel_spec(path: str) -> dict:
     """Read a kernel spec (TOML or JSON): ``kernel = "module:function"`` (or ``"file.py:function"``),
-    ``[signature]`` argument types, optional ``[constexprs]`` and ``[options]`` (num_warps, ...)."""
+    ``[signature]`` argument types, optional ``[constexprs]``, ``[options]`` (num_warps, ...) and
+    ``[launch]`` (``grid``, ``outputs`` and ``[launch.args]``, used when a GPU is present)."""
     import importlib
     import importlib.util
     import os
@@ -106,8 +107,16 @@ def load_kernel_spec(path: str) -> dict:
         module = importlib.import_module(module_name)
     if not attr or not hasattr(module, attr):
         raise ValueError(f"{path}: kernel {spec['kernel']!r} names no attribute of {module_name}")
+    launch = spec.get("launch")
+    if launch is not None:
+        from .inspect import check_launch
+
+        try:
+            check_launch(launch)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
     return {"kernel": getattr(module, attr), "signature": spec["signature"],
-            "constexprs": spec.get("constexprs", {}), "options": spec.get("options", {})}
+            "constexprs": spec.get("constexprs", {}), "options": spec.get("options", {}), "launch": launch}
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -133,7 +142,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"compiling {spec['kernel'].__name__} for {args.target} with {label} ...", file=sys.stderr)
         reports.append(inspect.compile_report(spec["kernel"], spec["signature"], spec["constexprs"], pipeline,
                                               target=args.target, **spec["options"]))
-    comparison = inspect.compare(*reports)
+    outputs_equal = None
+    if spec["launch"]:
+        import torch
+
+        if torch.cuda.is_available():
+            outputs = []
+            for label, report in zip("AB", reports):
+                print(f"timing {label} on {torch.cuda.get_device_name()} ...", file=sys.stderr)
+                report.runtime_ms, produced = inspect.run_on_gpu(spec["kernel"], spec["launch"], spec["constexprs"],
+                                                                 spec["options"], report.pipeline)
+                outputs.append(produced)
+            outputs_equal = inspect.bitwise_equal(*outputs)
+        else:
+            print("no CUDA GPU: the spec's [launch] section is skipped (compile-only comparison)", file=sys.stderr)
+    comparison = inspect.compare(*reports, outputs_equal=outputs_equal)
     print(json.dumps(comparison.to_dict(), indent=2) if args.json else inspect.format_comparison(comparison))
     if args.html:
         with open(args.html, "w") as f:

@@ -349,6 +349,79 @@ def compile_report(kernel, signature: Mapping[str, str], constexprs: Mapping[str
         sass=analyze_sass(sass), loops=llir_loops(compiled.asm["llir"]), passes=_pass_reports(reports), asm=asm)
 
 
+# --- running on a GPU ------------------------------------------------------------------------------
+
+_INITS = ("randn", "zeros", "nan")
+
+
+def check_launch(launch: Mapping[str, Any]) -> None:
+    """Validate a spec's ``[launch]`` section: ``grid``, ``outputs`` naming tensor arguments, and
+    ``[launch.args]`` where a table ``{shape, dtype, init}`` is a tensor (``init``: randn (default),
+    zeros, or nan to poison an output) and anything else a scalar."""
+    import torch
+
+    if not isinstance(launch.get("grid"), list) or not isinstance(launch.get("args"), Mapping):
+        raise ValueError("[launch] needs grid = [...] and a [launch.args] table")
+    for name, value in launch["args"].items():
+        if isinstance(value, Mapping) and not (
+                value.get("init", "randn") in _INITS and isinstance(value.get("shape"), list)
+                and isinstance(getattr(torch, str(value.get("dtype", "")), None), torch.dtype)):
+            raise ValueError(f"launch argument {name!r}: expected {{shape = [...], dtype = \"float16\"|..., "
+                             f"init = {'|'.join(_INITS)}}}, got {dict(value)!r}")
+    for name in launch.get("outputs", ()):
+        if not isinstance(launch["args"].get(name), Mapping):
+            raise ValueError(f"launch output {name!r} is not a tensor argument of [launch.args]")
+
+
+def launch_inputs(launch: Mapping[str, Any], seed: int = 0) -> dict[str, Any]:
+    """The kernel arguments of a checked ``[launch]`` section, on the GPU; the same seed gives the
+    same inputs."""
+    import torch
+
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    args: dict[str, Any] = {}
+    for name, value in launch["args"].items():
+        if not isinstance(value, Mapping):
+            args[name] = value
+            continue
+        init, dtype, shape = value.get("init", "randn"), getattr(torch, value["dtype"]), value["shape"]
+        if init == "randn":
+            args[name] = torch.randn(shape, generator=generator, device="cuda").to(dtype)
+        else:
+            args[name] = torch.full(shape, 0 if init == "zeros" else float("nan"), device="cuda", dtype=dtype)
+    return args
+
+
+def run_on_gpu(kernel, launch: Mapping[str, Any], constexprs: Mapping[str, Any], options: Mapping[str, Any],
+               pipeline: Pipeline) -> tuple[float, dict]:
+    """Launch ``kernel`` under exactly ``pipeline`` on fresh inputs: the ``do_bench`` median (ms,
+    warm-up excluded) and copies of the spec's ``outputs`` after one run."""
+    import torch
+    import triton
+
+    args = launch_inputs(launch)
+    grid = tuple(int(n) for n in launch["grid"])
+
+    def run():
+        kernel[grid](**args, **constexprs, **options)
+
+    with use_pipeline(pipeline):
+        run()
+        torch.cuda.synchronize()
+        outputs = {name: args[name].clone() for name in launch.get("outputs", ())}
+        milliseconds = triton.testing.do_bench(run, return_mode="median")
+    return milliseconds, outputs
+
+
+def bitwise_equal(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Same bytes in every output tensor (NaN payloads included)."""
+    import torch
+
+    return a.keys() == b.keys() and all(
+        a[n].shape == b[n].shape and torch.equal(a[n].contiguous().view(torch.uint8), b[n].contiguous().view(torch.uint8))
+        for n in a)
+
+
 # --- comparing two reports ------------------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -357,10 +430,12 @@ class Comparison:
     b: CompileReport
     rows: list[tuple[str, Any, Any]]  # (metric, a, b)
     diffs: dict[str, str]  # stage -> trimmed unified diff ("" when identical)
+    outputs_equal: bool | None = None  # bitwise, when both ran on a GPU
 
     def to_dict(self) -> dict:
         return {"a": self.a.to_dict(), "b": self.b.to_dict(),
-                "rows": [{"metric": m, "a": x, "b": y} for m, x, y in self.rows], "diffs": self.diffs}
+                "rows": [{"metric": m, "a": x, "b": y} for m, x, y in self.rows], "diffs": self.diffs,
+                "outputs_bitwise_equal": self.outputs_equal}
 
 
 def _trimmed_diff(a: str, b: str, name: str, max_lines: int) -> str:
@@ -392,18 +467,24 @@ def metrics(report: CompileReport, classes: set[str] | None = None) -> dict[str,
     return out
 
 
-def compare(a: CompileReport, b: CompileReport, max_diff_lines: int = 200) -> Comparison:
-    """Side-by-side metrics and trimmed IR diffs of two reports of the same kernel."""
+def compare(a: CompileReport, b: CompileReport, max_diff_lines: int = 200,
+            outputs_equal: bool | None = None) -> Comparison:
+    """Side-by-side metrics and trimmed IR diffs of two reports of the same kernel
+    (``outputs_equal``: whether both variants' GPU outputs were bitwise equal, if they ran)."""
     classes = sass_classes(a, b)
     metrics_a, metrics_b = metrics(a, classes), metrics(b, classes)
     rows = [(m, metrics_a.get(m), metrics_b.get(m)) for m in metrics_a | metrics_b]
     diffs = {stage: _trimmed_diff(a.asm[stage], b.asm[stage], f"{a.kernel}.{stage}", max_diff_lines)
              for stage in ("ttgir", "ptx")}
-    return Comparison(a=a, b=b, rows=rows, diffs=diffs)
+    return Comparison(a=a, b=b, rows=rows, diffs=diffs, outputs_equal=outputs_equal)
 
 
 def _describe(pipeline: Pipeline) -> str:
     return "plain Triton" if pipeline.is_empty else repr(pipeline)
+
+
+def _cell(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def format_comparison(comparison: Comparison) -> str:
@@ -416,12 +497,14 @@ def format_comparison(comparison: Comparison) -> str:
     for metric, x, y in comparison.rows:
         change = ""
         if isinstance(x, (int, float)) and isinstance(y, (int, float)) and x != y:
-            change = f"{y - x:+g}" + (f" ({(y - x) / x:+.1%})" if x else "")
-        lines.append(f"{metric.ljust(width)}  {str(x):>10}  {str(y):>10}  {change}")
+            change = f"{y - x:+.4g}" + (f" ({(y - x) / x:+.1%})" if x else "")
+        lines.append(f"{metric.ljust(width)}  {_cell(x):>10}  {_cell(y):>10}  {change}")
     for report, label in ((a, "A"), (b, "B")):
         lines.extend(f"pass ({label}) {describe_pass(p)}" for p in report.passes)
     for stage, diff in comparison.diffs.items():
         lines.append(f"{stage}: " + ("identical" if not diff else f"{diff.count(chr(10)) + 1} diff lines (see --html)"))
+    if comparison.outputs_equal is not None:
+        lines.append(f"GPU outputs bitwise equal: {'yes' if comparison.outputs_equal else 'NO'}")
     return "\n".join(lines)
 
 
