@@ -2,27 +2,19 @@
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import tritonpatch.kernels as K
+from attention_cases import run_interpreter_suite
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_interpreter_suite():
-    """Run tests/test_kernels_interpret.py with TRITON_INTERPRET=1 in a fresh process."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                           os.path.join(REPO, "tests", "test_kernels_interpret.py")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    passed = re.search(r"(\d+) passed", proc.stdout.splitlines()[-1])
-    assert passed and int(passed.group(1)) >= 30, proc.stdout[-2000:]   # the suite really ran
+    """tests/test_kernels_interpret.py in its own TRITON_INTERPRET=1 process."""
+    passed, _ = run_interpreter_suite("test_kernels_interpret.py")
+    assert passed >= 30   # the suite really ran
 
 
 def t(*shape, dtype=torch.float16):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,18 +14,14 @@ import tritonpatch.kernels as K
 from tritonpatch.kernels import attention_bwd as B
 from tritonpatch.kernels.autograd import attention_with_grad
 from tritonpatch.targets import parse_target
+from attention_cases import run_interpreter_suite
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_interpreter_suite():
-    """Run tests/test_kernels_bwd_interpret.py with TRITON_INTERPRET=1 in a fresh process."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                           os.path.join(REPO, "tests", "test_kernels_bwd_interpret.py")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1]
+    """tests/test_kernels_bwd_interpret.py in its own TRITON_INTERPRET=1 process."""
+    passed, skipped = run_interpreter_suite("test_kernels_bwd_interpret.py")
+    assert passed > 0 and skipped == 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,28 +10,10 @@ import tritonpatch.kernels as K
 from tritonpatch.kernels import attention_bwd as B
 from tritonpatch.kernels import attention_fwd as A
 from tritonpatch.kernels.autograd import attention_with_grad
+from attention_cases import MASKS, rel_err
 
 pytestmark = pytest.mark.gpu
 SEQ = 1100   # not a multiple of any tile: sequence-end paths
-
-
-def doc_ids(seq, device):
-    cuts = torch.tensor([0, seq // 5, seq // 2, seq - 100, seq])
-    return torch.repeat_interleave(torch.arange(4, dtype=torch.int32), cuts.diff()).to(device)
-
-
-MASKS = {
-    "none": lambda s, d: None,
-    "causal": lambda s, d: K.causal(),
-    "prefix_lm": lambda s, d: K.prefix_lm(s // 4),
-    "sliding_window": lambda s, d: K.sliding_window(256),
-    "document": lambda s, d: K.and_masks(K.causal(), K.document(doc_ids(s, d))),
-    "sliding|prefix": lambda s, d: K.or_masks(K.sliding_window(64), K.prefix_lm(128)),
-}
-
-
-def rel_err(got, ref):
-    return ((got.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
 def make_inputs(batch, heads, kv_heads, seq, head_dim, seed=0):

@@ -7,26 +7,9 @@ import torch
 
 import tritonpatch.kernels as K
 from tritonpatch.kernels import attention_fwd as A
+from attention_cases import MASKS, rel_err
 
 pytestmark = pytest.mark.gpu
-
-
-def doc_ids(seq, device):
-    cuts = torch.tensor([0, seq // 5, seq // 2, seq - 100, seq])
-    return torch.repeat_interleave(torch.arange(4, dtype=torch.int32), cuts.diff()).to(device)
-
-
-MASKS = {
-    "causal": lambda s, d: K.causal(),
-    "prefix_lm": lambda s, d: K.prefix_lm(s // 4),
-    "sliding_window": lambda s, d: K.sliding_window(256),
-    "document": lambda s, d: K.and_masks(K.causal(), K.document(doc_ids(s, d))),
-    "sliding|prefix": lambda s, d: K.or_masks(K.sliding_window(64), K.prefix_lm(128)),
-}
-
-
-def rel_err(out, ref):
-    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
 @pytest.mark.parametrize("use_tma", [False, True])

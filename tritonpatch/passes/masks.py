@@ -134,9 +134,9 @@ class Analysis:
             self.checks.append(Check(value if not scalar else Affine(value.const, value.scalars, (), ()), width))
         return value
 
-    # --- integer tensors -------------------------------------------------------------------------
-    def tensor(self, name: str) -> Affine | None:
-        """Affine form of an integer tensor (see the module docstring), None if it is not one."""
+    def _sole_definition(self, name: str):
+        """(index, line) of the op defining ``name`` as its only result in this region, else None
+        (block arguments, multi-result ops and region-opening ops are never analysed)."""
         if "#" in name:
             return None
         index = self.module.defs.get(name)
@@ -145,6 +145,15 @@ class Analysis:
         line = self.module.lines[index]
         if name not in line.results or len(line.results) != 1 or line.opens:
             return None
+        return index, line
+
+    # --- integer tensors -------------------------------------------------------------------------
+    def tensor(self, name: str) -> Affine | None:
+        """Affine form of an integer tensor (see the module docstring), None if it is not one."""
+        found = self._sole_definition(name)
+        if found is None:
+            return None
+        index, line = found
         result_type = parse_type(type_of(self.module, name) or "")
         if not isinstance(result_type, TensorType) or int_width(result_type) is None:
             return None
@@ -188,14 +197,10 @@ class Analysis:
     # --- masks ---------------------------------------------------------------------------------------
     def mask(self, name: str) -> Mask | None:
         """The mask expression computing i1 tensor ``name``, None if it is not analysable."""
-        if "#" in name:
+        found = self._sole_definition(name)
+        if found is None:
             return None
-        index = self.module.defs.get(name)
-        if index is None or index < 0:
-            return None
-        line = self.module.lines[index]
-        if name not in line.results or len(line.results) != 1 or line.opens:
-            return None
+        index, line = found
         operands, result = line.operands, None
         if line.op == "arith.cmpi":
             pred = line.body.split(",", 1)[0].strip()
