@@ -572,7 +572,7 @@ def attention_backward(q, k, v, out, lse, dout, *, dlse=None, mask_mod: MaskMod 
     **wrong dq** (no dQ matmul; dQ computed but not written; racy plain stores)."""
     validate_inputs(q, k, v, enable_gqa)
     batch, heads, q_len, head_dim = q.shape
-    kv_heads, kv_len = k.shape[1], k.shape[2]
+    kv_len = k.shape[2]
     mask_mod = allow_all() if mask_mod is None else mask_mod
     if not isinstance(mask_mod, MaskMod):
         raise TypeError("attention backward: mask_mod must come from tritonpatch.kernels masks (causal(), ...)")
