@@ -30,18 +30,11 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
 import tritonpatch  # noqa: E402
 from tritonpatch.targets import CompileOnlyDriver, compile_for_target  # noqa: E402
-
-
-@triton.jit
-def strided_sum(X, Y, N, stride, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for i in range(0, N):
-        acc += tl.load(X + i * stride + offs)
-    tl.store(Y + offs, acc)
+from strided_sum import strided_sum  # noqa: E402
 
 
 @triton.jit

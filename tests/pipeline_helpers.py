@@ -8,21 +8,10 @@ import subprocess
 import sys
 import textwrap
 
-import triton
-import triton.language as tl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-@triton.jit
-def strided_sum(X, Y, N, stride, BLOCK: tl.constexpr):
-    """A runtime-trip-count loop over strided pointers: ``disable-lsr`` (code generation) and
-    ``unroll-count`` (the -O3 IR pipeline) each visibly change its PTX."""
-    offs = tl.arange(0, BLOCK)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for i in range(0, N):
-        acc += tl.load(X + i * stride + offs)
-    tl.store(Y + offs, acc)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+from strided_sum import strided_sum  # noqa: E402  (the example doubles as the pipeline tests' kernel)
 
 
 SIGNATURE = {"X": "*fp32", "Y": "*fp32", "N": "i32", "stride": "i32"}

@@ -16,6 +16,7 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime.jit import MockTensor
 
+import pipeline_helpers
 import tritonpatch
 from tritonpatch import Pipeline, PipelineError
 from tritonpatch import llvm as tllvm
@@ -31,13 +32,7 @@ UNROLL = Pipeline(llvm={"unroll-count": 2})
 RAW = {Pipeline(): {}, LSR: {"disable-lsr": True}, UNROLL: {"unroll-count": 2}}  # the same, as raw LLVM options
 
 
-def strided_sum(X, Y, N, stride, BLOCK: tl.constexpr):
-    """Runtime-trip-count loop over strided pointers: disable-lsr and unroll-count change its PTX."""
-    offs = tl.arange(0, BLOCK)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for i in range(0, N):
-        acc += tl.load(X + i * stride + offs)
-    tl.store(Y + offs, acc)
+strided_sum = pipeline_helpers.strided_sum.fn  # the raw function: each test wraps it its own way
 
 
 def strided_sum_flag(X, Y, N, stride, BLOCK: tl.constexpr, SQUARE: tl.constexpr):
