@@ -3,7 +3,7 @@
 The kernel is the seed report's shape (kernels/seed.py, importable as tritonpatch.kernels.seed: FlexAttention-style forward,
 block pointers, every kv block visited, mask ``(q <= P & kv <= P) | q >= kv``), unchanged; only the
 passes differ. Variants: unmasked (``MASKED=False``), masked, masked + each pass, masked + elide +
-skip, masked + all three. For every pass variant the output on fresh random inputs is compared
+skip, masked + all three, masked + elide without its all-false loops + skip. For every pass variant the output on fresh random inputs is compared
 bit for bit with the unpatched masked kernel (skip: where the unpatched output is finite).
 
     python scripts/bench_mask_passes.py --out docs/benchmarks            # GPU: full run
@@ -21,6 +21,7 @@ import os
 import platform
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="bench_mask_passes_cache_"))
@@ -39,6 +40,8 @@ VARIANTS = [  # (label, MASKED, passes)
     ("masked + skip-masked-blocks", True, ["skip-masked-blocks"]),
     ("masked + elide + skip", True, ["elide-uniform-masks", "skip-masked-blocks"]),
     ("masked + hoist + elide + skip", True, ["hoist-masks", "elide-uniform-masks", "skip-masked-blocks"]),
+    ("masked + elide(all_false_loops=false) + skip", True,
+     ["elide-uniform-masks(all_false_loops=false)", "skip-masked-blocks"]),
 ]
 BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES = 128, 64, 4, 3
 
@@ -63,7 +66,7 @@ def compile_only(args) -> None:
             compiled = compile_for_target(seed_attention_fwd, SIGNATURE,
                                           seed_constexprs(masked, args.prefix, BLOCK_M, BLOCK_N, args.head_dim),
                                           target="sm_90", num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-        print(f"{label:48s} ttgir scf.if={compiled.asm['ttgir'].count('scf.if')} "
+        print(f"{label:48s} ttgir scf.for={compiled.asm['ttgir'].count('scf.for')} "
               + "; ".join(f"{r.name}: {r.counts}{'' if r.kept else ' (fell back)'}" for r in reports))
 
 
@@ -73,7 +76,7 @@ def launch(q, k, v, out, args, masked):
         q, k, v, out, 1.0 / math.sqrt(args.head_dim),
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         args.heads, args.seq,
-        PREFIX=args.prefix, MASKED=masked, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=args.head_dim,
+        **seed_constexprs(masked, args.prefix, BLOCK_M, BLOCK_N, args.head_dim),
         num_warps=NUM_WARPS, num_stages=NUM_STAGES)
 
 
@@ -98,14 +101,16 @@ def run_gpu(args) -> dict:
     results = {}
     for label, masked, passes in VARIANTS:
         out = torch.empty_like(q)
+        start = time.perf_counter()
         with collect_reports() as reports, tritonpatch.options(passes=passes):
             compiled = launch(q, k, v, out, args, masked)
         torch.cuda.synchronize()
+        compile_s = time.perf_counter() - start
         results[label] = {"masked": masked, "passes": passes, "out": out,
                           "reports": [{"pass": r.name, "stage": r.stage, "counts": r.counts, "kept": r.kept}
                                       for r in reports],
                           "registers": getattr(compiled, "n_regs", None), "spills": getattr(compiled, "n_spills", None),
-                          "ms": []}
+                          "compile_s": compile_s, "ms": []}
 
     # bit-identity on fresh random inputs: every pass variant against the unpatched masked kernel
     torch.manual_seed(1)
@@ -140,6 +145,7 @@ def run_gpu(args) -> dict:
         ms = sorted(entry["ms"])[len(entry["ms"]) // 2]
         table.append({"variant": label, "passes": entry["passes"], "ms": ms, "vs_unmasked": ms / unmasked_ms,
                       "ms_rounds": entry["ms"], "registers": entry["registers"], "spills": entry["spills"],
+                      "compile_s": entry["compile_s"],
                       "reports": entry["reports"],
                       **{key: entry[key] for key in ("bit_identical", "identical_where_finite", "differing_elements")
                          if key in entry}})
@@ -162,12 +168,12 @@ def write(args, data) -> None:
              f"B={args.batch} H={args.heads} S={args.seq} D={args.head_dim} P={args.prefix} bf16, "
              f"BLOCK {BLOCK_M}x{BLOCK_N}, {NUM_WARPS} warps, {NUM_STAGES} stages; "
              f"do_bench median of {args.rounds} rounds.", "",
-             "| variant | ms | vs unmasked | bit-identical to masked | identical where finite | regs | spills |",
-             "|---|---|---|---|---|---|---|"]
+             "| variant | ms | vs unmasked | bit-identical to masked | identical where finite | regs | spills | first launch s |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in data["table"]:
         lines.append(f"| {row['variant']} | {row['ms']:.3f} | {row['vs_unmasked']:.2f} | "
                      f"{row.get('bit_identical', '—')} | {row.get('identical_where_finite', '—')} | "
-                     f"{row['registers']} | {row['spills']} |")
+                     f"{row['registers']} | {row['spills']} | {row['compile_s']:.1f} |")
     lines += ["", f"Unpatched masked kernel vs fp32 torch reference: max abs error "
               f"{data['baseline_vs_fp32_reference_max_abs_err']:.3g}; non-finite outputs: "
               f"{data['baseline_nonfinite_elements']}.", "",

@@ -16,6 +16,6 @@ def test_demo_runs_compile_only_and_shows_the_passes_working():
     for column in [*demo.SEED_PIPELINES, "unmasked (reference)"]:
         assert column in out
     assert "skip-masked-blocks on ttir: loops_narrowed=1" in out
-    assert "elide-uniform-masks on ttir: selects_elided=1" in out
+    assert "elide-uniform-masks on ttir: loops_split=1" in out
     registers = next(line for line in out.splitlines() if line.strip().startswith("registers"))
     assert all(int(n) > 0 for n in registers.split()[1:])

@@ -14,7 +14,8 @@ import tritonpatch
 from tritonpatch.errors import PassError, PipelineError
 from tritonpatch.passes import (available_passes, collect_reports, parse_pass_spec, pass_stage, register_pass,
                                 run_stage_passes, unregister_pass, validate_pass_spec)
-from tritonpatch.passes.ir import Module, parse_for
+from tritonpatch.passes.ir import Module, parse_for, parse_line
+from tritonpatch.inspect import disassemble, sass_class, sass_loops
 from tritonpatch.targets import compile_for_target
 
 from tritonpatch.kernels.seed import SIGNATURE, seed_attention_fwd, seed_constexprs
@@ -112,15 +113,10 @@ def compile_like_a_launch(fn, signature, constexprs, passes, num_stages=2):
     return compiled
 
 
-def float_arithmetic(ptx):
-    """Multiset of floating-point arithmetic instructions in PTX (selects excluded: they move bits)."""
-    return Counter(re.findall(r"^\s*(?:@!?%p\d+ )?((?:fma|mul|add|sub|ex2|max|min|neg|div|rcp|cvt)\.[\w.]*f(?:16|32)\w*)",
-                              ptx, re.M))
-
-
 def loop_facts(ir_text):
     """Per loop: tile mask ops (cmpi/andi/ori/xori/select on full 2-D tiles) directly in the body,
-    the same ops nested under scf.if, and the loop bounds."""
+    the same ops nested under scf.if, the loop bounds, and the counts of scf.if, tt.dot and register
+    moves (tt.elementwise_inline_asm)."""
     module = Module(ir_text)
     facts = []
     for loop in module.loops():
@@ -134,8 +130,9 @@ def loop_facts(ir_text):
                 else:
                     nested += 1
         head = parse_for(module.lines[loop])
-        facts.append({"top": top, "nested": nested, "bounds": (head.lower, head.upper),
-                      "ifs": sum(module.lines[i].op == "scf.if" for i in range(loop, module.end_of(loop)))})
+        ops = [module.lines[i].op for i in range(loop, module.end_of(loop))]
+        facts.append({"top": top, "nested": nested, "bounds": (head.lower, head.upper), "ifs": ops.count("scf.if"),
+                      "dots": ops.count("tt.dot"), "moves": ops.count("tt.elementwise_inline_asm")})
     return facts
 
 
@@ -207,6 +204,33 @@ def test_ir_model_round_trips_and_indexes_regions():
     assert head.upper in module.uses(loop) and head.iv not in module.uses(loop)
 
 
+@triton.jit
+def two_loops_kernel(X, Out, N, BLOCK: tl.constexpr):
+    """Two loops one after the other: Triton's printer gives their values the same names."""
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, N, BLOCK):
+        x = tl.load(X + start + offs)
+        acc += x * x
+    for start in range(0, N, BLOCK):
+        x = tl.load(X + start + offs)
+        acc += x
+    tl.store(Out + offs, acc)
+
+
+def test_ir_model_gives_values_of_sibling_regions_distinct_names():
+    compiled, _, _ = compile_with([], two_loops_kernel, {"X": "*fp32", "Out": "*fp32", "N": "i32"}, {"BLOCK": 32})
+    text = compiled.asm["ttir"]
+    first, second = Module(text).loops()
+    printed = [parse_for(parse_line(line)) for line in text.splitlines() if " scf.for " in line]
+    assert printed[0].iv == printed[1].iv                         # the printer reuses the name...
+    module = Module(text)
+    heads = [parse_for(module.lines[i]) for i in (first, second)]
+    assert heads[0].iv != heads[1].iv and module.defs[heads[1].iv] == second   # ...the model does not
+    body = range(second + 1, module.end_of(second))
+    assert module.users(heads[1].iv, body) and not module.users(heads[0].iv, body)
+
+
 def test_a_pass_that_changes_nothing_returns_the_module_itself():
     compiled, _, _ = compile_with([], constexprs=loop_constexprs(FROM_MEMORY))
     from triton._C.libtriton import ir
@@ -216,7 +240,7 @@ def test_a_pass_that_changes_nothing_returns_the_module_itself():
     module = parse_module(compiled.asm["ttir"], context)
     with collect_reports() as reports:
         assert run_stage_passes("ttir", module, [parse_pass_spec("elide-uniform-masks")], strict=True) is module
-    assert reports[0].counts == {"selects_elided": 0, "mask_ops_moved": 0} and reports[0].kept
+    assert reports[0].counts == {"loops_split": 0} and reports[0].kept
 
 
 # --- the seed kernel ---------------------------------------------------------------------------
@@ -235,14 +259,18 @@ def seed_builds():
     return builds
 
 
-def test_seed_elide_moves_every_tile_mask_op_under_the_uniformity_branch(seed_builds):
-    plain, elided = loop_facts(seed_builds["plain"][0].asm["ttir"])[0], loop_facts(seed_builds["elide"][0].asm["ttir"])[0]
-    assert plain["top"] >= 4 and plain["nested"] == 0       # and, cmpi, or, select on 128x64 tiles
-    assert elided["top"] == 1 and elided["nested"] >= 3 and elided["ifs"] == 1   # the select stays on top
-    assert counts(seed_builds["elide"][1], "elide-uniform-masks")["selects_elided"] == 1
-    ttgir = loop_facts(seed_builds["elide"][0].asm["ttgir"])[0]
-    assert ttgir["top"] == 1 and ttgir["ifs"] == 1          # survives Triton's TTGIR pipeline
-    assert seed_builds["elide"][0].asm["ttgir"].count("tt.reduce") == seed_builds["plain"][0].asm["ttgir"].count("tt.reduce")
+def test_seed_elide_splits_the_loop_into_uniform_and_mixed_runs(seed_builds):
+    plain = loop_facts(seed_builds["plain"][0].asm["ttir"])
+    split = loop_facts(seed_builds["elide"][0].asm["ttir"])
+    assert len(plain) == 1 and plain[0]["top"] >= 4 and plain[0]["dots"] == 2   # and, cmpi, or, select on 128x64 tiles
+    assert len(split) == 5 and counts(seed_builds["elide"][1], "elide-uniform-masks") == {"loops_split": 1}
+    all_false, mixed, all_true = split[0], split[1], split[2]
+    assert {**split[3], "bounds": None} == {**mixed, "bounds": None} and split[4]["top"] == 0 and split[4]["dots"] == 1
+    assert mixed["top"] == plain[0]["top"] and mixed["moves"] == 0                # the original body
+    assert all_true["top"] == 0 and all_true["dots"] == 2 and all_true["moves"] == 1
+    assert all_false["top"] == 0 and all_false["dots"] == 1 and all_false["moves"] == 0  # q @ k of -inf tiles is gone
+    assert split[0]["bounds"][0] == plain[0]["bounds"][0] and split[4]["bounds"][1] == plain[0]["bounds"][1]
+    assert len(loop_facts(seed_builds["elide"][0].asm["ttgir"])) == 5            # survives Triton's TTGIR pipeline
 
 
 def test_seed_skip_narrows_the_loop_bounds(seed_builds):
@@ -306,50 +334,84 @@ def test_seed_all_passes_compose_without_fallback(seed_builds):
 
 
 # --- generality ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("mask,negated,elided", [
-    (CAUSAL, False, 1), (CAUSAL, True, 1), (PREFIX_RUNTIME, False, 1), (DIAGONAL, False, 1),
-    (SLIDING, True, 1), (TWO_MASKS, False, 2)])
-def test_mask_styles_are_elided_and_skipped(mask, negated, elided):
+@pytest.mark.parametrize("mask,negated", [(CAUSAL, False), (CAUSAL, True), (PREFIX_RUNTIME, False), (DIAGONAL, False),
+                                           (SLIDING, True), (TWO_MASKS, False)])
+def test_mask_styles_are_split_and_skipped(mask, negated):
     compiled, reports, caught = compile_with(["elide-uniform-masks", "skip-masked-blocks"],
                                              constexprs=loop_constexprs(mask, negated))
     assert not caught
-    assert counts(reports, "elide-uniform-masks")["selects_elided"] == elided
+    assert counts(reports, "elide-uniform-masks") == {"loops_split": 1}
     assert counts(reports, "skip-masked-blocks") == {"loops_narrowed": 1}
-    facts = loop_facts(compiled.asm["ttir"])[0]
-    assert facts["top"] == elided and facts["bounds"] != ("%c0_i32", "%N_CTX")   # only the selects stay on top
+    facts = loop_facts(compiled.asm["ttir"])     # skip dropped the all-false runs: mixed, all-true, mixed
+    assert len(facts) == 3 and facts[0]["bounds"][0] != "%c0_i32" and facts[2]["bounds"][1] != "%N_CTX"
+    assert facts[1]["top"] < facts[0]["top"] == facts[2]["top"]
+    if mask != TWO_MASKS:                                   # one mask: none of its tile ops is left
+        assert facts[1]["top"] == 0
 
 
 def test_mask_read_from_memory_is_left_untouched():
     plain, _, _ = compile_with([], constexprs=loop_constexprs(FROM_MEMORY))
     patched, reports, caught = compile_with(ALL, constexprs=loop_constexprs(FROM_MEMORY))
     assert not caught
-    assert counts(reports, "elide-uniform-masks")["selects_elided"] == 0
+    assert counts(reports, "elide-uniform-masks") == {"loops_split": 0}
     assert counts(reports, "skip-masked-blocks") == {"loops_narrowed": 0}
     assert patched.asm["ttir"] == plain.asm["ttir"]
 
 
-def test_loop_with_a_store_is_not_skipped_but_still_elided():
+def test_loop_with_a_store_is_not_skipped_but_still_split():
     compiled, reports, _ = compile_with(["elide-uniform-masks", "skip-masked-blocks"],
                                         constexprs=loop_constexprs(CAUSAL, store=True))
     assert counts(reports, "skip-masked-blocks") == {"loops_narrowed": 0}
-    assert counts(reports, "elide-uniform-masks")["selects_elided"] == 1
-    assert loop_facts(compiled.asm["ttir"])[0]["bounds"] == ("%c0_i32", "%N_CTX")
+    assert counts(reports, "elide-uniform-masks") == {"loops_split": 1}
+    facts = loop_facts(compiled.asm["ttir"])
+    assert len(facts) == 5 and facts[0]["bounds"][0] == "%c0_i32" and facts[-1]["bounds"][1] == "%N_CTX"
+    without_all_false, _, _ = compile_with(["elide-uniform-masks(all_false_loops=false)"],
+                                           constexprs=loop_constexprs(CAUSAL, store=True))
+    assert len(loop_facts(without_all_false.asm["ttir"])) == 3
 
 
 GPU_CASES = [(CAUSAL, False), (CAUSAL, True), (PREFIX_RUNTIME, False), (DIAGONAL, False), (SLIDING, True),
              (TWO_MASKS, False)]
 
 
+FLOAT_ARITHMETIC = ("FFMA", "FADD", "FMUL", "FMNMX", "MUFU", "HFMA2", "HADD2", "HMUL2", "F2FP", "F2F")
+
+
+def full_loops(compiled):
+    """SASS opcode counts of the loops that hold as many tensor-core instructions as the kernel's
+    busiest loop (after elide-uniform-masks: the mixed loops and the all-true one)."""
+    loops = sass_loops(disassemble(compiled.asm["cubin"]))
+    tensor_core = [sum(n for op, n in loop.items() if sass_class(op) == "tensor-core") for loop in loops]
+    return [loop for loop, mma in zip(loops, tensor_core) if mma == max(tensor_core)]
+
+
+def float_work(loop):
+    """The floating-point arithmetic of a loop (selects and compares excluded: they move bits)."""
+    return Counter({op: n for op, n in loop.items() if op in FLOAT_ARITHMETIC})
+
+
+def assert_all_true_loop_keeps_the_float_work(split):
+    """The all-true loop (the full loop without the mask's selects) does the floating-point
+    arithmetic of the mixed loops (the original body): the backend contracted (FMA) the same way,
+    the CPU-side evidence for bit-identity. Without the register move it fuses more."""
+    loops = full_loops(split)
+    selects = [loop["FSEL"] for loop in loops]
+    all_true = [loop for loop in loops if loop["FSEL"] < max(selects)]
+    mixed = [loop for loop in loops if loop["FSEL"] == max(selects)]
+    assert all_true and mixed and float_work(mixed[0])["MUFU"] > 0, selects
+    assert all(float_work(loop) == float_work(mixed[0]) for loop in all_true + mixed), [float_work(l) for l in loops]
+
+
 @pytest.mark.parametrize("mask,negated", GPU_CASES)
 def test_launch_specialised_compiles_keep_the_floating_point_work(mask, negated):
-    """What the GPU test runs compiles (Triton's pipeliner included), and elision leaves the
-    floating-point instructions exactly as in the unpatched kernel: the backend contracts the same
-    way, the CPU-side evidence for bit-identity (an earlier form changed FMA fusion)."""
+    """What the GPU test runs compiles (Triton's pipeliner included), with the unpatched kernel's
+    floating-point work in every full loop."""
     constexprs = loop_constexprs(mask, negated)
     plain = compile_like_a_launch(masked_loop_kernel, LOOP_SIGNATURE, constexprs, [])
-    elided = compile_like_a_launch(masked_loop_kernel, LOOP_SIGNATURE, constexprs, ["elide-uniform-masks"])
+    split = compile_like_a_launch(masked_loop_kernel, LOOP_SIGNATURE, constexprs, ["elide-uniform-masks"])
     assert "async_copy" in plain.asm["ttgir"]                      # the loads are pipelined
-    assert float_arithmetic(elided.asm["ptx"]) == float_arithmetic(plain.asm["ptx"])
+    if mask != DIAGONAL:                                           # == is never all-true on a tile
+        assert_all_true_loop_keeps_the_float_work(split)
     compile_like_a_launch(masked_loop_kernel, LOOP_SIGNATURE, constexprs, ALL)
 
 
@@ -358,10 +420,10 @@ def test_seed_elision_keeps_the_floating_point_work():
     for unit_stride in ("stride_qk", "stride_kk", "stride_vn", "stride_on"):   # launches specialise stride 1
         del signature[unit_stride]
         constexprs[unit_stride] = 1
-    plain = compile_like_a_launch(seed_attention_fwd, signature, constexprs, [], num_stages=3)
-    elided = compile_like_a_launch(seed_attention_fwd, signature, constexprs, ["elide-uniform-masks"], num_stages=3)
-    assert float_arithmetic(elided.asm["ptx"]) == float_arithmetic(plain.asm["ptx"])
-    assert float_arithmetic(plain.asm["ptx"])["fma.rn.f32"] > 0
+    split = compile_like_a_launch(seed_attention_fwd, signature, constexprs, ["elide-uniform-masks"], num_stages=3)
+    assert_all_true_loop_keeps_the_float_work(split)
+    unmasked = compile_like_a_launch(seed_attention_fwd, signature, {**constexprs, "MASKED": False}, [], num_stages=3)
+    assert float_work(full_loops(unmasked)[0])["FFMA"] > float_work(full_loops(split)[0])["FFMA"]   # it can tell
 
 
 # --- GPU: bit-identity of the rewritten kernels ------------------------------------------------------

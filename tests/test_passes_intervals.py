@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tritonpatch.passes.masks import Affine, Check, Mask, PyOps, brute_force, no_wrap, verdict
+from tritonpatch.passes.iterations import segment_counts
 from tritonpatch.passes.skip import narrowed_bounds
 
 SCALARS = ("iv", "s")
@@ -88,3 +89,35 @@ def test_single_compare_narrowing_is_tight(shape, s, lower, trips, step, pred, d
     new_lower, new_upper, _ = narrowed_bounds(PyOps({"s": s}), lower, upper, step, mask, "iv", [])
     live = [iv for iv in range(lower, upper, step) if not brute_force(mask, {"iv": iv, "s": s})[1]]
     assert list(range(new_lower, new_upper, step)) == live
+
+
+def classify(mask, iv, s):
+    true, false = brute_force(mask, {"iv": iv, "s": s})
+    return "true" if true else "false" if false else "mixed"
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), shape=shapes, s=st.integers(-30, 30), lower=st.integers(-20, 20),
+       trips=st.integers(0, 12), step=st.integers(1, 4))
+def test_split_loop_runs_hold_only_uniform_iterations(data, shape, s, lower, trips, step):
+    """elide-uniform-masks' five runs: all-false / mixed / all-true / mixed / all-false."""
+    mask = data.draw(masks(shape))
+    upper = lower + data.draw(st.integers(max(0, trips * step - step + 1), trips * step))
+    iterations = list(range(lower, upper, step))
+    k1, k2, k3, k4 = segment_counts(PyOps({"s": s}), lower, upper, step, mask, "iv", [])
+    assert 0 <= k1 <= k2 <= k3 <= k4 <= len(iterations)
+    assert all(classify(mask, iv, s) == "false" for iv in iterations[:k1] + iterations[k4:])
+    assert all(classify(mask, iv, s) == "true" for iv in iterations[k2:k3])
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=shapes, s=st.integers(-30, 30), lower=st.integers(-20, 20), trips=st.integers(0, 12),
+       step=st.integers(1, 4), pred=st.sampled_from(INEQUALITIES), data=st.data())
+def test_single_compare_split_is_tight(shape, s, lower, trips, step, pred, data):
+    """For one compare every uniform iteration lands in a uniform run."""
+    mask = Mask("atom", pred=pred, diff=data.draw(affines(shape)))
+    upper = lower + trips * step
+    iterations = list(range(lower, upper, step))
+    k1, k2, k3, k4 = segment_counts(PyOps({"s": s}), lower, upper, step, mask, "iv", [])
+    runs = ["false"] * k1 + ["mixed"] * (k2 - k1) + ["true"] * (k3 - k2) + ["mixed"] * (k4 - k3) + ["false"] * (len(iterations) - k4)
+    assert runs == [classify(mask, iv, s) for iv in iterations]

@@ -151,9 +151,9 @@ class SassStats:
     opcodes: dict[str, int]
 
 
-def analyze_sass(text: str) -> SassStats:
-    """Classify ``nvdisasm`` output. Loops are backward branches; the main loop is the one with the
-    most tensor-core instructions (then the longest)."""
+def _sass_instructions(text: str) -> tuple[list[str], list[tuple[int, int]]]:
+    """Opcodes of ``nvdisasm`` output in address order, and its loops as (first, last) instruction
+    indices of each backward branch."""
     instructions: list[str] = []  # opcode per instruction, in address order
     labels: dict[str, int] = {}
     back_edges: list[tuple[int, int]] = []
@@ -172,6 +172,20 @@ def analyze_sass(text: str) -> SassStats:
         instructions.append(match.group(2))
     if not instructions:
         raise ValueError("no SASS instructions found")
+    return instructions, back_edges
+
+
+def sass_loops(text: str) -> list[collections.Counter]:
+    """Opcode counts (the part before the first '.') of every loop of ``nvdisasm`` output, in
+    address order."""
+    instructions, back_edges = _sass_instructions(text)
+    return [collections.Counter(op.split(".")[0] for op in instructions[start:end + 1]) for start, end in back_edges]
+
+
+def analyze_sass(text: str) -> SassStats:
+    """Classify ``nvdisasm`` output. Loops are backward branches; the main loop is the one with the
+    most tensor-core instructions (then the longest)."""
+    instructions, back_edges = _sass_instructions(text)
 
     def count(opcodes) -> dict[str, int]:
         return dict(collections.Counter(sass_class(op) for op in opcodes))
@@ -309,7 +323,7 @@ class CompileReport:
 
 
 def describe_pass(report: Mapping[str, Any]) -> str:
-    """``elide-uniform-masks on ttir: selects_elided=1, mask_ops_moved=9`` (+ fell back, if so)."""
+    """``elide-uniform-masks on ttir: loops_split=1`` (+ fell back, if so)."""
     counts = ", ".join(f"{k}={v}" for k, v in report.get("counts", {}).items()) or "no change"
     kept = "" if report.get("kept", True) else " (fell back to the unpatched IR)"
     return f"{report['name']} on {report['stage']}: {counts}{kept}"

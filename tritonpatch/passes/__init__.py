@@ -41,7 +41,7 @@ class PassOption:
 @dataclass(frozen=True)
 class PassInfo:
     """A registered pass. ``run(text, options) -> (new_text, counts)`` rewrites the module's IR
-    text; ``counts`` says what changed (e.g. ``{"selects_elided": 1}``), all zero when nothing did."""
+    text; ``counts`` says what changed (e.g. ``{"loops_split": 1}``), all zero when nothing did."""
     name: str
     stage: str
     description: str

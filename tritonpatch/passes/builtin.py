@@ -9,8 +9,12 @@ register_pass("hoist-masks", "ttgir",
               "hoist loop-invariant pure ops out of scf.for (also from under scf.if); sink widening broadcasts",
               {"sink_broadcasts": PassOption(bool, True, "move broadcasts of loop-invariant values back into the loop")})(hoist.run)
 register_pass("elide-uniform-masks", "ttir",
-              "per tile, skip the mask ops where interval arithmetic proves the mask all-true or all-false (exact)",
-              {"max_atoms": _MAX_ATOMS}, order=1)(elide.run)
+              "split loops so that tiles where interval arithmetic proves the mask all-true or all-false run "
+              "without it (exact)",
+              {"max_atoms": _MAX_ATOMS,
+               "all_false_loops": PassOption(bool, True, "also give the leading and trailing all-false tiles loops of "
+                                                         "their own (skip-masked-blocks drops them where it applies)")},
+              order=1)(elide.run)
 register_pass("skip-masked-blocks", "ttir",
               "narrow loop bounds to drop leading/trailing tiles whose mask is all-false when such a tile "
               "leaves the loop state unchanged (exact where the unpatched output is finite)",

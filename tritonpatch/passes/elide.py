@@ -1,27 +1,40 @@
-"""``elide-uniform-masks``: skip the mask ops on tiles where the mask is uniform.
+"""``elide-uniform-masks``: run the tiles where the mask is uniform in loops without the mask.
 
 For ``%r = arith.select %mask, %x, %c`` directly in an ``scf.for`` body, with ``%mask`` an
-analysable combination of affine index compares (:mod:`.masks`), the pass emits the per-tile
-verdict as scalar ops and computes the mask only on mixed tiles::
+analysable combination of affine index compares (:mod:`.masks`) whose scalars are the induction
+variable or fixed before the loop, the pass computes in front of the loop (scalar interval
+arithmetic, :func:`.iterations.segment_counts`) where the mask is all-false or all-true on whole
+tiles, and splits the loop into five consecutive loops over the same iterations::
 
-    %m = scf.if %all_true_or_all_false { yield splat(%all_true) }
-         else { <loop-variant mask ops>; yield %mask }
-    %r = arith.select %m, %x, %c
+    all-false run  |  mixed  |  all-true run  |  mixed  |  all-false run
+    select -> %c   | original|  select -> %x  | original|  select -> %c
 
-The select itself stays, with the same floating-point operands: the floating-point dataflow is
-unchanged, so the backend contracts (FMA) exactly as in the unpatched kernel and the result is
-bitwise identical. (Yielding ``%x`` / ``%c`` from the branches instead was measured faster on H200,
-1.13 vs 1.29 of unmasked, but lets LLVM fuse the multiply after the select into an FMA on
-all-true tiles, which changes low bits; a branch yielding the fill constant also made Triton's
-pipeliner fail and its layout pass duplicate the softmax chain.) Loop-invariant mask ops stay where
-they are (Triton's LICM hoists them).
+Each is an ``scf.for`` with the original step, carrying the loop state from one to the next, so
+Triton still software-pipelines every one; the mask ops (and whatever only fed the dropped
+operand, such as the ``q @ k`` of an all-false tile) vanish from the uniform loops.
+
+Bitwise exactness: every iteration computes the values the unpatched kernel computes (the select
+would have returned exactly the operand that replaces it). The one way low bits could change is
+floating-point contraction: without the select, the backend may fuse a multiply before it with an
+add after it into an FMA, which the select prevents in the unpatched kernel. So where the kept
+operand is a float, the pass puts an opaque register move (``tt.elementwise_inline_asm``) where the
+select sat, after the chain of constant-operand ops that LLVM's InstCombine would move in front of
+a select with a constant arm (``select(m, x, -inf) * C`` becomes ``select(m, x * C, -inf)``). The
+SASS of the all-true loop then has the floating-point instructions of the unpatched loop
+(tests/test_passes.py checks this).
 """
 from __future__ import annotations
 
-from .ir import Module, TensorType, base_name, parse_for, parse_type, split_top_level
-from .masks import Analysis, IROps, guarded_verdict
+import re
 
-ELIDED_IF_HINT = "uniform"
+from .ir import Module, TensorType, base_name, parse_for, parse_type, split_top_level, type_of, without_attribute
+from .iterations import NARROWED, constant_step, scalars_fixed_in_loop, segment_counts, smin
+from .masks import Analysis, IROps
+
+_BOUNDARY = r"(?![A-Za-z0-9_$.\-])"
+_CHAIN_OPS = ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "arith.negf")
+_REGISTER_MOVES = {"f32": ("mov.b32 $0, $1;", "=r,r"), "f16": ("mov.b16 $0, $1;", "=h,h"),
+                   "bf16": ("mov.b16 $0, $1;", "=h,h"), "f64": ("mov.b64 $0, $1;", "=l,l")}
 
 
 def select_parts(module: Module, index: int):
@@ -36,20 +49,6 @@ def select_parts(module: Module, index: int):
     return operands[0], operands[1], operands[2], types[1]
 
 
-def loop_invariant(module: Module, loop: int) -> set[int]:
-    """Top-level body lines of ``loop`` that are pure single-line ops whose operands are defined
-    outside the loop or by other such lines (what a LICM pass may hoist)."""
-    invariant: set[int] = set()
-    for index in module.children(loop):
-        line = module.lines[index]
-        if line.opens or not is_pure(line.op):
-            continue
-        if all(not (module.defs.get(n) == loop or module.inside(module.defs.get(n, -1), loop))
-               or module.defs.get(n) in invariant for n in module.uses(index)):
-            invariant.add(index)
-    return invariant
-
-
 def is_pure(op: str) -> bool:
     """Side-effect-free ops that never trap (no integer division: it may be UB when hoisted)."""
     if op in ("arith.divsi", "arith.divui", "arith.remsi", "arith.remui", "arith.ceildivsi", "arith.floordivsi",
@@ -60,88 +59,184 @@ def is_pure(op: str) -> bool:
         "ttg.convert_layout", "tt.addptr", "tt.bitcast", "tt.int_to_ptr", "tt.ptr_to_int")
 
 
-def movable_mask_ops(module: Module, loop: int, analysis: Analysis, select: int, keep: set[str]) -> list[int]:
-    """Loop-variant mask ops at the top level of the loop body used only by the mask and the select."""
-    top_level = set(module.children(loop))
-    candidates = {i for i in analysis.ops if i in top_level} - loop_invariant(module, loop)
-    candidates = {i for i in candidates if not any(r in keep for r in module.lines[i].results)}
+def is_constant(module: Module, name: str) -> bool:
+    """An ``arith.constant`` or the splat of one."""
+    index = module.defs.get(base_name(name))
+    if index is None or index < 0 or "#" in name:
+        return False
+    line = module.lines[index]
+    if line.op == "tt.splat" and len(line.operands) == 1:
+        return is_constant(module, line.operands[0])
+    return line.op == "arith.constant"
+
+
+def substitute(text: str, old: str, new: str) -> str:
+    """``text`` with every use of value ``old`` (also ``old#k``) replaced by ``new``."""
+    return re.sub(re.escape(old) + _BOUNDARY, lambda _: new, text)
+
+
+# --- one specialised copy of the loop --------------------------------------------------------------
+def _constant_chain(module: Module, loop: int, start: str) -> list[int]:
+    """Lines of the ops InstCombine folds into a select with a constant arm: starting at the
+    select result, each the sole user of the previous value, elementwise, its other operand a
+    constant."""
+    chain, value = [], start
     body = range(loop + 1, module.end_of(loop))
-    changed = True
-    while changed:
-        changed = False
-        for index in sorted(candidates):
-            for result in module.lines[index].results:
-                users = {user for user in module.users(result, body)}
-                outside = {u for u in users if u != select and not any(u == c or module.inside(u, c) for c in candidates)}
-                if outside:
-                    candidates.discard(index)
-                    changed = True
-                    break
-    return sorted(candidates)
+    while True:
+        users = module.users(value, body)
+        if len(users) != 1 or module.parent_of[users[0]] != loop:
+            return chain
+        line = module.lines[users[0]]
+        others = [o for o in line.operands if o != value]
+        if line.op not in _CHAIN_OPS or len(line.results) != 1 or len(line.operands) - len(others) != 1 \
+                or not all(is_constant(module, o) for o in others):
+            return chain
+        chain.append(users[0])
+        value = line.results[0]
 
 
-def elide_select(module: Module, loop: int, select: int, max_atoms: int) -> int | None:
-    """Rewrite one select; returns how many mask ops moved under the branch, or None (module
-    untouched) when the mask is not analysable."""
-    parts = select_parts(module, select)
-    if parts is None:
-        return None
-    mask_name, true_value, false_value, value_type = parts
-    analysis = Analysis(module)
-    mask = analysis.mask(mask_name)
-    if mask is None or not 0 < mask.atoms() <= max_atoms:
-        return None
-    moved = movable_mask_ops(module, loop, analysis, select, {base_name(true_value), base_name(false_value)})
+def _register_move(module: Module, result: str, source: str, type_text: str, indent: str, loc: str) -> str:
+    asm, constraints = _REGISTER_MOVES[parse_type(type_text).element]
+    return (f'{indent}{result} = tt.elementwise_inline_asm "{asm}" {{constraints = "{constraints}", '
+            f'packed_element = 1 : i32, pure = true}} {source} : {type_text} -> {type_text} {loc}').rstrip()
+
+
+def specialised_loop(module: Module, loop: int, select: int, keep_true: bool) -> list[str]:
+    """The loop's lines (head to closing brace) with the select replaced by its true (or false)
+    operand, the register move that preserves the unpatched kernel's contraction, and the ops left
+    dead removed."""
+    _, true_value, false_value, value_type = select_parts(module, select)
+    kept, other = (true_value, false_value) if keep_true else (false_value, true_value)
     line = module.lines[select]
-    indent, loc = line.indent, line.loc
-    ops = IROps(module, indent, loc)
-    all_true, all_false = guarded_verdict(ops, mask, analysis.checks)
-    uniform = ops.or_(all_true, all_false)
-    mask_type = split_top_level(line.body.rsplit(" : ", 1)[1])[0]
-    mask_value, constant = module.fresh(ELIDED_IF_HINT), module.fresh("uniform_mask")
-    out = list(ops.lines)
-    out.append(f"{indent}{mask_value} = scf.if {uniform} -> ({mask_type}) {{")
-    out.append(f"{indent}  {constant} = tt.splat {all_true} : i1 -> {mask_type} {loc}".rstrip())
-    out.append(f"{indent}  scf.yield {constant} : {mask_type} {loc}".rstrip())
-    out.append(f"{indent}}} else {{")
-    out += [indent + "  " + module.lines[i].text.lstrip() for i in moved]
-    out.append(f"{indent}  scf.yield {mask_name} : {mask_type} {loc}".rstrip())
-    out.append(f"{indent}}} {loc}".rstrip())
-    out.append(f"{indent}{line.results[0]} = arith.select {mask_value}, {true_value}, {false_value} : "
-               f"{mask_type}, {value_type} {loc}".rstrip())
+    result = line.results[0]
+    texts = {i: module.lines[i].text for i in range(loop, module.end_of(loop) + 1)}
+    float_kept = parse_type(value_type).element in _REGISTER_MOVES and not is_constant(module, kept)
+    chain = _constant_chain(module, loop, result) if float_kept and is_constant(module, other) else []
+    if not float_kept:
+        del texts[select]
+        texts = {i: substitute(t, result, kept) for i, t in texts.items()}
+    elif not chain:
+        texts[select] = _register_move(module, result, kept, value_type, line.indent, line.loc)
+    else:
+        del texts[select]
+        texts[chain[0]] = substitute(texts[chain[0]], result, kept)
+        last = module.lines[chain[-1]]
+        before_move = module.fresh("contracted")
+        texts[chain[-1]] = substitute(texts[chain[-1]], last.results[0], before_move) + "\n" + _register_move(
+            module, last.results[0], before_move, type_of(module, last.results[0]), last.indent, last.loc)
+    return remove_dead_ops("\n".join(texts[i] for i in sorted(texts)).split("\n"))
+
+
+def remove_dead_ops(lines: list[str]) -> list[str]:
+    """Drop pure single-line ops inside the loop whose results are unused (until none is left)."""
+    while True:
+        fragment = Module("\n".join(lines))
+        used = {base_name(v) for line in fragment.lines for v in line.operands}
+        dead = [i for i, line in enumerate(fragment.lines[1:-1], start=1)
+                if line.results and not line.opens and not line.closes and (is_pure(line.op) or line.op == "tt.dot")
+                and not any(r in used for r in line.results)]
+        if not dead:
+            return lines
+        lines = [text for i, text in enumerate(lines) if i not in dead]
+
+
+def renamed(lines: list[str], prefix: str) -> list[str]:
+    """The loop's lines with every value defined inside it renamed to ``%<prefix>_<name>`` (the
+    copies of a loop then define distinct names, as the rest of the pass machinery expects)."""
+    fragment = Module("\n".join(lines))
+    inner = sorted((n for n, i in fragment.defs.items() if i > 0 or n not in fragment.lines[0].results),
+                   key=len, reverse=True)
+    if not inner:
+        return lines
+    pattern = re.compile("(" + "|".join(re.escape(n) for n in inner) + ")" + _BOUNDARY)
+    return [pattern.sub(lambda m: f"%{prefix}_{m.group(1)[1:]}", text) for text in lines]
+
+
+def with_head(lines: list[str], module: Module, loop: int, result: str | None, lower: str, upper: str,
+              inits: list[str] | None) -> list[str]:
+    """The loop's lines with its head given new result name, bounds and initial values."""
+    head = parse_for(module.lines[loop])
+    text = lines[0].replace(f" = {head.lower} to {head.upper} step ", f" = {lower} to {upper} step ", 1)
+    if result is not None and module.lines[loop].results:
+        text = re.sub(r"^(\s*)" + re.escape(module.lines[loop].results[0]) + _BOUNDARY, r"\g<1>" + result, text, 1)
+    if inits is not None:
+        pairs = ", ".join(f"{arg} = {init}" for (arg, _), init in zip(head.iter_args, inits))
+        text = re.sub(r"iter_args\(.*?\) -> ", lambda _: f"iter_args({pairs}) -> ", text, 1)
+    return [text] + lines[1:]
+
+
+# --- the split ------------------------------------------------------------------------------------
+def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false_loops: bool) -> list[str] | None:
+    """Replace ``loop`` by its five segment loops; returns the emitted lines, or None (module
+    untouched) when the loop or the select does not qualify."""
+    head = parse_for(module.lines[loop])
+    step = constant_step(module, head.step)
+    parts = select_parts(module, select)
+    if step is None or head.iv_type not in ("i32", "i64") or parts is None:
+        return None
+    analysis = Analysis(module)
+    mask = analysis.mask(parts[0])
+    if mask is None or not 0 < mask.atoms() <= max_atoms \
+            or not scalars_fixed_in_loop(module, loop, mask, head.iv, analysis.checks):
+        return None
+    line = module.lines[loop]
+    ops = IROps(module, line.indent, module.lines[module.end_of(loop)].loc)
+    lower, upper = ops.leaf(head.lower), ops.leaf(head.upper)
+    counts = segment_counts(ops, lower, upper, step, mask, head.iv, analysis.checks)
+    bounds = []
+    for count in counts:
+        bound = smin(ops, ops.add(lower, ops.mul(count, step)), upper)
+        bounds.append(bound if head.iv_type == "i64" else ops.emit(("trunc", bound), f"arith.trunci {bound} : i64 to i32"))
+    original = [module.lines[i].text for i in range(loop, module.end_of(loop) + 1)]
+    narrowed = NARROWED in original[-1]
+    bodies = {"false": specialised_loop(module, loop, select, keep_true=False),
+              "true": specialised_loop(module, loop, select, keep_true=True), "mixed": original}
+    bodies = {kind: lines[:-1] + [without_attribute(lines[-1], NARROWED)] for kind, lines in bodies.items()}
+    segments = [("false", head.lower, bounds[0]), ("mixed", bounds[0], bounds[1]), ("true", bounds[1], bounds[2]),
+                ("mixed", bounds[2], bounds[3]), ("false", bounds[3], head.upper)]
+    if narrowed or not all_false_loops:      # skip-masked-blocks dropped the all-false runs already
+        segments = [("mixed", head.lower, bounds[1]), ("true", bounds[1], bounds[2]), ("mixed", bounds[2], head.upper)]
+    emitted, inits = list(ops.lines), None
+    for position, (kind, low, high) in enumerate(segments):
+        last = position == len(segments) - 1
+        result = None if last else module.fresh("segment")
+        copy = with_head(bodies[kind], module, loop, result, low, high, inits)
+        emitted += copy if kind == "mixed" and position == 1 else renamed(copy, module.fresh("seg")[1:])
+        if result is not None and head.iter_args:
+            inits = [f"{result}#{k}" for k in range(len(head.iter_args))] if len(head.iter_args) > 1 else [result]
     texts = [l.text for l in module.lines]
-    new_texts = []
-    for index, text in enumerate(texts):
-        if index == select:
-            new_texts += out
-        elif index not in moved:
-            new_texts.append(text)
-    module.replace(new_texts)
-    return len(moved)
+    module.replace(texts[:loop] + emitted + texts[module.end_of(loop) + 1:])
+    return emitted
 
 
 def run(text: str, options) -> tuple[str, dict[str, int]]:
-    """Elide the mask of every analysable select in every loop body."""
+    """Split every loop (innermost first) on its first analysable select."""
     module = Module(text)
-    counts = {"selects_elided": 0, "mask_ops_moved": 0}
+    counts = {"loops_split": 0}
     done: set[str] = set()
     progress = True
     while progress:
         progress = False
-        for loop in module.loops():
+        for loop in reversed(module.loops()):
             if parse_for(module.lines[loop]) is None:
                 continue
             for index in module.children(loop):
                 line = module.lines[index]
-                if line.op != "arith.select" or not line.results or line.results[0] in done:
+                if select_parts(module, index) is None or line.results[0] in done:
                     continue
                 done.add(line.results[0])
-                moved = elide_select(module, loop, index, options["max_atoms"])
-                if moved is not None:
-                    counts["selects_elided"] += 1
-                    counts["mask_ops_moved"] += moved
+                emitted = split_loop(module, loop, index, options["max_atoms"], options["all_false_loops"])
+                if emitted is not None:
+                    done.update(parse_line_results(emitted, "arith.select"))
+                    counts["loops_split"] += 1
                     progress = True
                     break
             if progress:
                 break
-    return module.text(), counts
+    return (module.text() if any(counts.values()) else text), counts
+
+
+def parse_line_results(lines: list[str], op: str) -> set[str]:
+    """Result names of the ``op`` lines among ``lines``."""
+    fragment = Module("\n".join(lines))
+    return {r for line in fragment.lines if line.op == op for r in line.results}

@@ -1,8 +1,8 @@
 """``hoist-masks``: loop-invariant code motion for mask computations, after ``make_ttgir``.
 
 Triton's LICM hoists invariant ops at the top level of a loop body but leaves those nested under
-``scf.if`` (e.g. the mask branch that ``elide-uniform-masks`` creates) and hoists invariant
-broadcasts, which keeps a full-tile tensor live across the loop. This pass
+``scf.if`` and hoists invariant broadcasts, which keeps a full-tile tensor live across the loop.
+This pass
 
 * hoists pure, non-trapping single-line ops whose operands are defined outside the loop (or by
   ops it already hoisted) from anywhere inside the loop body except nested loops; a
@@ -93,4 +93,4 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
         module.replace(new)
         counts["ops_hoisted"] += len(hoist)
         counts["broadcasts_sunk"] += len(sink)
-    return module.text(), counts
+    return (module.text() if any(counts.values()) else text), counts

@@ -166,6 +166,10 @@ class Module:
         self.lines = [parse_line(t) for t in text.split("\n")[:-1 if self.trailing_newline else None]]
         self._counter = 0
         self.reindex()
+        unique = self._unique_names()
+        if unique is not None:
+            self.lines = [parse_line(t) for t in unique]
+            self.reindex()
 
     def replace(self, texts: list[str]) -> None:
         """Replace every line (re-parsing them); fresh names keep counting up."""
@@ -208,6 +212,57 @@ class Module:
             if line.op == "tt.func":
                 for name in _BLOCK_ARGS_RE.findall(line.text):
                     self.defs[name] = index
+
+    def _definitions(self, index: int) -> list[tuple[str, int, int]]:
+        """(name, first line, last line of its scope) for each value line ``index`` defines."""
+        line = self.lines[index]
+        parent = self.parent_of[index]
+        region_end = self.end_of(parent) if parent is not None else len(self.lines) - 1
+        found = []
+        if line.op == "scf.for" and parse_for(line):
+            loop = parse_for(line)
+            found += [(name, index, self.end_of(index)) for name in [loop.iv] + [a for a, _ in loop.iter_args]]
+        elif line.text.lstrip().startswith("^") or line.op == "tt.func":
+            found += [(name, index, region_end if line.op != "tt.func" else self.end_of(index))
+                      for name in _BLOCK_ARGS_RE.findall(line.text)]
+        found += [(name, index, region_end) for name in line.results]
+        return found
+
+    def _unique_names(self) -> list[str] | None:
+        """The lines with values that reuse a name of an earlier sibling region renamed (MLIR's
+        printer reuses names across sibling regions, e.g. two loops one after the other; the model
+        maps each name to one definition). None when every name is unique already."""
+        seen: set[str] = set()
+        taken = {t for line in self.lines for t in VALUE_RE.findall(line.text)}
+        starts: dict[int, list[tuple[str, str, int]]] = {}
+        for index in range(len(self.lines)):
+            for name, first, last in self._definitions(index):
+                if name not in seen:
+                    seen.add(name)
+                    continue
+                counter = len(taken)
+                while f"%u{counter}_{name[1:]}" in taken:
+                    counter += 1
+                new_name = f"%u{counter}_{name[1:]}"
+                taken.add(new_name)
+                starts.setdefault(first, []).append((name, new_name, last))
+        if not starts:
+            return None
+        active: dict[str, list[tuple[str, int]]] = {}
+        texts = []
+        for index, line in enumerate(self.lines):
+            for name, new_name, last in starts.get(index, []):
+                active.setdefault(name, []).append((new_name, last))
+            for name in list(active):
+                active[name] = [(n, last) for n, last in active[name] if last >= index]
+                if not active[name]:
+                    del active[name]
+            if not active:
+                texts.append(line.text)
+                continue
+            texts.append(re.sub(_NAME + r"(?![A-Za-z0-9_$.\-])",
+                                lambda m: active[m.group(0)][-1][0] if m.group(0) in active else m.group(0), line.text))
+        return texts
 
     # --- structure -------------------------------------------------------------------------
     def end_of(self, index: int) -> int:
@@ -302,3 +357,18 @@ def type_of(module: Module, name: str) -> str | None:
         types = split_top_level(body.rsplit(" : ", 1)[1])
         return types[0] if line.op == "tt.addptr" else types[-1]
     return None
+
+
+def with_attribute(closing: str, attribute: str) -> str:
+    """A region op's closing line (``} loc(...)`` or ``} {attrs} loc(...)``) with a unit attribute
+    added to its attribute dictionary."""
+    stripped = closing.lstrip()
+    indent = closing[:len(closing) - len(stripped)]
+    if stripped.startswith("} {"):
+        return f"{indent}}} {{{attribute}, {stripped[3:]}"
+    return f"{indent}}} {{{attribute}}}{stripped[1:]}"
+
+
+def without_attribute(closing: str, attribute: str) -> str:
+    """The inverse of :func:`with_attribute`."""
+    return closing.replace(f"{{{attribute}, ", "{", 1).replace(f" {{{attribute}}}", "", 1)

@@ -27,8 +27,9 @@ from __future__ import annotations
 import re
 
 from .elide import select_parts
-from .ir import Module, TensorType, base_name, parse_for, parse_type, type_of
-from .masks import Affine, Analysis, IROps, Mask, atom_conditions, no_wrap, scalar_value
+from .ir import Module, TensorType, base_name, parse_for, parse_type, type_of, with_attribute
+from .iterations import NARROWED, PrefixSuffix, constant_step, mask_sets, no_wrap_in_loop, scalars_fixed_in_loop
+from .masks import Analysis, IROps, Mask
 
 _SIDE_EFFECTS = re.compile(r"store|atomic|print|assert|call|barrier|fence|scf\.while|tt\.func")
 NEG_INF, ZERO, ONE, POSITIVE = ("-inf",), ("0",), ("1",), ("+",)
@@ -155,141 +156,7 @@ def induction_steps(module: Module, loop: int) -> dict[int, tuple[str, str]]:
     return steps
 
 
-# --- iteration sets ---------------------------------------------------------------------------
-class _Sets:
-    """Sets of iterations as (P, S): every iv in [lb, P) and every iv in [S, ub) is in the set."""
-
-    def __init__(self, ops, lower, upper):
-        self.ops, self.lower, self.upper = ops, lower, upper
-
-    def _min(self, a, b):
-        return self.ops.select(self.ops.cmp("slt", a, b), a, b)
-
-    def _max(self, a, b):
-        return self.ops.select(self.ops.cmp("sgt", a, b), a, b)
-
-    def constant(self, flag):
-        ops = self.ops
-        return ops.select(flag, self.upper, self.lower), ops.select(flag, self.lower, self.upper)
-
-    def empty(self):
-        return self.lower, self.upper
-
-    def at_least(self, threshold):
-        ops = self.ops
-        prefix = ops.select(ops.cmp("sle", threshold, self.lower), self.upper, self.lower)
-        return prefix, self._max(self.lower, self._min(threshold, self.upper))
-
-    def at_most(self, threshold):
-        ops = self.ops
-        last = ops.add(self.upper, ops.const(-1))
-        suffix = ops.select(ops.cmp("sge", threshold, last), self.lower, self.upper)
-        return self._max(self.lower, self._min(ops.add(threshold, ops.const(1)), self.upper)), suffix
-
-    def union(self, a, b):
-        ops = self.ops
-        whole = ops.or_(ops.cmp("sge", a[0], b[1]), ops.cmp("sge", b[0], a[1]))
-        return (ops.select(whole, self.upper, self._max(a[0], b[0])),
-                ops.select(whole, self.lower, self._min(a[1], b[1])))
-
-    def intersection(self, a, b):
-        return self._min(a[0], b[0]), self._max(a[1], b[1])
-
-
-def _condition_set(sets: _Sets, condition, slope: int, rest):
-    """Iterations where ``slope * iv + rest  p  K`` holds (an atom condition, see atom_conditions)."""
-    ops = sets.ops
-    if condition[0] == "false":
-        return sets.empty()
-    if condition[0] == "or":
-        return sets.union(_condition_set(sets, condition[1], slope, rest),
-                          _condition_set(sets, condition[2], slope, rest))
-    _, pred, bound = condition
-    if slope == 0:
-        return sets.constant(ops.cmp(pred, rest, ops.const(bound)))
-    if pred in ("eq", "ne"):
-        return sets.empty()                   # sound under-approximation
-    target = ops.add(ops.const(bound), ops.mul(rest, -1))        # slope * iv  pred  target
-    if slope < 0:
-        slope, target = -slope, ops.mul(target, -1)
-        pred = {"slt": "sgt", "sle": "sge", "sgt": "slt", "sge": "sle"}[pred]
-    ceil = ops.ceil_div(target, slope)
-    floor = ops.mul(ops.ceil_div(ops.mul(target, -1), slope), -1)
-    if pred == "slt":
-        return sets.at_most(ops.add(ceil, ops.const(-1)))
-    if pred == "sle":
-        return sets.at_most(floor)
-    if pred == "sgt":
-        return sets.at_least(ops.add(floor, ops.const(1)))
-    return sets.at_least(ceil)
-
-
-def mask_sets(sets: _Sets, mask: Mask, iv: str):
-    """(all-true set, all-false set) of ``mask`` over the iterations (under-approximations)."""
-    ops = sets.ops
-    if mask.kind == "atom":
-        slope = dict(mask.diff.scalars).get(iv, 0)
-        rest = scalar_value(ops, Affine(mask.diff.const, tuple((n, c) for n, c in mask.diff.scalars if n != iv), (), ()))
-        return tuple(_condition_set(sets, c, slope, rest) for c in atom_conditions(mask.pred, mask.diff))
-    if mask.kind == "const":
-        return sets.constant(ops.boolean(mask.value)), sets.constant(ops.boolean(not mask.value))
-    if mask.kind == "scalar":
-        flag = ops.flag(mask.value)
-        return sets.constant(flag), sets.constant(ops.not_(flag))
-    if mask.kind == "not":
-        true_set, false_set = mask_sets(sets, mask.children[0], iv)
-        return false_set, true_set
-    if mask.kind == "xor":
-        return sets.empty(), sets.empty()
-    (t1, f1), (t2, f2) = (mask_sets(sets, child, iv) for child in mask.children)
-    if mask.kind == "and":
-        return sets.intersection(t1, t2), sets.union(f1, f2)
-    return sets.union(t1, t2), sets.intersection(f1, f2)
-
-
-class _AtIteration:
-    """Scalar ops with the induction variable replaced by a fixed i64 value (range guards)."""
-
-    def __init__(self, ops, iv, value):
-        self._ops, self._iv, self._value = ops, iv, value
-
-    def leaf(self, name):
-        return self._value if name == self._iv else self._ops.leaf(name)
-
-    def __getattr__(self, name):
-        return getattr(self._ops, name)
-
-
 # --- the rewrite ------------------------------------------------------------------------------------
-def _constant_step(module: Module, name: str) -> int | None:
-    index = module.defs.get(name)
-    line = module.lines[index] if index is not None and index >= 0 else None
-    if line is None or line.op != "arith.constant":
-        return None
-    match = re.match(r"\s*(\d+)\s*:", line.body)
-    return int(match.group(1)) if match and int(match.group(1)) > 0 else None
-
-
-def _leaves_ok(module: Module, loop: int, mask: Mask, iv: str, checks) -> bool:
-    names = set()
-
-    def collect(node):
-        if node.kind == "atom":
-            names.update(n for n, _ in node.diff.scalars)
-        elif node.kind == "scalar":
-            names.add(node.value)
-        for child in node.children:
-            collect(child)
-    collect(mask)
-    for check in checks:
-        names.update(n for n, _ in check.value.scalars)
-    for name in names - {iv}:
-        where = module.defs.get(name)
-        if where is None or where == loop or module.inside(where, loop):
-            return False
-    return True
-
-
 def _result_used_after(module: Module, loop: int, position: int) -> bool:
     """Whether result ``position`` of the loop is used after it."""
     results = module.lines[loop].results
@@ -303,7 +170,7 @@ def _result_used_after(module: Module, loop: int, position: int) -> bool:
 def skip_loop(module: Module, loop: int, max_atoms: int) -> bool:
     """Narrow the bounds of one loop; False (module untouched) when the loop does not qualify."""
     head = parse_for(module.lines[loop])
-    step = _constant_step(module, head.step)
+    step = constant_step(module, head.step)
     if step is None or head.iv_type not in ("i32", "i64"):
         return False
     body = range(loop + 1, module.end_of(loop))
@@ -323,7 +190,7 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> bool:
             fill, mask = parts[1], Mask("not", children=(mask,))   # where(~mask, -inf, x)
         else:
             continue
-        if not _leaves_ok(module, loop, mask, head.iv, analysis.checks):
+        if not scalars_fixed_in_loop(module, loop, mask, head.iv, analysis.checks):
             continue
         steps = induction_steps(module, loop)
         if any(_result_used_after(module, loop, position) for position in steps):
@@ -340,10 +207,8 @@ def narrowed_bounds(ops, lower, upper, step: int, mask: Mask, iv: str, checks):
     """(new lower, new upper, skipped leading iterations) as i64 scalars: the loop's iterations
     minus the longest all-false prefix and suffix; the original bounds when an index computation
     could wrap somewhere in the iteration range."""
-    sets = _Sets(ops, lower, upper)
-    _, all_false = mask_sets(sets, mask, iv)
-    last = ops.add(upper, ops.const(-1))
-    safe = ops.and_(no_wrap(_AtIteration(ops, iv, lower), checks), no_wrap(_AtIteration(ops, iv, last), checks))
+    _, all_false = mask_sets(PrefixSuffix(ops, lower, upper), mask, iv)
+    safe = no_wrap_in_loop(ops, lower, upper, iv, checks)
     skipped = ops.select(safe, ops.ceil_div(ops.add(all_false[0], ops.mul(lower, -1)), step), ops.const(0))
     new_lower = ops.add(lower, ops.mul(skipped, step))
     new_upper = ops.select(safe, ops.select(ops.cmp("sgt", all_false[1], new_lower), all_false[1], new_lower), upper)
@@ -367,6 +232,8 @@ def _emit(module: Module, loop: int, head, step: int, mask: Mask, checks, steps)
         arg, old = head.iter_args[position]
         text = text.replace(f"{arg} = {old}", f"{arg} = {init}", 1)
     texts = [l.text for l in module.lines]
+    end = module.end_of(loop)
+    texts[end] = with_attribute(texts[end], NARROWED)
     module.replace(texts[:loop] + ops.lines + [text] + texts[loop + 1:])
 
 
@@ -406,4 +273,4 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
     for loop in reversed(module.loops()):
         if skip_loop(module, loop, options["max_atoms"]):
             counts["loops_narrowed"] += 1
-    return module.text(), counts
+    return (module.text() if any(counts.values()) else text), counts

@@ -1,0 +1,224 @@
+"""Sets of loop iterations on which a mask is all-true / all-false, as runtime scalars.
+
+Each compare of an analysable mask (:mod:`.masks`) is affine in the induction variable, so the
+iterations on which it is all-true (or all-false) on the whole tile form a half-line. Two algebras
+combine those half-lines through the mask's and/or/not structure, each a sound under-approximation:
+
+* :class:`PrefixSuffix` -- ``[lower, P) U [S, upper)``: the leading and trailing iterations
+  (``skip-masked-blocks`` drops the all-false ones);
+* :class:`Interval` -- ``[a, b)``: one run of iterations (``elide-uniform-masks`` gives the all-true
+  run its own loop).
+
+Both are written against the scalar-operation interface of :mod:`.masks` (Python integers in the
+property tests, TTIR scalar ops in the passes).
+"""
+from __future__ import annotations
+
+import re
+
+from .ir import Module
+from .masks import Affine, Mask, atom_conditions, no_wrap, scalar_value
+
+
+NARROWED = "tritonpatch.narrowed"   # skip-masked-blocks marks the loops it narrowed (no all-false runs left)
+
+
+def smin(ops, a, b):
+    return ops.select(ops.cmp("slt", a, b), a, b)
+
+
+def smax(ops, a, b):
+    return ops.select(ops.cmp("sgt", a, b), a, b)
+
+
+class PrefixSuffix:
+    """Sets of iterations as (P, S): every iv in [lower, P) and every iv in [S, upper)."""
+
+    def __init__(self, ops, lower, upper):
+        self.ops, self.lower, self.upper = ops, lower, upper
+
+    def constant(self, flag):
+        ops = self.ops
+        return ops.select(flag, self.upper, self.lower), ops.select(flag, self.lower, self.upper)
+
+    def empty(self):
+        return self.lower, self.upper
+
+    def at_least(self, threshold):
+        ops = self.ops
+        prefix = ops.select(ops.cmp("sle", threshold, self.lower), self.upper, self.lower)
+        return prefix, smax(ops, self.lower, smin(ops, threshold, self.upper))
+
+    def at_most(self, threshold):
+        ops = self.ops
+        last = ops.add(self.upper, ops.const(-1))
+        suffix = ops.select(ops.cmp("sge", threshold, last), self.lower, self.upper)
+        return smax(ops, self.lower, smin(ops, ops.add(threshold, ops.const(1)), self.upper)), suffix
+
+    def union(self, a, b):
+        ops = self.ops
+        whole = ops.or_(ops.cmp("sge", a[0], b[1]), ops.cmp("sge", b[0], a[1]))
+        return (ops.select(whole, self.upper, smax(ops, a[0], b[0])),
+                ops.select(whole, self.lower, smin(ops, a[1], b[1])))
+
+    def intersection(self, a, b):
+        return smin(self.ops, a[0], b[0]), smax(self.ops, a[1], b[1])
+
+
+class Interval:
+    """Sets of iterations as [a, b) within [lower, upper) (empty when a >= b)."""
+
+    def __init__(self, ops, lower, upper):
+        self.ops, self.lower, self.upper = ops, lower, upper
+
+    def constant(self, flag):
+        return self.lower, self.ops.select(flag, self.upper, self.lower)
+
+    def empty(self):
+        return self.lower, self.lower
+
+    def at_least(self, threshold):
+        return smax(self.ops, self.lower, smin(self.ops, threshold, self.upper)), self.upper
+
+    def at_most(self, threshold):
+        ops = self.ops
+        return self.lower, smax(ops, self.lower, smin(ops, ops.add(threshold, ops.const(1)), self.upper))
+
+    def union(self, a, b):
+        """The hull where the two runs overlap or touch, else the longer one."""
+        ops = self.ops
+        touch = ops.cmp("sle", smax(ops, a[0], b[0]), smin(ops, a[1], b[1]))
+        a_longer = ops.cmp("sge", ops.add(a[1], ops.mul(a[0], -1)), ops.add(b[1], ops.mul(b[0], -1)))
+        start = ops.select(touch, smin(ops, a[0], b[0]), ops.select(a_longer, a[0], b[0]))
+        end = ops.select(touch, smax(ops, a[1], b[1]), ops.select(a_longer, a[1], b[1]))
+        return start, end
+
+    def intersection(self, a, b):
+        start = smax(self.ops, a[0], b[0])
+        return start, smax(self.ops, start, smin(self.ops, a[1], b[1]))
+
+
+def condition_set(sets, condition, slope: int, rest):
+    """Iterations where ``slope * iv + rest  p  K`` holds (an atom condition, see atom_conditions)."""
+    ops = sets.ops
+    if condition[0] == "false":
+        return sets.empty()
+    if condition[0] == "or":
+        return sets.union(condition_set(sets, condition[1], slope, rest),
+                          condition_set(sets, condition[2], slope, rest))
+    _, pred, bound = condition
+    if slope == 0:
+        return sets.constant(ops.cmp(pred, rest, ops.const(bound)))
+    if pred in ("eq", "ne"):
+        return sets.empty()                   # sound under-approximation
+    target = ops.add(ops.const(bound), ops.mul(rest, -1))        # slope * iv  pred  target
+    if slope < 0:
+        slope, target = -slope, ops.mul(target, -1)
+        pred = {"slt": "sgt", "sle": "sge", "sgt": "slt", "sge": "sle"}[pred]
+    ceil = ops.ceil_div(target, slope)
+    floor = ops.mul(ops.ceil_div(ops.mul(target, -1), slope), -1)
+    if pred == "slt":
+        return sets.at_most(ops.add(ceil, ops.const(-1)))
+    if pred == "sle":
+        return sets.at_most(floor)
+    if pred == "sgt":
+        return sets.at_least(ops.add(floor, ops.const(1)))
+    return sets.at_least(ceil)
+
+
+def mask_sets(sets, mask: Mask, iv: str):
+    """(all-true set, all-false set) of ``mask`` over the iterations (under-approximations)."""
+    ops = sets.ops
+    if mask.kind == "atom":
+        slope = dict(mask.diff.scalars).get(iv, 0)
+        rest = scalar_value(ops, Affine(mask.diff.const, tuple((n, c) for n, c in mask.diff.scalars if n != iv), (), ()))
+        return tuple(condition_set(sets, c, slope, rest) for c in atom_conditions(mask.pred, mask.diff))
+    if mask.kind == "const":
+        return sets.constant(ops.boolean(mask.value)), sets.constant(ops.boolean(not mask.value))
+    if mask.kind == "scalar":
+        flag = ops.flag(mask.value)
+        return sets.constant(flag), sets.constant(ops.not_(flag))
+    if mask.kind == "not":
+        true_set, false_set = mask_sets(sets, mask.children[0], iv)
+        return false_set, true_set
+    if mask.kind == "xor":
+        return sets.empty(), sets.empty()
+    (t1, f1), (t2, f2) = (mask_sets(sets, child, iv) for child in mask.children)
+    if mask.kind == "and":
+        return sets.intersection(t1, t2), sets.union(f1, f2)
+    return sets.union(t1, t2), sets.intersection(f1, f2)
+
+
+class AtIteration:
+    """Scalar ops with the induction variable replaced by a fixed i64 value (range guards)."""
+
+    def __init__(self, ops, iv, value):
+        self._ops, self._iv, self._value = ops, iv, value
+
+    def leaf(self, name):
+        return self._value if name == self._iv else self._ops.leaf(name)
+
+    def __getattr__(self, name):
+        return getattr(self._ops, name)
+
+
+def no_wrap_in_loop(ops, lower, upper, iv: str, checks):
+    """True when no checked index computation wraps on the first or the last iteration (they are
+    affine in the induction variable, so then on none in between)."""
+    last = ops.add(upper, ops.const(-1))
+    return ops.and_(no_wrap(AtIteration(ops, iv, lower), checks), no_wrap(AtIteration(ops, iv, last), checks))
+
+
+def segment_counts(ops, lower, upper, step: int, mask: Mask, iv: str, checks):
+    """Iteration counts ``k1 <= k2 <= k3 <= k4`` (from ``lower``) cutting the loop's ``n`` iterations
+    into five runs: ``[0, k1)`` all-false, ``[k1, k2)`` mixed, ``[k2, k3)`` all-true, ``[k3, k4)``
+    mixed, ``[k4, n)`` all-false. Every run but the mixed ones may be empty; where an index
+    computation could wrap, everything is one mixed run."""
+    trips = smax(ops, ops.const(0), ops.ceil_div(ops.add(upper, ops.mul(lower, -1)), step))
+
+    def count_before(bound, least):
+        """Iterations whose iv lies below ``bound``, at least ``least`` and at most ``trips``."""
+        return smin(ops, smax(ops, ops.ceil_div(ops.add(bound, ops.mul(lower, -1)), step), least), trips)
+
+    all_true, _ = mask_sets(Interval(ops, lower, upper), mask, iv)
+    _, all_false = mask_sets(PrefixSuffix(ops, lower, upper), mask, iv)
+    zero = ops.const(0)
+    k1 = count_before(all_false[0], zero)
+    k2 = count_before(all_true[0], k1)
+    k3 = count_before(all_true[1], k2)
+    k4 = count_before(all_false[1], k3)
+    safe = no_wrap_in_loop(ops, lower, upper, iv, checks)
+    return (ops.select(safe, k1, zero), ops.select(safe, k2, zero), ops.select(safe, k3, zero),
+            ops.select(safe, k4, trips))
+
+
+def constant_step(module: Module, name: str) -> int | None:
+    """The value of a positive integer constant (a loop step), else None."""
+    index = module.defs.get(name)
+    line = module.lines[index] if index is not None and index >= 0 else None
+    if line is None or line.op != "arith.constant":
+        return None
+    match = re.match(r"\s*(\d+)\s*:", line.body)
+    return int(match.group(1)) if match and int(match.group(1)) > 0 else None
+
+
+def scalars_fixed_in_loop(module: Module, loop: int, mask: Mask, iv: str, checks) -> bool:
+    """Whether every runtime scalar of the mask (and of its wrap checks) is the induction variable
+    or defined before the loop, so that the iteration sets can be computed in front of it."""
+    names = set()
+
+    def collect(node):
+        if node.kind == "atom":
+            names.update(n for n, _ in node.diff.scalars)
+        elif node.kind == "scalar":
+            names.add(node.value)
+        for child in node.children:
+            collect(child)
+    collect(mask)
+    for check in checks:
+        names.update(n for n, _ in check.value.scalars)
+    for name in names - {iv}:
+        where = module.defs.get(name)
+        if where is None or where == loop or module.inside(where, loop):
+            return False
+    return True
