@@ -35,12 +35,15 @@ from .masks import MaskMod, ScoreMod, allow_all, alibi, softcap
 
 LOG2E = 1.4426950408889634
 
-# dq_write values of the dK/dV kernel: ATOMIC (tl.atomic_add, relaxed) and RED (scalar inline-PTX
-# red.global.add.f32 straight from the MMA layout, the report's inline-asm variant) are correct;
-# NONE (separate mode; as a benchmark bound it also drops the dQ matmul), DISCARD (dQ computed, never
-# written: the cost of the write alone) and STORE (racy, wrong) exist for scripts/bench_bwd_atomic.py.
-DQ_NONE, DQ_ATOMIC, DQ_STORE, DQ_RED, DQ_DISCARD = 0, 1, 2, 3, 4
-DQ_WRITE_NAMES = {"none": DQ_NONE, "atomic": DQ_ATOMIC, "store": DQ_STORE, "red": DQ_RED, "discard": DQ_DISCARD}
+# dq_write values of the dK/dV kernel: ATOMIC (tl.atomic_add, relaxed), TMA (a tensor descriptor's
+# atomic_add: the TMA unit's bulk reduce-add, cp.reduce.async.bulk.tensor, Hopper+) and RED (scalar
+# inline-PTX red.global.add.f32 straight from the MMA layout, the report's inline-asm variant) are
+# correct; NONE (separate mode; as a benchmark bound it also drops the dQ matmul), DISCARD (dQ
+# computed, never written: the cost of the write alone) and STORE (racy, wrong) exist for
+# scripts/bench_bwd_atomic.py.
+DQ_NONE, DQ_ATOMIC, DQ_STORE, DQ_RED, DQ_DISCARD, DQ_TMA = 0, 1, 2, 3, 4, 5
+DQ_WRITE_NAMES = {"none": DQ_NONE, "atomic": DQ_ATOMIC, "store": DQ_STORE, "red": DQ_RED, "discard": DQ_DISCARD,
+                  "tma": DQ_TMA}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,7 +205,10 @@ def _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_
             ds = SCORE_GRAD_FN(ds, s, b, h, q_safe, kv_col, score_args)
         ds = ds.to(q.dtype)
         dk = tl.dot(ds, q, dk)
-        if DQ_WRITE != 0:
+        if DQ_WRITE == 5:   # dq_src: a [B, H, S, D] descriptor; the TMA unit clips rows past the end
+            dq = tl.dot(tl.trans(ds), k) * sm_scale
+            dq_src.atomic_add([b, h, start_m, 0], dq.reshape(1, 1, BLOCK_M, HEAD_DIM))
+        elif DQ_WRITE != 0:
             dq = tl.dot(tl.trans(ds), k) * sm_scale         # [BLOCK_M, HEAD_DIM] fp32
             dq_ptrs = dq_src + q_rows[:, None] * stride_dqm + offs_d[None, :]
             if DQ_WRITE == 4:
@@ -258,7 +264,10 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ_ACC, LSE, DELTA,
         do_src = DO + b * stride_dob + h * stride_doh
         lse_src = LSE + b * stride_lb + h * stride_lh
         delta_src = DELTA + b * stride_lb + h * stride_lh
-        dq_src = DQ_ACC + b * stride_qab + h * stride_qah
+        if DQ_WRITE == 5:
+            dq_src = DQ_ACC                                  # a tensor descriptor over all of dQ
+        else:
+            dq_src = DQ_ACC + b * stride_qab + h * stride_qah
         num_off = b * stride_nb + h * stride_nh + mask_block
         ids_off = b * stride_ib + h * stride_ih + mask_block * stride_in
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_qm, stride_qd,
@@ -391,7 +400,7 @@ class KernelConfig:
 # dK/dV D=64 BM64-BN128-w8 spills at 3 stages, BM32-BN128 with 4 warps; D=128 BM64-BN64-w8 spills.
 _DKDV_CONFIGS = {
     64: [KernelConfig(64, 128, 8, 2), KernelConfig(32, 128, 8, 3)],
-    128: [KernelConfig(32, 128, 8, 2), KernelConfig(32, 64, 8, 2)],
+    128: [KernelConfig(32, 128, 8, 2), KernelConfig(32, 64, 8, 2), KernelConfig(16, 128, 8, 2)],
 }
 _DQ_CONFIGS = {
     64: [KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3)],
@@ -480,6 +489,9 @@ def _launch_dkdv(q, k, v, dout, dk, dv, dq_acc, lse, delta, tmask: TransposedBlo
     partial_num, partial_ids = _expanded(tmask.q_num_blocks, tmask.q_indices, batch, heads)
     full_num, full_ids = _expanded(tmask.full_q_num_blocks, tmask.full_q_indices, batch, heads)
     acc = dq_acc if dq_acc is not None else delta   # never written when dq_write == DQ_NONE
+    if dq_write == DQ_TMA:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        acc = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [1, 1, config.block_m, head_dim])
     acc_strides = dq_acc.stride()[:3] if dq_acc is not None else (0, 0, 0)
     grid = (triton.cdiv(kv_len, config.block_n), batch * kv_heads)
     _attn_bwd_dkdv_kernel[grid](
@@ -728,6 +740,8 @@ def compile_spec(kernel: str, dtype: torch.dtype, head_dim: int, config: KernelC
     else:
         raise ValueError(f"kernel must be 'dkdv' or 'dq', got {kernel!r}")
     signature = {name: "*" + t for name, t in pointers.items()}
+    if kernel == "dkdv" and dq_write == "tma":
+        signature["DQ_ACC"] = f"tensordesc<fp32[1, 1, {config.block_m}, {head_dim}]>"
     constexprs = {}
     for g in groups:
         signature.update({f"stride_{g}b": "i32", f"stride_{g}h": "i32", f"stride_{g}{'n' if g in ('k', 'v', 'dk') else 'm'}": "i32"})

@@ -39,10 +39,12 @@ VARIANTS = {   # label -> (dq_mode, dq_write, gives a correct dQ)
     "no write, dQ computed (wrong dQ)": ("atomic", "discard", False),
     "no dQ at all (report's 'none', wrong dQ)": ("atomic", "none", False),
     "inline-PTX red.global.add.f32": ("atomic", "red", True),
+    "TMA bulk reduce-add (descriptor atomic_add)": ("atomic", "tma", True),
     "plain store (racy, wrong dQ)": ("atomic", "store", False),
     "separate dQ kernel (deterministic)": ("separate", "atomic", True),
 }
 NO_WRITE = "no write, dQ computed (wrong dQ)"
+TMA = "TMA bulk reduce-add (descriptor atomic_add)"
 NO_DQ = "no dQ at all (report's 'none', wrong dQ)"
 FLEX_HEADS = 16
 FLEX_GRID = [(64, 4096), (64, 8192), (128, 4096), (128, 8192)]
@@ -101,8 +103,8 @@ def tuned(q, k, v, out, lse, dout, mask, dq_mode) -> B.BwdConfig:
 def atomic_table(seq_lens, device, dtype, timer, deadline) -> list:
     rows = []
     mask = K.causal()
-    # the interpreter cannot run inline PTX: the smoke run times the red variant as atomic_add
-    red = "atomic" if device.type == "cpu" else "red"
+    # the interpreter runs neither inline PTX nor TMA: the smoke run times those variants as atomic_add
+    hardware_only = ("red", "tma") if device.type == "cpu" else ()
     for seq in seq_lens:
         if time.time() > deadline:
             log(f"N_CTX {seq}: skipped (time budget)")
@@ -113,17 +115,19 @@ def atomic_table(seq_lens, device, dtype, timer, deadline) -> list:
         configs = {mode: tuned(q, k, v, out, lse, dout, mask, mode) for mode in ("atomic", "separate")}
         row = {"n_ctx": seq, "configs": [c.label() for c in configs.values()], "ms": {}, "tflops": {}}
         for label, (dq_mode, dq_write, _) in VARIANTS.items():
-            dq_write = red if dq_write == "red" else dq_write
+            dq_write = "atomic" if dq_write in hardware_only else dq_write
             call = lambda: B.attention_backward(q, k, v, out, lse, dout, mask_mod=mask, dq_mode=dq_mode,
                                                 config=configs[dq_mode], dq_write=dq_write)
             row["ms"][label] = timer(call)
             row["tflops"][label] = causal_bwd_flops(seq) / row["ms"][label] / 1e9
         row["atomic_vs_no_write"] = row["tflops"]["atomic_add"] / row["tflops"][NO_WRITE]
         row["atomic_vs_no_dq"] = row["tflops"]["atomic_add"] / row["tflops"][NO_DQ]
+        row["tma_vs_no_write"] = row["tflops"][TMA] / row["tflops"][NO_WRITE]
         row["faster_mode"] = "atomic" if row["ms"]["atomic_add"] <= row["ms"]["separate dQ kernel (deterministic)"] \
             else "separate"
         log(f"N_CTX {seq:6d}: " + "  ".join(f"{label.split(' ')[0]} {t:6.1f}" for label, t in row["tflops"].items())
             + f"  atomic/no-write {row['atomic_vs_no_write']:.3f} atomic/no-dQ {row['atomic_vs_no_dq']:.3f}"
+            + f"  tma/no-write {row['tma_vs_no_write']:.3f}"
             + f"  ({row['configs']})")
         rows.append(row)
         del q, k, v, dout, out, lse
@@ -189,12 +193,12 @@ def write_markdown(path, report) -> None:
                   "give a wrong dQ and only bound the cost: 'no write' computes the dQ matmul and drops it (the "
                   "cost of the write alone); 'no dQ at all' also drops the matmul, as the report's 'none' did "
                   "(the compiler removes it). Target: atomic_add ≥ 0.95 × no-write at N ≥ 8192.", "",
-                  "| N_CTX | " + " | ".join(labels) + " | atomic / no-write | atomic / no-dQ | configs |",
-                  "|---|" + "---|" * len(labels) + "---|---|---|"]
+                  "| N_CTX | " + " | ".join(labels) + " | atomic / no-write | TMA / no-write | atomic / no-dQ | configs |",
+                  "|---|" + "---|" * len(labels) + "---|---|---|---|"]
         for r in rows:
             cells = " | ".join(f"{r['tflops'][label]:.1f}" for label in labels)
             configs = "; ".join(r["configs"])
-            lines.append(f"| {r['n_ctx']} | {cells} | {r['atomic_vs_no_write']:.3f} | {r['atomic_vs_no_dq']:.3f} | "
+            lines.append(f"| {r['n_ctx']} | {cells} | {r['atomic_vs_no_write']:.3f} | {r.get('tma_vs_no_write', float('nan')):.3f} | {r['atomic_vs_no_dq']:.3f} | "
                          f"{configs} |")
         for r in report.get("atomic", []):
             if "skipped" in r:

@@ -70,10 +70,13 @@ def test_tuned_candidates_compile_for_sm90_without_spills(kernel, head_dim, conf
 
 def test_dq_write_variants_compile():
     config = B._DKDV_CONFIGS[64][0]
-    by_write = {w: reduction_ops(compile_sm90("dkdv", torch.float16, 64, config, K.causal(), dq_write=w).asm["ptx"])
-                for w in ("none", "store", "red")}
-    assert by_write["none"] == {} and by_write["store"] == {}
+    compiled = {w: compile_sm90("dkdv", torch.float16, 64, config, K.causal(), dq_write=w)
+                for w in ("none", "store", "red", "tma")}
+    by_write = {w: reduction_ops(c.asm["ptx"]) for w, c in compiled.items()}
+    assert by_write["none"] == {} and by_write["store"] == {} and by_write["tma"] == {}
     assert set(by_write["red"]) == {"red.global.add.f32"}, by_write["red"]
+    # the TMA unit's bulk reduce-add, one per dQ tile
+    assert "cp.reduce.async.bulk.tensor" in compiled["tma"].asm["ptx"] and ".add" in compiled["tma"].asm["ptx"]
 
 
 def test_score_mods_and_coarse_block_masks_compile():
