@@ -8,6 +8,7 @@ bit for bit with the unpatched masked kernel (skip: where the unpatched output i
 
     python scripts/bench_mask_passes.py --out docs/benchmarks            # GPU: full run
     python scripts/bench_mask_passes.py --compile-only                   # CPU: sm_90 compile + pass reports
+    python scripts/bench_mask_passes.py --from-json mask_passes.json     # rewrite the table and plot
 
 Writes mask_passes.json, mask_passes.md and mask_passes.png into ``--out``.
 """
@@ -56,6 +57,7 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds over all variants (median kept)")
     parser.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks"))
     parser.add_argument("--compile-only", action="store_true", help="compile every variant for sm_90 (no GPU)")
+    parser.add_argument("--from-json", help="rewrite mask_passes.md/.png in --out from this measured JSON (no GPU)")
     return parser.parse_args(argv)
 
 
@@ -156,9 +158,10 @@ def run_gpu(args) -> dict:
 
 def write(args, data) -> None:
     os.makedirs(args.out, exist_ok=True)
-    data.update({"command": "python " + " ".join(sys.argv), "triton": triton.__version__,
-                 "python": platform.python_version(), "date": datetime.date.today().isoformat(),
-                 "shape": {"B": args.batch, "H": args.heads, "S": args.seq, "D": args.head_dim, "P": args.prefix,
+    for key, value in (("command", "python " + " ".join(sys.argv)), ("triton", triton.__version__),
+                       ("python", platform.python_version()), ("date", datetime.date.today().isoformat())):
+        data.setdefault(key, value)          # kept when rewriting from a measured JSON (--from-json)
+    data.update({"shape": {"B": args.batch, "H": args.heads, "S": args.seq, "D": args.head_dim, "P": args.prefix,
                            "dtype": "bf16", "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": NUM_WARPS,
                            "num_stages": NUM_STAGES}})
     with open(os.path.join(args.out, "mask_passes.json"), "w") as handle:
@@ -201,7 +204,11 @@ def main(argv=None) -> None:
     if args.compile_only:
         compile_only(args)
         return
-    data = run_gpu(args)
+    if args.from_json:
+        with open(args.from_json) as handle:
+            data = json.load(handle)
+    else:
+        data = run_gpu(args)
     write(args, data)
     print(open(os.path.join(args.out, "mask_passes.md")).read())
 
