@@ -10,6 +10,7 @@ the old code and the interpreter is on.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
@@ -29,6 +30,24 @@ def check_device(tensor: torch.Tensor, what: str) -> None:
         return
     raise ValueError(f"{what}: the Triton kernel needs CUDA tensors (got {tensor.device}); for CPU tensors "
                      "set TRITON_INTERPRET=1 before importing triton, or use tritonpatch.kernels.reference")
+
+
+@contextlib.contextmanager
+def device_allocator(needed: bool):
+    """Scratch memory for kernels that build TMA descriptors on the device, scoped to the launch:
+    the caller's own ``triton.set_allocator`` choice is used when there is one, and Triton's
+    allocator (a context variable) is left as it was."""
+    from triton.runtime import _allocation
+
+    if not needed or not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        yield
+        return
+    token = _allocation._allocator.set(
+        lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    try:
+        yield
+    finally:
+        _allocation._allocator.reset(token)
 
 
 def _fix_interpreter_index() -> None:

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import check_device, interpreting
+from ._launch import check_device, device_allocator, interpreting
 from .block_mask import BlockMask, build_block_mask
 from .masks import MaskMod, ScoreMod, allow_all
 
@@ -49,6 +49,43 @@ def _load_kv_tile(k_src, v_src, b, kv_h, start_n, kv_idx, kv_len, stride_kn, str
 
 
 @triton.jit
+def _online_softmax_step(acc, l_i, m_i, x, v, factor, ROWS_MAY_BE_EMPTY: tl.constexpr):
+    """Fold one tile of scores ``x`` (disallowed pairs -inf; base-2 units after ``* factor``) and
+    its V tile into (acc, l_i, m_i). ROWS_MAY_BE_EMPTY: a row may have seen no allowed pair yet."""
+    m_new = tl.maximum(m_i, tl.max(x, 1) * factor)
+    if ROWS_MAY_BE_EMPTY:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = m_new
+    p = tl.math.exp2(x * factor - m_ref[:, None])
+    alpha = tl.math.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _attend_tiles_specialized(acc, l_i, m_i, q, k_src, v_src, num_full, full_ids, num_partial, partial_ids,
+                              b, h, row_start, qk_scale, mask_args, MASK_FN: tl.constexpr, BLOCK_M: tl.constexpr,
+                              BLOCK_N: tl.constexpr):
+    """The full and then the partial tiles in one warp-specialized loop (TMA producer + two
+    consumer warpgroups; Triton 3.6 specializes only a kernel's single loop, and only without an
+    ``if`` in it), so the mask runs on every tile. The mask sees both indices shifted by the tile
+    start (``q_idx - start_n``, ``0..BLOCK_N-1``; equal for a shift-invariant mask): Triton 3.6's
+    data partitioning miscomputes a loop-variant kv-index row ``start_n + arange``
+    (docs/benchmarks/warp_specialization.md). k_src / v_src: 2-D descriptors of this kv head."""
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    for j in tl.range(0, num_full + num_partial, warp_specialize=True):
+        start_n = tl.load(tl.where(j < num_full, full_ids + j, partial_ids + (j - num_full))) * BLOCK_N
+        x = tl.dot(q, tl.trans(k_src.load([start_n, 0])))
+        shifted_rows = row_start - start_n + tl.arange(0, BLOCK_M)    # made from scalars in the loop
+        keep = MASK_FN(b, h, shifted_rows[:, None], cols, mask_args)
+        x = tl.where(keep, x, float("-inf"))
+        acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, x, v_src.load([start_n, 0]), qk_scale, True)
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                   num_tiles, tile_ids, b, h, kv_h, q_idx, kv_len, sm_scale, qk_scale, mask_args, score_args,
                   MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, APPLY_MASK: tl.constexpr,
@@ -74,16 +111,7 @@ def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_v
             kv_safe = tl.minimum(kv_idx, kv_len - 1)[None, :]
             keep = MASK_FN(b, h, q_idx, kv_safe, mask_args) & (kv_idx < kv_len)[None, :]
             x = tl.where(keep, x, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(x, 1) * factor)
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)   # rows with nothing allowed yet
-        else:
-            m_new = tl.maximum(m_i, tl.max(x, 1) * factor)
-            m_ref = m_new
-        p = tl.math.exp2(x * factor - m_ref[:, None])
-        alpha = tl.math.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
+        acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, x, v, factor, APPLY_MASK)
     return acc, l_i, m_i
 
 
@@ -98,8 +126,12 @@ def _attn_fwd_kernel(Q, K, V, Out, LSE,
                      stride_nb, stride_nh, stride_ib, stride_ih, stride_iq,
                      num_heads, group_size, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
                      MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, HAS_SCORE: tl.constexpr,
-                     USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """One program per (q-block, batch*head). With USE_TMA, Q/K/V/Out are 4-D tensor descriptors."""
+                     USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """One program per (q-block, batch*head). With USE_TMA, Q/K/V/Out are 4-D tensor descriptors;
+    with WARP_SPECIALIZE they are pointers and the kernel makes 2-D descriptors of its (batch, head)
+    (Triton 3.6 specializes Hopper loops over device-side descriptors only; see
+    ``warp_specialize_problem`` for what this variant requires)."""
     # the last q-blocks usually carry the most tiles (causal-like masks): start them first
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
@@ -110,7 +142,18 @@ def _attn_fwd_kernel(Q, K, V, Out, LSE,
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < q_len
-    if USE_TMA:
+    if WARP_SPECIALIZE:
+        q_src = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, [q_len, HEAD_DIM], [stride_qm, stride_qd],
+                                          [BLOCK_M, HEAD_DIM])
+        k_src = tl.make_tensor_descriptor(K + b * stride_kb + kv_h * stride_kh, [kv_len, HEAD_DIM],
+                                          [stride_kn, stride_kd], [BLOCK_N, HEAD_DIM])
+        v_src = tl.make_tensor_descriptor(V + b * stride_vb + kv_h * stride_vh, [kv_len, HEAD_DIM],
+                                          [stride_vn, stride_vd], [BLOCK_N, HEAD_DIM])
+        o_dst = tl.make_tensor_descriptor(Out + b * stride_ob + h * stride_oh, [q_len, HEAD_DIM],
+                                          [stride_om, stride_od], [BLOCK_M, HEAD_DIM])
+        lse_dst = tl.make_tensor_descriptor(LSE + b * stride_lb + h * stride_lh, [q_len], [1], [BLOCK_M])
+        q = q_src.load([q_block * BLOCK_M, 0])
+    elif USE_TMA:
         q = Q.load([b, h, q_block * BLOCK_M, 0]).reshape(BLOCK_M, HEAD_DIM)
         k_src = K
         v_src = V
@@ -126,24 +169,35 @@ def _attn_fwd_kernel(Q, K, V, Out, LSE,
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  tl.load(full_num + num_off), full_ids + ids_off, b, h, kv_h, q_idx, kv_len,
-                                  sm_scale, qk_scale, mask_args, score_args, MASK_FN, SCORE_FN,
-                                  False, HAS_SCORE, USE_TMA, BLOCK_N, HEAD_DIM)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  tl.load(partial_num + num_off), partial_ids + ids_off, b, h, kv_h, q_idx, kv_len,
-                                  sm_scale, qk_scale, mask_args, score_args, MASK_FN, SCORE_FN,
-                                  True, HAS_SCORE, USE_TMA, BLOCK_N, HEAD_DIM)
+    if WARP_SPECIALIZE:
+        acc, l_i, m_i = _attend_tiles_specialized(acc, l_i, m_i, q, k_src, v_src, tl.load(full_num + num_off),
+                                                  full_ids + ids_off, tl.load(partial_num + num_off),
+                                                  partial_ids + ids_off, b, h, q_block * BLOCK_M, qk_scale,
+                                                  mask_args, MASK_FN, BLOCK_M, BLOCK_N)
+    else:
+        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                                      tl.load(full_num + num_off), full_ids + ids_off, b, h, kv_h, q_idx, kv_len,
+                                      sm_scale, qk_scale, mask_args, score_args, MASK_FN, SCORE_FN,
+                                      False, HAS_SCORE, USE_TMA, BLOCK_N, HEAD_DIM)
+        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                                      tl.load(partial_num + num_off), partial_ids + ids_off, b, h, kv_h, q_idx,
+                                      kv_len, sm_scale, qk_scale, mask_args, score_args, MASK_FN, SCORE_FN,
+                                      True, HAS_SCORE, USE_TMA, BLOCK_N, HEAD_DIM)
 
     empty_row = l_i == 0.0
     out = (acc / tl.where(empty_row, 1.0, l_i)[:, None]).to(q.dtype)
     lse = tl.where(empty_row, float("-inf"), (m_i + tl.math.log2(l_i)) * 0.6931471805599453)
-    if USE_TMA:
+    if WARP_SPECIALIZE:
+        o_dst.store([q_block * BLOCK_M, 0], out)
+    elif USE_TMA:
         Out.store([b, h, q_block * BLOCK_M, 0], out.reshape(1, 1, BLOCK_M, HEAD_DIM))
     else:
         o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
         tl.store(o_ptrs, out, mask=row_ok[:, None])
-    tl.store(LSE + b * stride_lb + h * stride_lh + offs_m, lse, mask=row_ok)
+    if WARP_SPECIALIZE:   # through TMA too: a pointer store of the loop's row statistics comes out wrong
+        lse_dst.store([q_block * BLOCK_M], lse)
+    else:
+        tl.store(LSE + b * stride_lb + h * stride_lh + offs_m, lse, mask=row_ok)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,11 +213,17 @@ class FwdConfig:
     num_warps: int
     num_stages: int
     use_tma: bool = False     # Q/K/V/Out through TMA tensor descriptors (Hopper+; needs 16-byte strides)
+    warp_specialize: bool = False   # one loop, TMA producer + 2 consumer warpgroups (see warp_specialize_problem)
     pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
     pipeline_label: str = ""
 
+    def __post_init__(self):
+        if self.warp_specialize and not (self.use_tma and self.num_warps == 4):
+            raise ValueError("FwdConfig: warp_specialize needs use_tma=True and num_warps=4 (Triton adds the "
+                             "producer and the second consumer warpgroup)")
+
     def label(self) -> str:
-        tma = "-tma" if self.use_tma else ""
+        tma = ("-tma" if self.use_tma else "") + ("-ws" if self.warp_specialize else "")
         pipe = f"+{self.pipeline_label}" if self.pipeline is not None else ""
         return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{tma}{pipe}"
 
@@ -178,6 +238,30 @@ _HOPPER_CONFIGS = {
           FwdConfig(128, 128, 8, 2, True), FwdConfig(128, 64, 8, 3)],
 }
 _INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
+# Measured on H200 (docs/benchmarks/warp_specialization.md): 3 stages do not fit (D=128) or give NaN.
+WARP_SPECIALIZED_CONFIG = FwdConfig(128, 128, 4, 2, use_tma=True, warp_specialize=True)
+
+
+def warp_specialize_problem(q, k, v, mask_mod: MaskMod, score_mod, block_mask) -> str | None:
+    """Why the warp-specialized kernel cannot run this call (None: it can). It is verified on
+    Hopper with Triton 3.6 for D=128 (where it pays) and needs a shift-invariant mask (causal,
+    sliding window, none), no score_mod, 128-aligned lengths and TMA-compatible tensors."""
+    block = WARP_SPECIALIZED_CONFIG.block_m
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "needs a Hopper GPU (sm_90)"
+    if not triton.__version__.startswith("3.6."):
+        return f"verified with Triton 3.6 only (this is {triton.__version__})"
+    if q.shape[-1] != 128:
+        return "only head dim 128 is specialized (it does not pay at 64)"
+    if not mask_mod.shift_invariant or score_mod is not None:
+        return "needs a shift-invariant mask (causal, sliding_window, none) and no score_mod"
+    if q.shape[2] % block or k.shape[2] % block:
+        return f"sequence lengths must be multiples of {block}"
+    if not tma_compatible(q, k, v):
+        return "needs TMA-compatible tensors (unit stride in D, 16-byte aligned strides and base)"
+    if block_mask is not None and (block_mask.block_m, block_mask.block_n) != (block, block):
+        return f"needs a block mask of {block}x{block} tiles"
+    return None
 
 
 def candidate_configs(head_dim: int, device: torch.device) -> list:
@@ -257,7 +341,7 @@ def kernel_signature(dtype: torch.dtype, head_dim: int, config: FwdConfig, mask_
                      score_mod: ScoreMod | None) -> dict:
     """Triton signature of ``_attn_fwd_kernel`` for compile-only use (``tritonpatch.targets``)."""
     elem = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
-    if config.use_tma:
+    if config.use_tma and not config.warp_specialize:
         q_desc = f"tensordesc<{elem}[1, 1, {config.block_m}, {head_dim}]>"
         kv_desc = f"tensordesc<{elem}[1, 1, {config.block_n}, {head_dim}]>"
         sig = {"Q": q_desc, "K": kv_desc, "V": kv_desc, "Out": q_desc, "LSE": "*fp32"}
@@ -280,7 +364,8 @@ def kernel_constexprs(head_dim: int, config: FwdConfig, mask_mod: MaskMod, score
     """Compile-time arguments of ``_attn_fwd_kernel`` (contiguous last dims)."""
     return {"stride_qd": 1, "stride_kd": 1, "stride_vd": 1, "stride_od": 1,
             "MASK_FN": mask_mod.device_fn, "SCORE_FN": score_mod.device_fn if score_mod is not None else None,
-            "HAS_SCORE": score_mod is not None, "USE_TMA": config.use_tma, "BLOCK_M": config.block_m,
+            "HAS_SCORE": score_mod is not None, "USE_TMA": config.use_tma,
+            "WARP_SPECIALIZE": config.warp_specialize, "BLOCK_M": config.block_m,
             "BLOCK_N": config.block_n, "HEAD_DIM": head_dim}
 
 
@@ -296,7 +381,7 @@ def _launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_m
     score_args = tuple(a.to(q.device) if isinstance(a, torch.Tensor) else a for a in score_mod.args) \
         if score_mod is not None else ()
     grid = (triton.cdiv(q_len, config.block_m), batch * heads)
-    if config.use_tma:
+    if config.use_tma and not config.warp_specialize:
         q_t, k_t, v_t, out_t = (_descriptor(q, config.block_m, head_dim), _descriptor(k, config.block_n, head_dim),
                                 _descriptor(v, config.block_n, head_dim), _descriptor(out, config.block_m, head_dim))
     else:
@@ -309,17 +394,19 @@ def _launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_m
         partial_ids.stride(2),
         heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E, mask_args, score_args)
     kernel_kwargs = dict(MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod else None,
-                         HAS_SCORE=score_mod is not None, USE_TMA=config.use_tma, BLOCK_M=config.block_m,
+                         HAS_SCORE=score_mod is not None, USE_TMA=config.use_tma,
+                         WARP_SPECIALIZE=config.warp_specialize, BLOCK_M=config.block_m,
                          BLOCK_N=config.block_n,
                          HEAD_DIM=head_dim, num_warps=config.num_warps, num_stages=config.num_stages)
     if full_ids.stride(-1) != 1 or partial_ids.stride(-1) != 1:
         raise ValueError("block_mask index tensors must be contiguous in their last dim")
-    if config.pipeline is None:
-        _attn_fwd_kernel[grid](*launch_args, **kernel_kwargs)
-    else:
-        import tritonpatch
-        with tritonpatch.use_pipeline(config.pipeline):
+    with device_allocator(config.warp_specialize):
+        if config.pipeline is None:
             _attn_fwd_kernel[grid](*launch_args, **kernel_kwargs)
+        else:
+            import tritonpatch
+            with tritonpatch.use_pipeline(config.pipeline):
+                _attn_fwd_kernel[grid](*launch_args, **kernel_kwargs)
 
 
 def _descriptor(t: torch.Tensor, block_rows: int, head_dim: int):
@@ -371,6 +458,9 @@ def attention_forward(q, k, v, *, mask_mod: MaskMod | None = None, score_mod: Sc
 
     if config is None:
         config = _tune(q, k, v, out, lse, mask_mod, score_mod, block_mask, scale, masks_for)
+    elif config.warp_specialize and warp_specialize_problem(q, k, v, mask_mod, score_mod, block_mask):
+        raise ValueError(f"config {config.label()}: the warp-specialized kernel "
+                         f"{warp_specialize_problem(q, k, v, mask_mod, score_mod, block_mask)}")
     elif block_mask is not None and (config.block_m, config.block_n) != (block_mask.block_m, block_mask.block_n):
         raise ValueError(f"config {config.label()} does not match block_mask tiles "
                          f"({block_mask.block_m}, {block_mask.block_n})")
@@ -385,6 +475,8 @@ def _tune(q, k, v, out, lse, mask_mod, score_mod, block_mask, scale, masks_for) 
     candidates = candidate_configs(q.shape[-1], q.device)
     if not tma_compatible(q, k, v, out):
         candidates = [c for c in candidates if not c.use_tma]
+    elif warp_specialize_problem(q, k, v, mask_mod, score_mod, block_mask) is None:
+        candidates.append(WARP_SPECIALIZED_CONFIG)
     if block_mask is not None:
         candidates = [c for c in candidates if (c.block_m, c.block_n) == (block_mask.block_m, block_mask.block_n)]
         if not candidates:

@@ -66,6 +66,8 @@ class MaskMod:
     batch_dependent: bool = False
     head_dependent: bool = False
     structure: tuple = field(default=(), repr=False)
+    shift_invariant: bool = False   # depends on q_idx - kv_idx only (and b, h): the device function may be
+    #                                 called with both indices shifted by the same amount
     op_key: str = field(default="", init=False, repr=False)
 
     def __post_init__(self):
@@ -171,27 +173,31 @@ def _call_expr(leaf_index: int, fixed: str, first_arg: int, nargs: int) -> str:
     return f"_leaf{leaf_index}({fixed}{arg_list})"
 
 
-def _leaf_mask(name, leaf_fn, torch_fn, args=(), tile_rule=None, batch_dependent=False):
+def _leaf_mask(name, leaf_fn, torch_fn, args=(), tile_rule=None, batch_dependent=False, shift_invariant=False):
     structure = ("mask-leaf", name, len(args))
     device_fn = _generate(structure, [leaf_fn], _call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
                           "b, h, q_idx, kv_idx, args")
-    return MaskMod(name, device_fn, torch_fn, tuple(args), tile_rule, batch_dependent, False, structure)
+    return MaskMod(name, device_fn, torch_fn, tuple(args), tile_rule, batch_dependent, False, structure,
+                   shift_invariant)
 
 
 def custom_mask(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | None = None,
                 tile_rule: Optional[TileRule] = None, batch_dependent: bool = False,
-                head_dependent: bool = False) -> MaskMod:
+                head_dependent: bool = False, shift_invariant: bool = False) -> MaskMod:
     """A mask from your own functions.
 
     ``device_fn`` is a ``@triton.jit`` function ``(b, h, q_idx, kv_idx, *args) -> bool tile`` and
     ``torch_fn(b, h, q_idx, kv_idx, *args)`` the same rule on torch tensors; ``args`` are runtime
     ints/floats/tensors. Without ``tile_rule`` the block mask is found by evaluating ``device_fn``
-    on every tile. Set ``batch_dependent``/``head_dependent`` when the mask differs across them."""
+    on every tile. Set ``batch_dependent``/``head_dependent`` when the mask differs across them, and
+    ``shift_invariant`` when it depends on ``q_idx - kv_idx`` only (it lets D=128 attention run on
+    the warp-specialized Hopper kernel)."""
     name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
     structure = ("mask-leaf", "custom", id(device_fn), len(args))
     wrapper = _generate(structure, [device_fn], _call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
                         "b, h, q_idx, kv_idx, args")
-    return MaskMod(name, wrapper, torch_fn, tuple(args), tile_rule, batch_dependent, head_dependent, structure)
+    return MaskMod(name, wrapper, torch_fn, tuple(args), tile_rule, batch_dependent, head_dependent, structure,
+                   shift_invariant)
 
 
 def custom_score(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | None = None) -> ScoreMod:
@@ -232,7 +238,8 @@ def _combine(kind: str, masks: tuple) -> MaskMod:
         rule = _and_rule(masks, spans) if kind == "and" else _or_rule(masks, spans)
     name = f"{kind}_masks(" + ", ".join(m.name for m in masks) + ")"
     return MaskMod(name, device_fn, torch_fn, args, rule,
-                   any(m.batch_dependent for m in masks), any(m.head_dependent for m in masks), structure)
+                   any(m.batch_dependent for m in masks), any(m.head_dependent for m in masks), structure,
+                   all(m.shift_invariant for m in masks))
 
 
 def _offsets(masks):
@@ -276,20 +283,21 @@ def _or_rule(masks, spans):
 
 @triton.jit
 def _allow_all_dev(b, h, q_idx, kv_idx):
-    return q_idx >= 0
+    return (q_idx - kv_idx) * 0 == 0     # all true, written shift-invariantly (folds to a constant)
 
 
 def allow_all() -> MaskMod:
     """Every pair is allowed (what ``mask_mod=None`` means); the kernel then only checks sequence ends."""
     return _leaf_mask("allow_all", _allow_all_dev, lambda b, h, q, kv: torch.ones_like(q >= kv),
                       tile_rule=lambda q_lo, q_hi, kv_lo, kv_hi: (torch.ones_like(q_lo >= kv_lo),
-                                                                  torch.ones_like(q_lo >= kv_lo)))
+                                                                  torch.ones_like(q_lo >= kv_lo)),
+                      shift_invariant=True)
 
 
 def causal() -> MaskMod:
     """Each query sees itself and earlier keys: ``q_idx >= kv_idx`` (top-left aligned when Sq != Skv)."""
     return _leaf_mask("causal", _causal_dev, lambda b, h, q, kv: q >= kv,
-                      tile_rule=lambda q_lo, q_hi, kv_lo, kv_hi: (q_lo >= kv_hi, q_hi >= kv_lo))
+                      tile_rule=lambda q_lo, q_hi, kv_lo, kv_hi: (q_lo >= kv_hi, q_hi >= kv_lo), shift_invariant=True)
 
 
 def prefix_lm(prefix_len: int) -> MaskMod:
@@ -314,7 +322,7 @@ def sliding_window(window: int) -> MaskMod:
         return (d_lo >= 0) & (d_hi <= w), (d_hi >= 0) & (d_lo <= w)
 
     return _leaf_mask("sliding_window", _sliding_window_dev,
-                      lambda b, h, q, kv, w: (q >= kv) & (q - kv <= w), (window,), rule)
+                      lambda b, h, q, kv, w: (q >= kv) & (q - kv <= w), (window,), rule, shift_invariant=True)
 
 
 def document(doc_ids: torch.Tensor) -> MaskMod:
@@ -341,7 +349,7 @@ def document(doc_ids: torch.Tensor) -> MaskMod:
 
 def _with_rule(mask: MaskMod, rule) -> MaskMod:
     return MaskMod(mask.name, mask.device_fn, mask.torch_fn, mask.args, rule,
-                   mask.batch_dependent, mask.head_dependent, mask.structure)
+                   mask.batch_dependent, mask.head_dependent, mask.structure, mask.shift_invariant)
 
 
 def _document_rule(ids: torch.Tensor):

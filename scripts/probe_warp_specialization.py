@@ -9,10 +9,12 @@ into a TMA producer and two consumer warpgroups (12 warps) only with num_warps=4
 descriptors; a second loop in the kernel, or an ``if`` in the loop body, makes the pass fail or
 do nothing.
 
-    python scripts/probe_warp_specialization.py        # CUDA (Hopper) only
+    python scripts/probe_warp_specialization.py                 # CUDA (Hopper) only
+    python scripts/probe_warp_specialization.py --mask-styles   # causal mask written four ways, specialized
 """
 import contextlib
 import math
+import sys
 
 import torch
 import triton
@@ -36,7 +38,7 @@ def device_allocator():
 
 @triton.jit
 def fa(Q, K, V, O, IDS, NUM, N_CTX, qk_scale, H, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-       CAUSAL: tl.constexpr, WS: tl.constexpr):
+       CAUSAL: tl.constexpr, WS: tl.constexpr, MASK_STYLE: tl.constexpr = 0):
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)
     off_hz = tl.program_id(1)
     base = off_hz.to(tl.int64) * N_CTX * HEAD_DIM
@@ -56,7 +58,17 @@ def fa(Q, K, V, O, IDS, NUM, N_CTX, qk_scale, H, HEAD_DIM: tl.constexpr, BLOCK_M
         qk = tl.dot(q, k)
         if CAUSAL:
             cols = start_n + tl.arange(0, BLOCK_N)
-            qk = tl.where(rows[:, None] >= cols[None, :], qk, float("-inf"))
+            if MASK_STYLE == 0:      # row indices made before the loop
+                qk = tl.where(rows[:, None] >= cols[None, :], qk, float("-inf"))
+            elif MASK_STYLE == 1:    # row indices made in the loop body
+                in_rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+                qk = tl.where(in_rows[:, None] >= cols[None, :], qk, float("-inf"))
+            elif MASK_STYLE == 2:    # additive bias
+                in_rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+                qk = qk + tl.where(in_rows[:, None] >= cols[None, :], 0.0, float("-inf"))
+            else:                    # column offset relative to the tile: one compare against a per-row bound
+                bound = start_m * BLOCK_M - start_n + tl.arange(0, BLOCK_M)
+                qk = tl.where(bound[:, None] >= tl.arange(0, BLOCK_N)[None, :], qk, float("-inf"))
         m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
         alpha = tl.math.exp2(m_i - m_ij)
@@ -68,7 +80,7 @@ def fa(Q, K, V, O, IDS, NUM, N_CTX, qk_scale, H, HEAD_DIM: tl.constexpr, BLOCK_M
     desc_o.store([start_m * BLOCK_M, 0], acc.to(tl.bfloat16))
 
 
-def run(B, H, S, D, causal, ws, bm=128, bn=128, stages=2, warps=4):
+def run(B, H, S, D, causal, ws, bm=128, bn=128, stages=2, warps=4, mask_style=0, compare=True):
     """(ms, max abs error vs SDPA, TFLOP/s, packaged kernel TFLOP/s) for one shape and variant."""
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     o = torch.empty_like(q)
@@ -79,20 +91,31 @@ def run(B, H, S, D, causal, ws, bm=128, bn=128, stages=2, warps=4):
     def call():
         with device_allocator():
             fa[(nq, B * H)](q, k, v, o, ids, num, S, scale, H, HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, WS=ws,
-                            num_warps=warps, num_stages=stages)
+                            MASK_STYLE=mask_style, num_warps=warps, num_stages=stages)
     call()
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     err = (o.float() - ref.float()).abs().max().item()
     ms = do_bench(call, warmup=25, rep=100, return_mode="median")
-    ours = lambda: K.attention(q, k, v, mask_mod=K.causal() if causal else None)
-    ours()
-    ms_ours = do_bench(ours, warmup=25, rep=100, return_mode="median")
+    ms_ours = float("nan")
+    if compare:
+        ours = lambda: K.attention(q, k, v, mask_mod=K.causal() if causal else None)
+        ours()
+        ms_ours = do_bench(ours, warmup=25, rep=100, return_mode="median")
     flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
     return ms, err, flops / ms / 1e9, flops / ms_ours / 1e9
 
 def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("probe_warp_specialization.py needs a CUDA GPU (Hopper)")
+    if "--mask-styles" in sys.argv:
+        for head_dim in (64, 128):
+            for style in range(4):
+                for seq in (1024, 8192):
+                    _, err, tflops, _ = run(2 if seq == 1024 else 4, 16, seq, head_dim, True, True, mask_style=style,
+                                            compare=False)
+                    print(f"D{head_dim} causal S{seq} ws=True s2 mask style {style}: {tflops:6.1f} TFLOP/s (err {err:.3g})",
+                          flush=True)
+        return
     for head_dim in (64, 128):
         for causal in (False, True):
             for seq in (4096, 8192):

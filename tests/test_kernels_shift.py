@@ -1,0 +1,52 @@
+"""The warp-specialized forward's preconditions on the CPU: which masks are shift-invariant (checked
+by brute force), when the kernel is refused, and that it compiles for sm_90 into a producer and two
+consumer warpgroups."""
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+
+import tritonpatch.kernels as K
+from tritonpatch.kernels import attention_fwd as A
+from tritonpatch.targets import compile_for_target
+
+IDS = torch.tensor([0] * 40 + [1] * 60, dtype=torch.int32)
+MASKS = {
+    "none": K.allow_all(), "causal": K.causal(), "sliding_window": K.sliding_window(7),
+    "causal&sliding": K.and_masks(K.causal(), K.sliding_window(3)), "prefix_lm": K.prefix_lm(10),
+    "document": K.document(IDS), "causal|prefix": K.or_masks(K.causal(), K.prefix_lm(5)),
+}
+
+
+@pytest.mark.parametrize("name", list(MASKS))
+def test_shift_invariance_flag_matches_brute_force(name):
+    """A mask flagged shift-invariant gives the same answer with both indices shifted (what the
+    warp-specialized kernel relies on); the others are seen to differ somewhere."""
+    mask = MASKS[name]
+    q = torch.arange(100)[:, None]
+    kv = torch.arange(100)[None, :]
+    b, h = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+    shifted_equal = all(torch.equal(mask(b, h, q[s:], kv[:, s:]), mask(b, h, q[s:] - s, kv[:, s:] - s))
+                        for s in (1, 13, 50))
+    assert mask.shift_invariant == shifted_equal
+
+
+def test_warp_specialization_needs_a_hopper_gpu_and_a_shift_invariant_mask():
+    q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    assert "Hopper" in A.warp_specialize_problem(q, q, q, K.causal(), None, None)
+    with pytest.raises(ValueError, match="num_warps=4"):
+        A.FwdConfig(128, 128, 8, 2, True, warp_specialize=True)
+    assert A.WARP_SPECIALIZED_CONFIG.label() == "BM128-BN128-w4-s2-tma-ws"
+
+
+@pytest.mark.skipif(not triton.__version__.startswith("3.6."), reason="verified with Triton 3.6 only")
+@pytest.mark.parametrize("name", ["none", "causal", "causal&sliding"])
+def test_warp_specialized_variant_compiles_into_three_warpgroups(name):
+    config, mask = A.WARP_SPECIALIZED_CONFIG, MASKS[name]
+    compiled = compile_for_target(A._attn_fwd_kernel, A.kernel_signature(torch.bfloat16, 128, config, mask, None),
+                                  A.kernel_constexprs(128, config, mask, None), target="sm_90",
+                                  num_warps=config.num_warps, num_stages=config.num_stages)
+    assert compiled.asm["ttgir"].count("ttg.warp_specialize(") == 1
+    assert compiled.metadata.num_warps == 12                      # 4 (producer) + 2 x 4 (consumers)
+    assert "wgmma.mma_async" in compiled.asm["ptx"] and ".local" not in compiled.asm["ptx"]
