@@ -64,12 +64,20 @@ def test_wrap_guard_matches_element_range(shape, env, data):
     assert no_wrap(PyOps(env), [Check(value, width)]) == fits
 
 
+@st.composite
+def loops(draw):
+    """(mask, s, lower, upper, step): a random mask over a loop whose upper bound need not be a
+    multiple of the step away from the lower one."""
+    mask = draw(masks(draw(shapes)))
+    lower, trips, step = draw(st.integers(-20, 20)), draw(st.integers(0, 12)), draw(st.integers(1, 4))
+    upper = lower + draw(st.integers(max(0, trips * step - step + 1), trips * step))
+    return mask, draw(st.integers(-30, 30)), lower, upper, step
+
+
 @settings(max_examples=400, deadline=None)
-@given(data=st.data(), shape=shapes, s=st.integers(-30, 30), lower=st.integers(-20, 20),
-       trips=st.integers(0, 12), step=st.integers(1, 4))
-def test_narrowed_loop_skips_only_all_false_iterations(data, shape, s, lower, trips, step):
-    mask = data.draw(masks(shape))
-    upper = lower + data.draw(st.integers(max(0, trips * step - step + 1), trips * step))
+@given(loop=loops())
+def test_narrowed_loop_skips_only_all_false_iterations(loop):
+    mask, s, lower, upper, step = loop
     ops = PyOps({"s": s})
     new_lower, new_upper, skipped = narrowed_bounds(ops, lower, upper, step, mask, "iv", [])
     assert new_lower == lower + skipped * step and skipped >= 0
@@ -79,13 +87,19 @@ def test_narrowed_loop_skips_only_all_false_iterations(data, shape, s, lower, tr
         assert brute_force(mask, {"iv": iv, "s": s})[1], f"iteration {iv} skipped but not all-false"
 
 
+@st.composite
+def compare_loops(draw):
+    """(mask, s, lower, upper, step) with the mask a single inequality."""
+    mask = Mask("atom", pred=draw(st.sampled_from(INEQUALITIES)), diff=draw(affines(draw(shapes))))
+    lower, trips, step = draw(st.integers(-20, 20)), draw(st.integers(0, 12)), draw(st.integers(1, 4))
+    return mask, draw(st.integers(-30, 30)), lower, lower + trips * step, step
+
+
 @settings(max_examples=200, deadline=None)
-@given(shape=shapes, s=st.integers(-30, 30), lower=st.integers(-20, 20), trips=st.integers(0, 12),
-       step=st.integers(1, 4), pred=st.sampled_from(INEQUALITIES), data=st.data())
-def test_single_compare_narrowing_is_tight(shape, s, lower, trips, step, pred, data):
+@given(loop=compare_loops())
+def test_single_compare_narrowing_is_tight(loop):
     """For one compare the all-false iterations form a prefix or a suffix: all of them are skipped."""
-    mask = Mask("atom", pred=pred, diff=data.draw(affines(shape)))
-    upper = lower + trips * step
+    mask, s, lower, upper, step = loop
     new_lower, new_upper, _ = narrowed_bounds(PyOps({"s": s}), lower, upper, step, mask, "iv", [])
     live = [iv for iv in range(lower, upper, step) if not brute_force(mask, {"iv": iv, "s": s})[1]]
     assert list(range(new_lower, new_upper, step)) == live
@@ -97,12 +111,10 @@ def classify(mask, iv, s):
 
 
 @settings(max_examples=400, deadline=None)
-@given(data=st.data(), shape=shapes, s=st.integers(-30, 30), lower=st.integers(-20, 20),
-       trips=st.integers(0, 12), step=st.integers(1, 4))
-def test_split_loop_runs_hold_only_uniform_iterations(data, shape, s, lower, trips, step):
+@given(loop=loops())
+def test_split_loop_runs_hold_only_uniform_iterations(loop):
     """elide-uniform-masks' five runs: all-false / mixed / all-true / mixed / all-false."""
-    mask = data.draw(masks(shape))
-    upper = lower + data.draw(st.integers(max(0, trips * step - step + 1), trips * step))
+    mask, s, lower, upper, step = loop
     iterations = list(range(lower, upper, step))
     k1, k2, k3, k4 = segment_counts(PyOps({"s": s}), lower, upper, step, mask, "iv", [])
     assert 0 <= k1 <= k2 <= k3 <= k4 <= len(iterations)
@@ -111,12 +123,10 @@ def test_split_loop_runs_hold_only_uniform_iterations(data, shape, s, lower, tri
 
 
 @settings(max_examples=200, deadline=None)
-@given(shape=shapes, s=st.integers(-30, 30), lower=st.integers(-20, 20), trips=st.integers(0, 12),
-       step=st.integers(1, 4), pred=st.sampled_from(INEQUALITIES), data=st.data())
-def test_single_compare_split_is_tight(shape, s, lower, trips, step, pred, data):
+@given(loop=compare_loops())
+def test_single_compare_split_is_tight(loop):
     """For one compare every uniform iteration lands in a uniform run."""
-    mask = Mask("atom", pred=pred, diff=data.draw(affines(shape)))
-    upper = lower + trips * step
+    mask, s, lower, upper, step = loop
     iterations = list(range(lower, upper, step))
     k1, k2, k3, k4 = segment_counts(PyOps({"s": s}), lower, upper, step, mask, "iv", [])
     runs = ["false"] * k1 + ["mixed"] * (k2 - k1) + ["true"] * (k3 - k2) + ["mixed"] * (k4 - k3) + ["false"] * (len(iterations) - k4)
