@@ -458,9 +458,8 @@ def attention_forward(q, k, v, *, mask_mod: MaskMod | None = None, score_mod: Sc
 
     if config is None:
         config = _tune(q, k, v, out, lse, mask_mod, score_mod, block_mask, scale, masks_for)
-    elif config.warp_specialize and warp_specialize_problem(q, k, v, mask_mod, score_mod, block_mask):
-        raise ValueError(f"config {config.label()}: the warp-specialized kernel "
-                         f"{warp_specialize_problem(q, k, v, mask_mod, score_mod, block_mask)}")
+    elif config.warp_specialize and (problem := warp_specialize_problem(q, k, v, mask_mod, score_mod, block_mask)):
+        raise ValueError(f"config {config.label()}: the warp-specialized kernel {problem}")
     elif block_mask is not None and (config.block_m, config.block_n) != (block_mask.block_m, block_mask.block_n):
         raise ValueError(f"config {config.label()} does not match block_mask tiles "
                          f"({block_mask.block_m}, {block_mask.block_n})")

@@ -12,7 +12,6 @@ do nothing.
     python scripts/probe_warp_specialization.py                 # CUDA (Hopper) only
     python scripts/probe_warp_specialization.py --mask-styles   # causal mask written four ways, specialized
 """
-import contextlib
 import math
 import sys
 
@@ -22,19 +21,8 @@ import triton.language as tl
 from triton.testing import do_bench
 
 import tritonpatch.kernels as K
+from tritonpatch.kernels._launch import device_allocator
 
-
-@contextlib.contextmanager
-def device_allocator():
-    """Scratch memory for the device-side descriptors, scoped to the launch (Triton's allocator is
-    a context variable)."""
-    from triton.runtime import _allocation
-
-    token = _allocation._allocator.set(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    try:
-        yield
-    finally:
-        _allocation._allocator.reset(token)
 
 @triton.jit
 def fa(Q, K, V, O, IDS, NUM, N_CTX, qk_scale, H, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -89,7 +77,7 @@ def run(B, H, S, D, causal, ws, bm=128, bn=128, stages=2, warps=4, mask_style=0,
     num = torch.tensor([((i + 1) * bm + bn - 1) // bn if causal else nk for i in range(nq)], device="cuda", dtype=torch.int32)
     scale = 1 / math.sqrt(D) * 1.4426950408889634
     def call():
-        with device_allocator():
+        with device_allocator(True):
             fa[(nq, B * H)](q, k, v, o, ids, num, S, scale, H, HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, WS=ws,
                             MASK_STYLE=mask_style, num_warps=warps, num_stages=stages)
     call()

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import re
 
-from .ir import Module, TensorType, base_name, parse_for, parse_type, split_top_level, type_of, without_attribute
+from .ir import (NAME_END, Module, TensorType, base_name, parse_for, parse_type, split_top_level, type_of,
+                 without_attribute)
 from .iterations import NARROWED, constant_step, scalars_fixed_in_loop, segment_counts, smin
 from .masks import Analysis, IROps
 
-_BOUNDARY = r"(?![A-Za-z0-9_$.\-])"
 _CHAIN_OPS = ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "arith.negf")
 _REGISTER_MOVES = {"f32": ("mov.b32 $0, $1;", "=r,r"), "f16": ("mov.b16 $0, $1;", "=h,h"),
                    "bf16": ("mov.b16 $0, $1;", "=h,h"), "f64": ("mov.b64 $0, $1;", "=l,l")}
@@ -72,7 +72,7 @@ def is_constant(module: Module, name: str) -> bool:
 
 def substitute(text: str, old: str, new: str) -> str:
     """``text`` with every use of value ``old`` (also ``old#k``) replaced by ``new``."""
-    return re.sub(re.escape(old) + _BOUNDARY, lambda _: new, text)
+    return re.sub(re.escape(old) + NAME_END, lambda _: new, text)
 
 
 # --- one specialised copy of the loop --------------------------------------------------------------
@@ -148,7 +148,7 @@ def renamed(lines: list[str], prefix: str) -> list[str]:
                    key=len, reverse=True)
     if not inner:
         return lines
-    pattern = re.compile("(" + "|".join(re.escape(n) for n in inner) + ")" + _BOUNDARY)
+    pattern = re.compile("(" + "|".join(re.escape(n) for n in inner) + ")" + NAME_END)
     return [pattern.sub(lambda m: f"%{prefix}_{m.group(1)[1:]}", text) for text in lines]
 
 
@@ -158,7 +158,7 @@ def with_head(lines: list[str], module: Module, loop: int, result: str | None, l
     head = parse_for(module.lines[loop])
     text = lines[0].replace(f" = {head.lower} to {head.upper} step ", f" = {lower} to {upper} step ", 1)
     if result is not None and module.lines[loop].results:
-        text = re.sub(r"^(\s*)" + re.escape(module.lines[loop].results[0]) + _BOUNDARY, r"\g<1>" + result, text, 1)
+        text = re.sub(r"^(\s*)" + re.escape(module.lines[loop].results[0]) + NAME_END, r"\g<1>" + result, text, 1)
     if inits is not None:
         pairs = ", ".join(f"{arg} = {init}" for (arg, _), init in zip(head.iter_args, inits))
         text = re.sub(r"iter_args\(.*?\) -> ", lambda _: f"iter_args({pairs}) -> ", text, 1)
@@ -218,8 +218,6 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
     while progress:
         progress = False
         for loop in reversed(module.loops()):
-            if parse_for(module.lines[loop]) is None:
-                continue
             for index in module.children(loop):
                 line = module.lines[index]
                 if select_parts(module, index) is None or line.results[0] in done:

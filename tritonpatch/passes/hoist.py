@@ -15,7 +15,7 @@ Pure code motion of side-effect-free ops: bitwise exact.
 from __future__ import annotations
 
 from .elide import is_pure
-from .ir import Module, parse_for
+from .ir import Module
 
 
 def _defined_outside(module: Module, loop: int, name: str, hoisted: set[str]) -> bool:
@@ -70,8 +70,6 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
     module = Module(text)
     counts = {"ops_hoisted": 0, "broadcasts_sunk": 0}
     for loop in reversed(module.loops()):
-        if parse_for(module.lines[loop]) is None:
-            continue
         hoist = _hoistable(module, loop)
         sink = _sinkable(module, loop) if options["sink_broadcasts"] else []
         if not hoist and not sink:

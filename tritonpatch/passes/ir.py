@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 _NAME = r"%[A-Za-z0-9_$.\-]+"
 VALUE_RE = re.compile(_NAME + r"(?:#\d+)?")
+NAME_END = r"(?![A-Za-z0-9_$.\-])"   # after a value name in a pattern: the name ends there (``#k`` may follow)
 _RESULTS_RE = re.compile(r"^(\s*)((?:" + _NAME + r"(?::\d+)?)(?:, " + _NAME + r"(?::\d+)?)*) = (.*)$")
 _BLOCK_ARGS_RE = re.compile(r"(" + _NAME + r"): ")
 _FOR_RE = re.compile(r"scf\.for (" + _NAME + r") = (" + _NAME + r") to (" + _NAME + r") step (" + _NAME + r")"
@@ -260,7 +261,7 @@ class Module:
             if not active:
                 texts.append(line.text)
                 continue
-            texts.append(re.sub(_NAME + r"(?![A-Za-z0-9_$.\-])",
+            texts.append(re.sub(_NAME + NAME_END,
                                 lambda m: active[m.group(0)][-1][0] if m.group(0) in active else m.group(0), line.text))
         return texts
 
