@@ -186,7 +186,6 @@ class Module:
         self.close_of: dict[int, int] = {}
         self.parent_of: list[int | None] = []
         stack: list[int] = []
-        self.defs: dict[str, int] = {}
         for index, line in enumerate(self.lines):
             if line.closes and stack:
                 opener = stack.pop()
@@ -199,20 +198,8 @@ class Module:
                 self.parent_of.append(stack[-1] if stack else None)
                 if line.opens:
                     stack.append(index)
-            for name in line.results:
-                self.defs[name] = index
-            if line.op == "scf.for":
-                loop = parse_for(line)
-                if loop:
-                    self.defs[loop.iv] = index
-                    for name, _ in loop.iter_args:
-                        self.defs[name] = index
-            if line.text.lstrip().startswith("^"):
-                for name in _BLOCK_ARGS_RE.findall(line.text):
-                    self.defs[name] = index
-            if line.op == "tt.func":
-                for name in _BLOCK_ARGS_RE.findall(line.text):
-                    self.defs[name] = index
+        self.defs: dict[str, int] = {name: index for index in range(len(self.lines))
+                                     for name, _, _ in self._definitions(index)}
 
     def _definitions(self, index: int) -> list[tuple[str, int, int]]:
         """(name, first line, last line of its scope) for each value line ``index`` defines."""
@@ -220,8 +207,8 @@ class Module:
         parent = self.parent_of[index]
         region_end = self.end_of(parent) if parent is not None else len(self.lines) - 1
         found = []
-        if line.op == "scf.for" and parse_for(line):
-            loop = parse_for(line)
+        loop = parse_for(line) if line.op == "scf.for" else None
+        if loop:
             found += [(name, index, self.end_of(index)) for name in [loop.iv] + [a for a, _ in loop.iter_args]]
         elif line.text.lstrip().startswith("^") or line.op == "tt.func":
             found += [(name, index, region_end if line.op != "tt.func" else self.end_of(index))
@@ -234,13 +221,15 @@ class Module:
         printer reuses names across sibling regions, e.g. two loops one after the other; the model
         maps each name to one definition). None when every name is unique already."""
         seen: set[str] = set()
-        taken = {t for line in self.lines for t in VALUE_RE.findall(line.text)}
+        taken: set[str] | None = None          # every name in the text, gathered at the first reuse
         starts: dict[int, list[tuple[str, str, int]]] = {}
         for index in range(len(self.lines)):
             for name, first, last in self._definitions(index):
                 if name not in seen:
                     seen.add(name)
                     continue
+                if taken is None:
+                    taken = {t for line in self.lines for t in VALUE_RE.findall(line.text)}
                 counter = len(taken)
                 while f"%u{counter}_{name[1:]}" in taken:
                     counter += 1
