@@ -11,6 +11,7 @@ the old code and the interpreter is on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 
 import torch
@@ -48,6 +49,28 @@ def device_allocator(needed: bool):
         yield
     finally:
         _allocation._allocator.reset(token)
+
+
+def pipeline_variants(configs: list) -> list:
+    """The tritonpatch Pipeline tuning axis (disable-lsr) for the given kernel configs (dataclasses
+    with ``pipeline`` and ``pipeline_label`` fields); none when the native LLVM-option module is
+    unavailable."""
+    from tritonpatch import Pipeline, TritonpatchError
+
+    try:
+        pipeline = Pipeline(disable_lsr=True)
+    except TritonpatchError:
+        return []
+    return [dataclasses.replace(c, pipeline=pipeline, pipeline_label="disable-lsr") for c in configs]
+
+
+def pipeline_scope(pipeline):
+    """The compiles inside run through ``pipeline`` (a tritonpatch.Pipeline; None: Triton's defaults)."""
+    if pipeline is None:
+        return contextlib.nullcontext()
+    import tritonpatch
+
+    return tritonpatch.use_pipeline(pipeline)
 
 
 def _fix_interpreter_index() -> None:

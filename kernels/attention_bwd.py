@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import interpreting
-from .attention_fwd import validate_inputs
+from ._launch import interpreting, pipeline_scope, pipeline_variants
+from .attention_fwd import load_kv_tile, tile_descriptor, tma_compatible, validate_inputs
 from .block_mask import BlockMask, block_mask_from_classes, build_block_mask
 from .masks import MaskMod, ScoreMod, allow_all, alibi, softcap
 
@@ -163,28 +163,35 @@ def _red_add_f32(pointers, values):
 def _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_qm, stride_qd, stride_dom, stride_dod,
                 stride_dqm, num_tiles, tile_ids, b, h, kv_idx, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
                 MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, SCORE_GRAD_FN: tl.constexpr, APPLY_MASK: tl.constexpr,
-                HAS_SCORE: tl.constexpr, DQ_WRITE: tl.constexpr, SUB_M: tl.constexpr, BLOCK_M: tl.constexpr,
-                HEAD_DIM: tl.constexpr):
+                HAS_SCORE: tl.constexpr, DQ_WRITE: tl.constexpr, USE_TMA: tl.constexpr, SUB_M: tl.constexpr,
+                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Accumulate dK, dV of one kv tile over the q tiles ``tile_ids[:num_tiles]`` (each a mask block of
     ``SUB_M * BLOCK_M`` rows, walked ``BLOCK_M`` rows at a time). Works on transposed scores
-    ``S^T [BLOCK_N, BLOCK_M]`` so that dK/dV accumulate without transposing the accumulators."""
+    ``S^T [BLOCK_N, BLOCK_M]`` so that dK/dV accumulate without transposing the accumulators.
+    With USE_TMA, q_src / do_src are 4-D tensor descriptors of all of Q / dO (the TMA unit
+    zero-fills rows past the end); otherwise pointers to this (batch, head)."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     kv_col = kv_idx[:, None]
     for t in range(0, num_tiles * SUB_M):
         start_m = tl.load(tile_ids + t // SUB_M) * (SUB_M * BLOCK_M) + (t % SUB_M) * BLOCK_M
         q_rows = start_m + offs_m
-        q_ptrs = q_src + q_rows[:, None] * stride_qm + offs_d[None, :] * stride_qd
-        do_ptrs = do_src + q_rows[:, None] * stride_dom + offs_d[None, :] * stride_dod
-        if APPLY_MASK:
-            row_ok = q_rows < q_len
-            q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
-            do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
-            lse = tl.load(lse_src + q_rows, mask=row_ok, other=0.0)
-            delta = tl.load(delta_src + q_rows, mask=row_ok, other=0.0)
+        if USE_TMA:
+            q = q_src.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
+            do = do_src.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
         else:
-            q = tl.load(q_ptrs)
-            do = tl.load(do_ptrs)
+            q_ptrs = q_src + q_rows[:, None] * stride_qm + offs_d[None, :] * stride_qd
+            do_ptrs = do_src + q_rows[:, None] * stride_dom + offs_d[None, :] * stride_dod
+            if APPLY_MASK:
+                q = tl.load(q_ptrs, mask=(q_rows < q_len)[:, None], other=0.0)
+                do = tl.load(do_ptrs, mask=(q_rows < q_len)[:, None], other=0.0)
+            else:
+                q = tl.load(q_ptrs)
+                do = tl.load(do_ptrs)
+        if APPLY_MASK:
+            lse = tl.load(lse_src + q_rows, mask=q_rows < q_len, other=0.0)
+            delta = tl.load(delta_src + q_rows, mask=q_rows < q_len, other=0.0)
+        else:
             lse = tl.load(lse_src + q_rows)
             delta = tl.load(delta_src + q_rows)
         s = tl.dot(k, tl.trans(q))                          # S^T [BLOCK_N, BLOCK_M], unscaled
@@ -240,9 +247,11 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ_ACC, LSE, DELTA,
                           stride_nb, stride_nh, stride_ib, stride_ih, stride_in,
                           num_heads, group_size, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
                           MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, SCORE_GRAD_FN: tl.constexpr,
-                          HAS_SCORE: tl.constexpr, DQ_WRITE: tl.constexpr, MASK_BLOCK_N: tl.constexpr,
-                          SUB_M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """One program per (kv tile, batch * kv head); loops over the ``group_size`` query heads (GQA)."""
+                          HAS_SCORE: tl.constexpr, DQ_WRITE: tl.constexpr, USE_TMA: tl.constexpr,
+                          MASK_BLOCK_N: tl.constexpr, SUB_M: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """One program per (kv tile, batch * kv head); loops over the ``group_size`` query heads (GQA).
+    With USE_TMA, Q and DO are 4-D tensor descriptors (``[1, 1, BLOCK_M, HEAD_DIM]`` blocks)."""
     n_tile = tl.program_id(0)
     bkv = tl.program_id(1)
     kv_heads = num_heads // group_size
@@ -260,8 +269,12 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ_ACC, LSE, DELTA,
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     for g in range(0, group_size):
         h = kv_h * group_size + g
-        q_src = Q + b * stride_qb + h * stride_qh
-        do_src = DO + b * stride_dob + h * stride_doh
+        if USE_TMA:
+            q_src = Q
+            do_src = DO
+        else:
+            q_src = Q + b * stride_qb + h * stride_qh
+            do_src = DO + b * stride_dob + h * stride_doh
         lse_src = LSE + b * stride_lb + h * stride_lh
         delta_src = DELTA + b * stride_lb + h * stride_lh
         if DQ_WRITE == 5:
@@ -273,12 +286,13 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ_ACC, LSE, DELTA,
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_qm, stride_qd,
                              stride_dom, stride_dod, stride_qam, tl.load(full_num + num_off), full_ids + ids_off,
                              b, h, kv_idx, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
-                             MASK_FN, SCORE_FN, SCORE_GRAD_FN, False, HAS_SCORE, DQ_WRITE, SUB_M, BLOCK_M, HEAD_DIM)
+                             MASK_FN, SCORE_FN, SCORE_GRAD_FN, False, HAS_SCORE, DQ_WRITE, USE_TMA, SUB_M, BLOCK_M,
+                             HEAD_DIM)
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_qm, stride_qd,
                              stride_dom, stride_dod, stride_qam, tl.load(partial_num + num_off),
                              partial_ids + ids_off, b, h, kv_idx, q_len, kv_len, sm_scale, qk_scale, mask_args,
-                             score_args, MASK_FN, SCORE_FN, SCORE_GRAD_FN, True, HAS_SCORE, DQ_WRITE, SUB_M,
-                             BLOCK_M, HEAD_DIM)
+                             score_args, MASK_FN, SCORE_FN, SCORE_GRAD_FN, True, HAS_SCORE, DQ_WRITE, USE_TMA,
+                             SUB_M, BLOCK_M, HEAD_DIM)
     out_off = b * stride_dkb + kv_h * stride_dkh + kv_idx[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
     tl.store(DK + out_off, (dk * sm_scale).to(k.dtype), mask=kv_ok)
     tl.store(DV + out_off, dv.to(v.dtype), mask=kv_ok)
@@ -286,25 +300,20 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ_ACC, LSE, DELTA,
 
 @triton.jit
 def _dq_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd, num_tiles, tile_ids,
-              b, h, q_idx, kv_len, sm_scale, qk_scale, mask_args, score_args,
+              b, h, kv_h, q_idx, kv_len, sm_scale, qk_scale, mask_args, score_args,
               MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, SCORE_GRAD_FN: tl.constexpr, APPLY_MASK: tl.constexpr,
-              HAS_SCORE: tl.constexpr, SUB_N: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+              HAS_SCORE: tl.constexpr, USE_TMA: tl.constexpr, SUB_N: tl.constexpr, BLOCK_N: tl.constexpr,
+              HEAD_DIM: tl.constexpr):
     """Accumulate dQ of one q tile over the kv tiles ``tile_ids[:num_tiles]`` (mask blocks of
-    ``SUB_N * BLOCK_N`` keys, walked ``BLOCK_N`` at a time)."""
+    ``SUB_N * BLOCK_N`` keys, walked ``BLOCK_N`` at a time). K^T and V^T tiles come from
+    :func:`load_kv_tile` (TMA descriptors or pointers, as in the forward)."""
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
     for t in range(0, num_tiles * SUB_N):
         start_n = tl.load(tile_ids + t // SUB_N) * (SUB_N * BLOCK_N) + (t % SUB_N) * BLOCK_N
         kv_idx = start_n + offs_n
-        k_ptrs = k_src + kv_idx[None, :] * stride_kn + offs_d[:, None] * stride_kd
-        v_ptrs = v_src + kv_idx[None, :] * stride_vn + offs_d[:, None] * stride_vd
-        if APPLY_MASK:
-            kv_ok = (kv_idx < kv_len)[None, :]
-            kt = tl.load(k_ptrs, mask=kv_ok, other=0.0)
-            vt = tl.load(v_ptrs, mask=kv_ok, other=0.0)
-        else:
-            kt = tl.load(k_ptrs)
-            vt = tl.load(v_ptrs)
+        kt, v = load_kv_tile(k_src, v_src, b, kv_h, start_n, kv_idx, kv_len, stride_kn, stride_kd, stride_vn,
+                              stride_vd, APPLY_MASK, USE_TMA, BLOCK_N, HEAD_DIM)
+        vt = tl.trans(v)
         s = tl.dot(q, kt)
         kv_safe = tl.minimum(kv_idx, kv_len - 1)[None, :]
         if HAS_SCORE:
@@ -336,10 +345,12 @@ def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA, DLSE,
                         stride_nb, stride_nh, stride_ib, stride_ih, stride_iq,
                         num_heads, group_size, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
                         MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, SCORE_GRAD_FN: tl.constexpr,
-                        HAS_SCORE: tl.constexpr, HAS_DLSE: tl.constexpr, MASK_BLOCK_M: tl.constexpr,
-                        SUB_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+                        HAS_SCORE: tl.constexpr, HAS_DLSE: tl.constexpr, USE_TMA: tl.constexpr,
+                        MASK_BLOCK_M: tl.constexpr, SUB_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        HEAD_DIM: tl.constexpr):
     """One program per (q tile, batch * head). Computes delta = rowsum(dO * O) (- dlse) itself and
-    stores it for the dK/dV kernel that runs next (the fused preprocessing)."""
+    stores it for the dK/dV kernel that runs next (the fused preprocessing). With USE_TMA, K and V
+    are 4-D tensor descriptors (``[1, 1, BLOCK_N, HEAD_DIM]`` blocks)."""
     m_tile = tl.num_programs(0) - 1 - tl.program_id(0)   # causal-like masks: heaviest tiles first
     bh = tl.program_id(1)
     b = bh // num_heads
@@ -361,18 +372,24 @@ def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA, DLSE,
     tl.store(DELTA + row_off, delta, mask=row_ok)
     lse2 = tl.load(LSE + row_off, mask=row_ok, other=0.0) * 1.4426950408889634
     q_idx = tl.minimum(offs_m, q_len - 1)[:, None]
-    k_src = K + b * stride_kb + kv_h * stride_kh
-    v_src = V + b * stride_vb + kv_h * stride_vh
+    if USE_TMA:
+        k_src = K
+        v_src = V
+    else:
+        k_src = K + b * stride_kb + kv_h * stride_kh
+        v_src = V + b * stride_vb + kv_h * stride_vh
     mask_block = (m_tile * BLOCK_M) // MASK_BLOCK_M
     num_off = b * stride_nb + h * stride_nh + mask_block
     ids_off = b * stride_ib + h * stride_ih + mask_block * stride_iq
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     dq = _dq_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
-                   tl.load(full_num + num_off), full_ids + ids_off, b, h, q_idx, kv_len, sm_scale, qk_scale,
-                   mask_args, score_args, MASK_FN, SCORE_FN, SCORE_GRAD_FN, False, HAS_SCORE, SUB_N, BLOCK_N, HEAD_DIM)
+                   tl.load(full_num + num_off), full_ids + ids_off, b, h, kv_h, q_idx, kv_len, sm_scale, qk_scale,
+                   mask_args, score_args, MASK_FN, SCORE_FN, SCORE_GRAD_FN, False, HAS_SCORE, USE_TMA, SUB_N, BLOCK_N,
+                   HEAD_DIM)
     dq = _dq_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
-                   tl.load(partial_num + num_off), partial_ids + ids_off, b, h, q_idx, kv_len, sm_scale, qk_scale,
-                   mask_args, score_args, MASK_FN, SCORE_FN, SCORE_GRAD_FN, True, HAS_SCORE, SUB_N, BLOCK_N, HEAD_DIM)
+                   tl.load(partial_num + num_off), partial_ids + ids_off, b, h, kv_h, q_idx, kv_len, sm_scale,
+                   qk_scale, mask_args, score_args, MASK_FN, SCORE_FN, SCORE_GRAD_FN, True, HAS_SCORE, USE_TMA, SUB_N,
+                   BLOCK_N, HEAD_DIM)
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              (dq * sm_scale).to(q.dtype), mask=row_ok[:, None])
 
@@ -389,22 +406,30 @@ class KernelConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    use_tma: bool = False   # the looped-over tiles (dK/dV: Q, dO; dQ: K, V) through TMA descriptors (Hopper+)
+    pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
+    pipeline_label: str = ""
 
     def label(self) -> str:
-        return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+        tma = "-tma" if self.use_tma else ""
+        pipe = f"+{self.pipeline_label}" if self.pipeline is not None else ""
+        return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{tma}{pipe}"
 
 
 # Hopper candidates. dK/dV: a wide kv tile (the accumulators) walked by narrow q steps; dQ: the
-# mirror image. Timed on the first call per shape; kept small because every candidate compiles.
-# Each compiles for sm_90 (bf16, causal, atomic dQ) without register spills (ptxas -v); e.g.
-# dK/dV D=64 BM64-BN128-w8 spills at 3 stages, BM32-BN128 with 4 warps; D=128 BM64-BN64-w8 spills.
+# mirror image. Timed on the first call per shape (plus disable-lsr on the first); kept small because
+# every candidate compiles. Order and members from the H200 sweeps of scripts/bench_attention.py
+# (--mode fwd_bwd --sweep; docs/benchmarks/attention_bwd_sweep.md). All compile for sm_90 without register
+# spills (ptxas -v) except at D=128 the dK/dV BM64-BN128 tile (FlexAttention's; 16-136 bytes) and the
+# dQ BM128-BN128 tile (28 bytes), the fastest of the sweep all the same (by 15% and 3%).
 _DKDV_CONFIGS = {
-    64: [KernelConfig(64, 128, 8, 2), KernelConfig(32, 128, 8, 3)],
-    128: [KernelConfig(32, 128, 8, 2), KernelConfig(32, 64, 8, 2), KernelConfig(16, 128, 8, 2)],
+    64: [KernelConfig(64, 64, 4, 2, use_tma=True), KernelConfig(64, 64, 4, 2), KernelConfig(32, 64, 4, 3)],
+    128: [KernelConfig(64, 128, 8, 3), KernelConfig(64, 128, 8, 2), KernelConfig(32, 128, 8, 2)],
 }
 _DQ_CONFIGS = {
-    64: [KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3)],
-    128: [KernelConfig(128, 64, 8, 2), KernelConfig(128, 32, 8, 3)],
+    64: [KernelConfig(64, 64, 4, 3, use_tma=True), KernelConfig(64, 64, 4, 2), KernelConfig(128, 64, 8, 2)],
+    128: [KernelConfig(128, 128, 8, 2, use_tma=True), KernelConfig(128, 64, 8, 3, use_tma=True),
+          KernelConfig(128, 64, 8, 2, use_tma=True)],
 }
 _INTERPRETER_DKDV = KernelConfig(16, 32, 4, 1)
 _INTERPRETER_DQ = KernelConfig(32, 16, 4, 1)
@@ -416,7 +441,10 @@ def candidate_configs(kernel: str, head_dim: int, device: torch.device) -> list:
     if device.type == "cpu":
         return [_INTERPRETER_DKDV if kernel == "dkdv" else _INTERPRETER_DQ]
     table = _DKDV_CONFIGS if kernel == "dkdv" else _DQ_CONFIGS
-    return list(table.get(head_dim) or [KernelConfig(32, 64, 4, 2)])
+    configs = list(table.get(head_dim) or [KernelConfig(32, 64, 4, 2)])
+    if torch.cuda.get_device_capability(device)[0] < 9:   # TMA descriptors need Hopper or newer
+        configs = [c for c in configs if not c.use_tma] or [KernelConfig(32, 64, 4, 2)]
+    return configs + pipeline_variants(configs[:1])
 
 
 def _fitting(configs: list, block_mask: BlockMask | None) -> list:
@@ -490,23 +518,26 @@ def _launch_dkdv(q, k, v, dout, dk, dv, dq_acc, lse, delta, tmask: TransposedBlo
     full_num, full_ids = _expanded(tmask.full_q_num_blocks, tmask.full_q_indices, batch, heads)
     acc = dq_acc if dq_acc is not None else delta   # never written when dq_write == DQ_NONE
     if dq_write == DQ_TMA:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        acc = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [1, 1, config.block_m, head_dim])
+        acc = tile_descriptor(dq_acc, config.block_m)
     acc_strides = dq_acc.stride()[:3] if dq_acc is not None else (0, 0, 0)
+    q_in, dout_in = ((tile_descriptor(q, config.block_m), tile_descriptor(dout, config.block_m)) if config.use_tma
+                     else (q, dout))
     grid = (triton.cdiv(kv_len, config.block_n), batch * kv_heads)
-    _attn_bwd_dkdv_kernel[grid](
-        q, k, v, dout, dk, dv, acc, lse, delta,
-        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *acc_strides,
-        lse.stride(0), lse.stride(1),
-        partial_num, partial_ids, full_num, full_ids,
-        partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
-        partial_ids.stride(2),
-        heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
-        _device_args(mask_mod, q.device), _device_args(score_mod, q.device),
-        MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod is not None else None,
-        SCORE_GRAD_FN=score_gradient(score_mod), HAS_SCORE=score_mod is not None, DQ_WRITE=dq_write,
-        MASK_BLOCK_N=tmask.block_n, SUB_M=tmask.block_m // config.block_m, BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n, HEAD_DIM=head_dim, num_warps=config.num_warps, num_stages=config.num_stages)
+    with pipeline_scope(config.pipeline):
+        _attn_bwd_dkdv_kernel[grid](
+            q_in, k, v, dout_in, dk, dv, acc, lse, delta,
+            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *acc_strides,
+            lse.stride(0), lse.stride(1),
+            partial_num, partial_ids, full_num, full_ids,
+            partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
+            partial_ids.stride(2),
+            heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
+            _device_args(mask_mod, q.device), _device_args(score_mod, q.device),
+            MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod is not None else None,
+            SCORE_GRAD_FN=score_gradient(score_mod), HAS_SCORE=score_mod is not None, DQ_WRITE=dq_write,
+            USE_TMA=config.use_tma, MASK_BLOCK_N=tmask.block_n, SUB_M=tmask.block_m // config.block_m,
+            BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim, num_warps=config.num_warps,
+            num_stages=config.num_stages)
 
 
 def _launch_dq(q, k, v, out, dout, dq, lse, delta, dlse, block_mask: BlockMask, mask_mod, score_mod, scale,
@@ -515,20 +546,24 @@ def _launch_dq(q, k, v, out, dout, dq, lse, delta, dlse, block_mask: BlockMask, 
     kv_heads, kv_len = k.shape[1], k.shape[2]
     partial_num, partial_ids = _expanded(block_mask.kv_num_blocks, block_mask.kv_indices, batch, heads)
     full_num, full_ids = _expanded(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, batch, heads)
+    k_in, v_in = ((tile_descriptor(k, config.block_n), tile_descriptor(v, config.block_n)) if config.use_tma
+                  else (k, v))
     grid = (triton.cdiv(q_len, config.block_m), batch * heads)
-    _attn_bwd_dq_kernel[grid](
-        q, k, v, out, dout, dq, lse, delta, dlse if dlse is not None else delta,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
-        lse.stride(0), lse.stride(1),
-        partial_num, partial_ids, full_num, full_ids,
-        partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
-        partial_ids.stride(2),
-        heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
-        _device_args(mask_mod, q.device), _device_args(score_mod, q.device),
-        MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod is not None else None,
-        SCORE_GRAD_FN=score_gradient(score_mod), HAS_SCORE=score_mod is not None, HAS_DLSE=dlse is not None,
-        MASK_BLOCK_M=block_mask.block_m, SUB_N=block_mask.block_n // config.block_n, BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n, HEAD_DIM=head_dim, num_warps=config.num_warps, num_stages=config.num_stages)
+    with pipeline_scope(config.pipeline):
+        _attn_bwd_dq_kernel[grid](
+            q, k_in, v_in, out, dout, dq, lse, delta, dlse if dlse is not None else delta,
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
+            lse.stride(0), lse.stride(1),
+            partial_num, partial_ids, full_num, full_ids,
+            partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
+            partial_ids.stride(2),
+            heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
+            _device_args(mask_mod, q.device), _device_args(score_mod, q.device),
+            MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod is not None else None,
+            SCORE_GRAD_FN=score_gradient(score_mod), HAS_SCORE=score_mod is not None, HAS_DLSE=dlse is not None,
+            USE_TMA=config.use_tma, MASK_BLOCK_M=block_mask.block_m, SUB_N=block_mask.block_n // config.block_n,
+            BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim, num_warps=config.num_warps,
+            num_stages=config.num_stages)
 
 
 @dataclass(frozen=True)
@@ -553,7 +588,7 @@ def tuned_configs() -> dict:
 
 
 def _tuning_key(q, k, mask_mod, score_mod, block_mask, dq_mode) -> tuple:
-    return (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), mask_mod.structure,
+    return (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), tma_compatible(q, k), mask_mod.structure,
             None if score_mod is None else score_mod.name,
             None if block_mask is None else (block_mask.block_m, block_mask.block_n), dq_mode)
 
@@ -604,6 +639,10 @@ def attention_backward(q, k, v, out, lse, dout, *, dlse=None, mask_mod: MaskMod 
                          f"{block_mask.kv_len}), inputs have ({q_len}, {kv_len})")
     if config is not None and config.dq_mode == "atomic" and torch.are_deterministic_algorithms_enabled():
         choose_dq_mode("atomic")   # raises the determinism error
+    uses_tma = config is not None and any(c is not None and c.use_tma for c in (config.dkdv, config.dq))
+    if uses_tma and not tma_compatible(*(_contiguous(t) for t in (q, k, v, dout))):
+        raise ValueError(f"attention backward: config {config.label()} loads tiles through TMA, which needs "
+                         "16-byte aligned base addresses and strides; use a config without use_tma")
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     q, k, v, out, dout = (_contiguous(t) for t in (q, k, v, out, dout))
     lse = lse.contiguous()
@@ -678,13 +717,19 @@ def _tune(buf: _Buffers, block_mask, dq_mode: str) -> BwdConfig:
 
 def _tune_mode(buf: _Buffers, block_mask, dq_mode: str) -> BwdConfig:
     head_dim, device = buf.q.shape[-1], buf.q.device
-    dkdv_candidates = _fitting(candidate_configs("dkdv", head_dim, device), block_mask)
+    tma_ok = tma_compatible(buf.q, buf.k, buf.v, buf.dout)
+
+    def candidates(kernel: str) -> list:
+        return _fitting([c for c in candidate_configs(kernel, head_dim, device) if tma_ok or not c.use_tma],
+                        block_mask)
+
+    dkdv_candidates = candidates("dkdv")
     if dq_mode == "atomic":
         dq_acc = torch.zeros(buf.q.shape, dtype=torch.float32, device=device)
         _launch_preprocess(buf.out, buf.dout, buf.delta, buf.dlse, None)
         return BwdConfig("atomic", _fastest(dkdv_candidates, lambda c: buf.dkdv(c, dq_acc, DQ_ATOMIC)))
     dq = torch.empty_like(buf.q)
-    best_dq = _fastest(_fitting(candidate_configs("dq", head_dim, device), block_mask), lambda c: buf.dq(c, dq))
+    best_dq = _fastest(candidates("dq"), lambda c: buf.dq(c, dq))
     return BwdConfig("separate", _fastest(dkdv_candidates, lambda c: buf.dkdv(c, None, DQ_NONE)), best_dq)
 
 
@@ -742,6 +787,10 @@ def compile_spec(kernel: str, dtype: torch.dtype, head_dim: int, config: KernelC
     signature = {name: "*" + t for name, t in pointers.items()}
     if kernel == "dkdv" and dq_write == "tma":
         signature["DQ_ACC"] = f"tensordesc<fp32[1, 1, {config.block_m}, {head_dim}]>"
+    if config.use_tma:   # the looped-over tiles come through TMA descriptors
+        rows = config.block_m if kernel == "dkdv" else config.block_n
+        for name in ("Q", "DO") if kernel == "dkdv" else ("K", "V"):
+            signature[name] = f"tensordesc<{elem}[1, 1, {rows}, {head_dim}]>"
     constexprs = {}
     for g in groups:
         signature.update({f"stride_{g}b": "i32", f"stride_{g}h": "i32", f"stride_{g}{'n' if g in ('k', 'v', 'dk') else 'm'}": "i32"})
@@ -755,7 +804,8 @@ def compile_spec(kernel: str, dtype: torch.dtype, head_dim: int, config: KernelC
     constexprs.update(specific)
     constexprs.update({"MASK_FN": mask_mod.device_fn, "SCORE_FN": score_mod.device_fn if score_mod else None,
                        "SCORE_GRAD_FN": score_gradient(score_mod), "HAS_SCORE": score_mod is not None,
-                       "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "HEAD_DIM": head_dim})
+                       "USE_TMA": config.use_tma, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
+                       "HEAD_DIM": head_dim})
     for name in constexprs:
         signature[name] = "constexpr"
     params = fn.arg_names

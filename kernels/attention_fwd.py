@@ -8,7 +8,6 @@ Returns the output and the natural-log log-sum-exp per query row (for the backwa
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -16,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import check_device, device_allocator, interpreting
+from ._launch import check_device, device_allocator, interpreting, pipeline_scope, pipeline_variants
 from .block_mask import BlockMask, build_block_mask
 from .masks import MaskMod, ScoreMod, allow_all
 
@@ -25,7 +24,7 @@ SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 
 
 @triton.jit
-def _load_kv_tile(k_src, v_src, b, kv_h, start_n, kv_idx, kv_len, stride_kn, stride_kd, stride_vn, stride_vd,
+def load_kv_tile(k_src, v_src, b, kv_h, start_n, kv_idx, kv_len, stride_kn, stride_kd, stride_vn, stride_vd,
                   CHECK_END: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
     """K^T [HEAD_DIM, BLOCK_N] and V [BLOCK_N, HEAD_DIM] of one kv tile.
 
@@ -99,7 +98,7 @@ def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_v
     for j in range(0, num_tiles):
         start_n = tl.load(tile_ids + j) * BLOCK_N
         kv_idx = start_n + offs_n
-        k, v = _load_kv_tile(k_src, v_src, b, kv_h, start_n, kv_idx, kv_len, stride_kn, stride_kd, stride_vn, stride_vd,
+        k, v = load_kv_tile(k_src, v_src, b, kv_h, start_n, kv_idx, kv_len, stride_kn, stride_kd, stride_vn, stride_vd,
                              APPLY_MASK, USE_TMA, BLOCK_N, HEAD_DIM)
         x = tl.dot(q, k)
         if HAS_SCORE:
@@ -271,18 +270,7 @@ def candidate_configs(head_dim: int, device: torch.device) -> list:
     base = _HOPPER_CONFIGS.get(head_dim) or [FwdConfig(64, 32, 4, 2)]
     if torch.cuda.get_device_capability(device)[0] < 9:   # TMA descriptors need Hopper or newer
         base = [c for c in base if not c.use_tma] or [FwdConfig(128, 64, 4, 2)]
-    return list(base) + _pipeline_variants(base[:1])
-
-
-def _pipeline_variants(configs: list) -> list:
-    """The tritonpatch Pipeline axis (disable-lsr) for the given configs, when the toolkit has it."""
-    from tritonpatch import Pipeline, TritonpatchError
-
-    try:
-        pipeline = Pipeline(disable_lsr=True)
-    except TritonpatchError:       # e.g. the native LLVM-option module is unavailable: no pipeline axis
-        return []
-    return [dataclasses.replace(c, pipeline=pipeline, pipeline_label="disable-lsr") for c in configs]
+    return list(base) + pipeline_variants(base[:1])
 
 
 def validate_inputs(q, k, v, enable_gqa: bool) -> None:
@@ -382,8 +370,8 @@ def _launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_m
         if score_mod is not None else ()
     grid = (triton.cdiv(q_len, config.block_m), batch * heads)
     if config.use_tma and not config.warp_specialize:
-        q_t, k_t, v_t, out_t = (_descriptor(q, config.block_m, head_dim), _descriptor(k, config.block_n, head_dim),
-                                _descriptor(v, config.block_n, head_dim), _descriptor(out, config.block_m, head_dim))
+        q_t, k_t, v_t, out_t = (tile_descriptor(q, config.block_m), tile_descriptor(k, config.block_n),
+                                tile_descriptor(v, config.block_n), tile_descriptor(out, config.block_m))
     else:
         q_t, k_t, v_t, out_t = q, k, v, out
     launch_args = (
@@ -400,19 +388,15 @@ def _launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_m
                          HEAD_DIM=head_dim, num_warps=config.num_warps, num_stages=config.num_stages)
     if full_ids.stride(-1) != 1 or partial_ids.stride(-1) != 1:
         raise ValueError("block_mask index tensors must be contiguous in their last dim")
-    with device_allocator(config.warp_specialize):
-        if config.pipeline is None:
-            _attn_fwd_kernel[grid](*launch_args, **kernel_kwargs)
-        else:
-            import tritonpatch
-            with tritonpatch.use_pipeline(config.pipeline):
-                _attn_fwd_kernel[grid](*launch_args, **kernel_kwargs)
+    with device_allocator(config.warp_specialize), pipeline_scope(config.pipeline):
+        _attn_fwd_kernel[grid](*launch_args, **kernel_kwargs)
 
 
-def _descriptor(t: torch.Tensor, block_rows: int, head_dim: int):
+def tile_descriptor(t: torch.Tensor, block_rows: int):
+    """A host-side TMA descriptor over all of ``t`` ``[B, H, S, D]`` moving ``[1, 1, block_rows, D]`` tiles."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, block_rows, head_dim])
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, block_rows, t.shape[-1]])
 
 
 def tma_compatible(*tensors) -> bool:

@@ -1,13 +1,17 @@
-"""Attention forward: tritonpatch.kernels.attention vs FlexAttention vs SDPA (flash, cuDNN), side by side.
+"""Attention forward, and forward+backward: tritonpatch.kernels.attention vs FlexAttention vs SDPA
+(flash, cuDNN), side by side.
 
 Usage (on a CUDA machine):
-    python scripts/bench_attention.py --out DIR              # the benchmark grid -> DIR/attention_fwd.{json,md,png}
-    python scripts/bench_attention.py --check --out DIR      # correctness vs the fp32 reference, every mask
-    python scripts/bench_attention.py --sweep --out DIR      # time a wider config space (to pick tuning candidates)
+    python scripts/bench_attention.py --out DIR                   # forward grid -> DIR/attention_fwd.{json,md,png}
+    python scripts/bench_attention.py --mode fwd_bwd --out DIR    # fwd+bwd grid -> DIR/attention_fwd_bwd.{json,md,png}
+    python scripts/bench_attention.py --check --out DIR           # forward correctness vs the fp32 reference
+    python scripts/bench_attention.py --sweep --out DIR           # time a wider forward config space
+    python scripts/bench_attention.py --mode fwd_bwd --sweep --out DIR   # the same for the backward kernels
 
-Useful TFLOP/s = 4·B·H·Sq·Skv·D × (fraction of allowed (q, kv) pairs) / time. Times are
-``triton.testing.do_bench`` medians on fresh random inputs after warm-up; block masks (ours and
-Flex's) are built before timing, as a training loop would reuse them.
+Useful TFLOP/s = 4·B·H·Sq·Skv·D × (fraction of allowed (q, kv) pairs) / time, × 3.5 for fwd+bwd
+(the backward's five matmuls count 2.5). Times are ``triton.testing.do_bench`` medians on fresh
+random inputs after warm-up (gradients reset between runs); block masks (ours and Flex's) are built
+before timing, as a training loop would reuse them.
 """
 from __future__ import annotations
 
@@ -23,7 +27,9 @@ import torch
 import triton
 
 import tritonpatch.kernels as K
+from tritonpatch.kernels import attention_bwd as B
 from tritonpatch.kernels import attention_fwd as A
+from tritonpatch.kernels._launch import pipeline_variants
 
 MASKS = ("causal", "prefix_lm", "sliding_window", "document")
 HEAD_DIMS = (64, 128)
@@ -31,6 +37,10 @@ SEQ_LENS = (4096, 8192, 16384)
 BATCH, HEADS = 4, 16
 WINDOW = 1024
 NUM_DOCS = 8
+MODES = {"fwd": 1.0, "fwd_bwd": 3.5}   # mode -> useful FLOPs in units of the forward's
+WARMUP_ONLY = False   # --warmup: run each row once (compiles, tuning), time nothing, write nothing
+TARGETS = {"fwd": "≥ 1.10× FlexAttention on every row; causal D=128 ≥ 0.90× cuDNN",
+           "fwd_bwd": "≥ 1.10× FlexAttention on every row; causal D=128 ≥ 0.85× cuDNN"}
 
 
 def log(*parts):
@@ -72,8 +82,8 @@ def allowed_fraction(mask: K.MaskMod, q_len: int, kv_len: int, device, rows: int
     return total / (q_len * kv_len)
 
 
-def bench_ms(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+def bench_ms(fn, grad_to_none=None) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median")
 
 
 def rand_qkv(batch, heads, seq_len, head_dim, device, dtype=torch.bfloat16):
@@ -167,7 +177,7 @@ def sweep(device) -> list:
     seq = 8192
     for head_dim in HEAD_DIMS:
         configs = [A.FwdConfig(*c) for c in SWEEP[head_dim]]
-        configs += A._pipeline_variants([configs[0], configs[4]])
+        configs += pipeline_variants([configs[0], configs[4]])
         for mask_name in ("causal",):
             mask, _ = make_mask(mask_name, seq, device)
             frac = allowed_fraction(mask, seq, seq, device)
@@ -185,6 +195,53 @@ def sweep(device) -> list:
     return rows
 
 
+BWD_SWEEP = {  # kernel -> head_dim -> (block_m, block_n, num_warps, num_stages); each with and without TMA.
+    # Round 2 (round 1: docs/benchmarks/attention_bwd_sweep.md): around the winners of round 1; spills
+    # (ptxas -v, separate mode) noted where there are any.
+    "dkdv": {64: [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 8, 2),   # the last spills 48 B
+                  (128, 128, 8, 2), (32, 64, 4, 3), (64, 128, 8, 2)],                 # BM128-BN128: 200 B
+             128: [(64, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 4), (64, 128, 16, 2),  # 16, 108, 80, 336 B
+                   (32, 128, 8, 2)]},
+    "dq": {64: [(64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 4), (128, 64, 8, 2), (128, 64, 8, 4), (128, 128, 8, 3)],
+           128: [(128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 16, 3), (128, 128, 8, 2),    # BM128-BN128: 168 B
+                 (128, 64, 8, 2)]},
+}
+
+
+def sweep_bwd(device, seq=8192) -> list:
+    """Time each backward kernel config of BWD_SWEEP on the causal mask (bf16, separate dQ mode),
+    plus disable-lsr on the first of each list and the dK/dV kernel's first two in atomic mode: each
+    kernel's configs with the other kernel fixed at its first tuning candidate (the whole backward is
+    timed, so the rows of one kernel differ in that kernel only)."""
+    rows = []
+    mask = K.causal()
+    frac = allowed_fraction(mask, seq, seq, device)
+    for head_dim in HEAD_DIMS:
+        q, k, v = rand_qkv(BATCH, HEADS, seq, head_dim, device)
+        dout = torch.randn_like(q)
+        out, lse = A.attention_forward(q, k, v, mask_mod=mask)
+        fixed = {kernel: B.candidate_configs(kernel, head_dim, device)[0] for kernel in ("dkdv", "dq")}
+        flops = 2.5 * 4 * BATCH * HEADS * seq * seq * head_dim * frac
+        for kernel, table in BWD_SWEEP.items():
+            configs = [B.KernelConfig(*shape, use_tma=tma) for tma in (False, True) for shape in table[head_dim]]
+            runs = [("separate", c) for c in configs + pipeline_variants(configs[:1])]
+            if kernel == "dkdv":
+                runs += [("atomic", c) for c in configs[:2]]
+            for mode, cfg in runs:
+                config = B.BwdConfig(mode, cfg if kernel == "dkdv" else fixed["dkdv"],
+                                     None if mode == "atomic" else cfg if kernel == "dq" else fixed["dq"])
+                try:
+                    ms = bench_ms(lambda: B.attention_backward(q, k, v, out, lse, dout, mask_mod=mask, config=config))
+                except Exception as exc:  # noqa: BLE001 - out of shared memory / registers: go on
+                    log(f"sweep-bwd D{head_dim} {kernel} {mode} {cfg.label()}: {type(exc).__name__}: {str(exc)[:120]}")
+                    continue
+                log(f"sweep-bwd D{head_dim} {kernel:4s} {mode:8s} {cfg.label():36s} {ms:7.3f} ms "
+                    f"{flops / ms / 1e9:6.1f} TFLOP/s")
+                rows.append({"head_dim": head_dim, "kernel": kernel, "dq_mode": mode, "config": cfg.label(),
+                             "whole_backward": config.label(), "ms": ms, "tflops": flops / ms / 1e9})
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------
 def flex_fn():
     from torch.nn.attention.flex_attention import flex_attention
@@ -194,14 +251,14 @@ def flex_fn():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def bench(device, masks, head_dims, seq_lens, on_row=lambda rows: None) -> list:
+def bench(device, mode, masks, head_dims, seq_lens, on_row=lambda rows: None) -> list:
     flex = flex_fn()
     rows = []
     for seq in seq_lens:
         for mask_name in masks:
             for head_dim in head_dims:
                 try:
-                    rows.append(bench_row(flex, mask_name, head_dim, seq, device))
+                    rows.append(bench_row(flex, mode, mask_name, head_dim, seq, device))
                 except Exception as exc:  # noqa: BLE001 - record the failure, keep the other rows
                     log(f"{mask_name} D{head_dim} S{seq}: ERROR {type(exc).__name__}: {str(exc)[:300]}")
                     rows.append({"mask": mask_name, "head_dim": head_dim, "seq_len": seq,
@@ -211,49 +268,59 @@ def bench(device, masks, head_dims, seq_lens, on_row=lambda rows: None) -> list:
     return rows
 
 
-def bench_row(flex, mask_name: str, head_dim: int, seq: int, device) -> dict:
-    """One row: ours (tuned on first call), Flex (compiled, its BlockMask prebuilt), SDPA for causal."""
+def bench_row(flex, mode: str, mask_name: str, head_dim: int, seq: int, device) -> dict:
+    """One row: ours (tuned on first call), Flex (compiled, its BlockMask prebuilt), SDPA for causal;
+    ``mode`` "fwd" times the forward, "fwd_bwd" forward and backward (``out.backward(dout)``)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask
     import torch.nn.functional as F
 
     mask, flex_mask_mod = make_mask(mask_name, seq, device)
     frac = allowed_fraction(mask, seq, seq, device)
-    flops = 4 * BATCH * HEADS * seq * seq * head_dim * frac
+    flops = MODES[mode] * 4 * BATCH * HEADS * seq * seq * head_dim * frac
     q, k, v = rand_qkv(BATCH, HEADS, seq, head_dim, device)
-    row = {"mask": mask_name, "head_dim": head_dim, "seq_len": seq, "allowed_fraction": frac}
-    t0 = time.time()
-    ours = lambda: K.attention(q, k, v, mask_mod=mask)
-    ours()
-    torch.cuda.synchronize()
-    row["ours_first_call_s"] = time.time() - t0
-    row["ours_ms"] = bench_ms(ours)
-    key = A._tuning_key(q, k, v, mask, None, None)
-    row["ours_config"] = A.tuned_configs()[key].label()
-    t0 = time.time()
+    leaves = None
+    if mode == "fwd_bwd":
+        leaves = [t.requires_grad_() for t in (q, k, v)]
+        dout = torch.randn_like(q)
+
+    def timed(label, attend):
+        """First call (compile/tune) wall time, then the do_bench median of ``attend`` (+ backward)."""
+        call = attend if mode == "fwd" else (lambda: attend().backward(dout))
+        t0 = time.time()
+        call()
+        torch.cuda.synchronize()
+        row[f"{label}_first_call_s"] = time.time() - t0
+        if not WARMUP_ONLY:
+            row[f"{label}_ms"] = bench_ms(call, grad_to_none=leaves)
+
+    row = {"mask": mask_name, "head_dim": head_dim, "seq_len": seq, "allowed_fraction": frac, "mode": mode}
+    timed("ours", lambda: K.attention(q, k, v, mask_mod=mask))
+    row["ours_config"] = A.tuned_configs()[A._tuning_key(q, k, v, mask, None, None)].label()
+    if mode == "fwd_bwd":
+        row["ours_bwd_config"] = B.tuned_config(q, k, mask_mod=mask, dq_mode="auto").label()
     flex_block_mask = create_block_mask(flex_mask_mod, None, None, seq, seq, device=device)
-    flex_call = lambda: flex(q, k, v, block_mask=flex_block_mask)
-    flex_call()
-    torch.cuda.synchronize()
-    row["flex_first_call_s"] = time.time() - t0
-    row["flex_ms"] = bench_ms(flex_call)
+    timed("flex", lambda: flex(q, k, v, block_mask=flex_block_mask))
     if mask_name == "causal":
         for label, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION),
                                ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:
                 with sdpa_kernel(backend):
-                    call = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                    call()
-                    row[f"{label}_ms"] = bench_ms(call)
+                    timed(label, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
             except RuntimeError as exc:
                 log(f"{label} unavailable: {str(exc)[:100]}")
+    if WARMUP_ONLY:
+        log(f"warm-up {mode} {mask_name} D{head_dim} S{seq}: ours {row['ours_first_call_s']:.1f} s, "
+            f"flex {row['flex_first_call_s']:.1f} s")
+        return row
     for impl in ("ours", "flex", "sdpa_flash", "sdpa_cudnn"):
         if f"{impl}_ms" in row:
             row[f"{impl}_tflops"] = flops / row[f"{impl}_ms"] / 1e9
     row["vs_flex"] = row["flex_ms"] / row["ours_ms"]
     if "sdpa_cudnn_ms" in row:
         row["vs_cudnn"] = row["sdpa_cudnn_ms"] / row["ours_ms"]
-    log(f"{mask_name:15s} D{head_dim:<4d} S{seq:<6d} ours {row['ours_tflops']:6.1f} ({row['ours_config']}) "
+    log(f"{mode} {mask_name:15s} D{head_dim:<4d} S{seq:<6d} ours {row['ours_tflops']:6.1f} ({row['ours_config']}"
+        + (f"; {row['ours_bwd_config']}" if "ours_bwd_config" in row else "") + ") "
         f"flex {row['flex_tflops']:6.1f} x{row['vs_flex']:.2f}"
         + (f" cudnn {row['sdpa_cudnn_tflops']:6.1f} x{row['vs_cudnn']:.2f}" if "vs_cudnn" in row else ""))
     return row
@@ -277,20 +344,24 @@ def environment() -> dict:
             "command": "python " + " ".join(sys.argv), "batch": BATCH, "heads": HEADS, "dtype": "bfloat16"}
 
 
+TITLES = {"fwd": "Attention forward", "fwd_bwd": "Attention forward + backward"}
+
+
 def write_markdown(path, report, rows) -> None:
-    env, build = report["environment"], report.get("block_mask_build")
-    lines = ["# Attention forward: tritonpatch vs FlexAttention vs SDPA", "",
+    env, build, mode = report["environment"], report.get("block_mask_build"), report.get("mode", "fwd")
+    factor = "3.5 × " if mode == "fwd_bwd" else ""
+    lines = [f"# {TITLES[mode]}: tritonpatch vs FlexAttention vs SDPA", "",
              f"- command: `{env['command']}`", f"- GPU: {env['gpu']}; torch {env['torch']}; triton {env['triton']}; "
              f"python {env['python']}; date {env['date_utc']} UTC",
-             f"- B={env['batch']} H={env['heads']} bf16; useful TFLOP/s = 4·B·H·S²·D × allowed fraction / time "
+             f"- B={env['batch']} H={env['heads']} bf16; useful TFLOP/s = {factor}4·B·H·S²·D × allowed fraction / time "
              "(do_bench median); prefix-LM P=S/4, sliding window 1024 (causal), document = 8 random documents (causal)",
-             "- targets: ≥ 1.10× FlexAttention on every row; causal D=128 ≥ 0.90× cuDNN", "",
+             f"- targets: {TARGETS[mode]}", "",
              "| mask | D | S | ours TFLOP/s | config | Flex | SDPA flash | SDPA cuDNN | ours/Flex | ours/cuDNN |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda r, key, spec=".1f": format(r[key], spec) if key in r else "—"
     for r in rows:
-        lines.append(f"| {r['mask']} | {r['head_dim']} | {r['seq_len']} | {fmt(r, 'ours_tflops')} | "
-                     f"{r['ours_config']} | "
+        config = r["ours_config"] + (f"; bwd {r['ours_bwd_config']}" if "ours_bwd_config" in r else "")
+        lines.append(f"| {r['mask']} | {r['head_dim']} | {r['seq_len']} | {fmt(r, 'ours_tflops')} | {config} | "
                      f"{fmt(r, 'flex_tflops')} | {fmt(r, 'sdpa_flash_tflops')} | {fmt(r, 'sdpa_cudnn_tflops')} | "
                      f"{fmt(r, 'vs_flex', '.2f')} | {fmt(r, 'vs_cudnn', '.2f')} |")
     failed = [r for r in report.get("rows", []) if "error" in r]
@@ -309,7 +380,7 @@ def write_markdown(path, report, rows) -> None:
         f.write("\n".join(lines) + "\n")
 
 
-def write_plot(path, rows) -> None:
+def write_plot(path, rows, mode) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -325,26 +396,45 @@ def write_plot(path, rows) -> None:
             ax.bar(xs, ys, width, label=label)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([f"{r['mask']}\nD{r['head_dim']} S{r['seq_len'] // 1024}k" for r in rows], fontsize=6)
-    ax.set_ylabel("useful TFLOP/s (bf16, fwd)")
+    ax.set_ylabel(f"useful TFLOP/s (bf16, {mode.replace('_', '+')})")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def main() -> int:
+    global WARMUP_ONLY
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=".", help="directory for the JSON/markdown/plot")
-    parser.add_argument("--check", action="store_true", help="correctness vs the fp32 reference")
-    parser.add_argument("--sweep", action="store_true", help="time a wider config space")
+    parser.add_argument("--mode", choices=list(MODES), default="fwd", help="time the forward or forward+backward")
+    parser.add_argument("--check", action="store_true", help="forward correctness vs the fp32 reference")
+    parser.add_argument("--sweep", action="store_true", help="time a wider config space (forward or backward "
+                        "kernels, by --mode)")
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmark grid")
     parser.add_argument("--masks", default=",".join(MASKS))
     parser.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
     parser.add_argument("--seq-lens", default=",".join(map(str, SEQ_LENS)))
-    parser.add_argument("--from-json", help="only rewrite the markdown/plot from this JSON report")
+    parser.add_argument("--warmup", action="store_true", help="run each grid row once to fill the compile "
+                        "caches (Triton's and Inductor's, shared by processes), time and write nothing; run "
+                        "several at once, one per mask, before a timed run")
+    parser.add_argument("--from-json", nargs="+", help="only rewrite the markdown/plot from these JSON reports "
+                        "(rows of several runs of one mode are merged)")
     args = parser.parse_args()
     if args.from_json:
-        with open(args.from_json) as f:
-            write_reports(json.load(f), args.out)
+        reports = []
+        for path in args.from_json:
+            with open(path) as f:
+                reports.append(json.load(f))
+        rows = [row for r in reports for row in r.get("rows", [])]
+        rows.sort(key=lambda r: (r["seq_len"], MASKS.index(r["mask"]), r["head_dim"]))
+        sweeps = [dict(row, round=i + 1) for i, r in enumerate(reports) for row in r.get("sweep", [])]
+        os.makedirs(args.out, exist_ok=True)
+        write_reports(dict(reports[0], rows=rows, sweep=sweeps), args.out)
+        return 0
+    if args.warmup:
+        WARMUP_ONLY = True
+        bench(torch.device("cuda"), args.mode, args.masks.split(","), [int(d) for d in args.head_dims.split(",")],
+              [int(s) for s in args.seq_lens.split(",")])
         return 0
     if not torch.cuda.is_available():
         print("bench_attention.py needs a CUDA GPU", file=sys.stderr)
@@ -353,8 +443,8 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     env = environment()
     log(env)
-    report = {"environment": env}
-    json_path = os.path.join(args.out, "attention_fwd.json")
+    report = {"environment": env, "mode": args.mode}
+    json_path = os.path.join(args.out, f"attention_{args.mode}.json")
 
     def save(**updates):
         report.update(updates)
@@ -366,21 +456,46 @@ def main() -> int:
         save(check=check(device))
         status |= 0 if all(r["ok"] for r in report["check"]) else 1
     if args.sweep:
-        save(sweep=sweep(device))
+        save(sweep=sweep(device) if args.mode == "fwd" else sweep_bwd(device))
     if not args.no_bench:
         save(block_mask_build=block_mask_build_time(device))
-        bench(device, args.masks.split(","), [int(d) for d in args.head_dims.split(",")],
+        bench(device, args.mode, args.masks.split(","), [int(d) for d in args.head_dims.split(",")],
               [int(s) for s in args.seq_lens.split(",")], on_row=lambda rows: save(rows=rows))
         write_reports(report, args.out)
     save()
     return status
 
 
+def write_sweep_markdown(path, report) -> None:
+    """The backward sweep (--mode fwd_bwd --sweep) as one table per head dim and kernel, fastest first."""
+    env, sweep = report["environment"], report["sweep"]
+    lines = ["# Attention backward: kernel config sweep (causal, bf16, B=4 H=16 S=8192)", "",
+             f"- command: `{env['command']}` (one run per round)",
+             f"- GPU: {env['gpu']}; torch {env['torch']}; triton {env['triton']}; date {env['date_utc']} UTC",
+             "- each row times the whole backward with one kernel's config varied and the other kernel fixed at "
+             "its first tuning candidate of that round; TFLOP/s = 2.5 × 4·B·H·S²·D × allowed fraction / time"]
+    for head_dim in sorted({r["head_dim"] for r in sweep}):
+        for kernel in ("dkdv", "dq"):
+            rows = sorted((r for r in sweep if r["head_dim"] == head_dim and r["kernel"] == kernel),
+                          key=lambda r: r["ms"])
+            lines += ["", f"## D={head_dim}, {'dK/dV' if kernel == 'dkdv' else 'dQ'} kernel", "",
+                      "| round | dQ mode | config | whole backward | ms | TFLOP/s |", "|---|---|---|---|---|---|"]
+            lines += [f"| {r.get('round', 1)} | {r.get('dq_mode', 'separate')} | {r['config']} | "
+                      f"{r['whole_backward']} | {r['ms']:.3f} | {r['tflops']:.1f} |" for r in rows]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def write_reports(report: dict, out_dir: str) -> None:
-    """attention_fwd.md and .png from a report (also usable offline: --from-json)."""
+    """attention_<mode>.md and .png from a report, and the backward sweep's table if it has one
+    (also usable offline: --from-json)."""
+    mode = report.get("mode", "fwd")
     rows = [r for r in report.get("rows", []) if "error" not in r]
-    write_markdown(os.path.join(out_dir, "attention_fwd.md"), report, rows)
-    write_plot(os.path.join(out_dir, "attention_fwd.png"), rows)
+    if rows:
+        write_markdown(os.path.join(out_dir, f"attention_{mode}.md"), report, rows)
+        write_plot(os.path.join(out_dir, f"attention_{mode}.png"), rows, mode)
+    if mode == "fwd_bwd" and report.get("sweep"):
+        write_sweep_markdown(os.path.join(out_dir, "attention_bwd_sweep.md"), report)
 
 
 if __name__ == "__main__":

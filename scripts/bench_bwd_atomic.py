@@ -1,4 +1,4 @@
-"""Attention backward: the atomic_add report's table with our backward, and fwd+bwd vs FlexAttention.
+"""Attention backward: the atomic_add report's table with our backward.
 
 The report (shared/seeds/002) timed one backward kernel with dQ accumulated by ``tl.atomic_add``,
 by no write at all (upper bound, wrong dQ), by inline-PTX ``red``, and by a plain store (racy,
@@ -9,10 +9,10 @@ bwd = 2.5 × fwd, fwd = 4·B·H·N²·D × 0.5 for causal. Target: atomic within
 
 Usage (CUDA machine):
     python scripts/bench_bwd_atomic.py --out DIR                 # table -> DIR/attention_bwd.{json,md,png}
-    python scripts/bench_bwd_atomic.py --out DIR --tables atomic,flex   # + fwd+bwd vs FlexAttention (causal, B=4 H=16)
-    python scripts/bench_bwd_atomic.py --warmup --tables flex    # run each row once (fills the compile caches)
+    python scripts/bench_bwd_atomic.py --warmup                  # run one row once (fills the compile caches)
     TRITON_INTERPRET=1 python scripts/bench_bwd_atomic.py --cpu-smoke --out DIR   # every path, tiny, no GPU
-Times: ``triton.testing.do_bench`` medians (warm-up excluded) on fresh random inputs.
+Times: ``triton.testing.do_bench`` medians (warm-up excluded) on fresh random inputs. Forward+backward
+against FlexAttention and SDPA: ``scripts/bench_attention.py --mode fwd_bwd``.
 """
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ import triton
 import tritonpatch.kernels as K
 from tritonpatch.kernels import attention_bwd as B
 from tritonpatch.kernels import attention_fwd as A
-from tritonpatch.kernels.autograd import attention_with_grad
 
 BATCH, HEADS, HEAD_DIM = 4, 8, 64
 SEQ_LENS = (2048, 4096, 8192, 16384, 32768)
@@ -46,8 +45,6 @@ VARIANTS = {   # label -> (dq_mode, dq_write, gives a correct dQ)
 NO_WRITE = "no write, dQ computed (wrong dQ)"
 TMA = "TMA bulk reduce-add (descriptor atomic_add)"
 NO_DQ = "no dQ at all (report's 'none', wrong dQ)"
-FLEX_HEADS = 16
-FLEX_GRID = [(64, 4096), (64, 8192), (128, 4096), (128, 8192)]
 
 
 def log(*parts):
@@ -71,18 +68,6 @@ class Timer:
 
 def causal_bwd_flops(seq: int, batch: int = BATCH, heads: int = HEADS, head_dim: int = HEAD_DIM) -> float:
     return 2.5 * 4 * batch * heads * seq * seq * head_dim * 0.5
-
-
-def causal_fwd_bwd_flops(seq: int, batch: int, heads: int, head_dim: int) -> float:
-    """Useful FLOPs of causal fwd+bwd: 3.5 × 4·B·H·D × (allowed pairs S(S+1)/2)."""
-    return 3.5 * 4 * batch * heads * head_dim * (seq * (seq + 1) / 2)
-
-
-def add_flex_tflops(row: dict, batch: int, heads: int) -> None:
-    flops = causal_fwd_bwd_flops(row["seq_len"], batch, heads, row["head_dim"])
-    for impl in ("ours", "flex"):
-        if f"{impl}_ms" in row:
-            row[f"{impl}_tflops"] = flops / row[f"{impl}_ms"] / 1e9
 
 
 def inputs(seq, device, dtype, batch=BATCH, heads=HEADS, head_dim=HEAD_DIM):
@@ -136,42 +121,6 @@ def atomic_table(seq_lens, device, dtype, timer, deadline) -> list:
     return rows
 
 
-def flex_table(device, timer, deadline, grid=FLEX_GRID, batch=BATCH, heads=FLEX_HEADS) -> list:
-    """fwd+bwd of causal attention: ours (attention_with_grad, tuned, dq_mode auto) vs compiled Flex."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    flex = torch.compile(flex_attention, dynamic=False)
-    rows = []
-    for head_dim, seq in grid:
-        if time.time() > deadline:
-            log(f"flex D{head_dim} S{seq}: skipped (time budget)")
-            rows.append({"head_dim": head_dim, "seq_len": seq, "skipped": "time budget"})
-            continue
-        q, k, v, dout = inputs(seq, device, torch.bfloat16, batch, heads, head_dim)
-        q, k, v = (t.requires_grad_() for t in (q, k, v))
-        row = {"head_dim": head_dim, "seq_len": seq}
-        mask = K.causal()
-        ours = lambda: attention_with_grad(q, k, v, mask_mod=mask).backward(dout)
-        ours()
-        row["ours_ms"] = timer(ours, grad_to_none=[q, k, v])
-        row["ours_dq_mode"] = B.tuned_config(q, k, mask_mod=mask, dq_mode="auto").dq_mode
-        try:
-            flex_mask = create_block_mask(lambda b, h, qi, kv: qi >= kv, None, None, seq, seq, device=device)
-            theirs = lambda: flex(q, k, v, block_mask=flex_mask).backward(dout)
-            theirs()
-            row["flex_ms"] = timer(theirs, grad_to_none=[q, k, v])
-        except Exception as exc:  # noqa: BLE001 - Flex unavailable here (e.g. the CPU smoke run): record it
-            row["flex_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        add_flex_tflops(row, batch, heads)
-        if "flex_ms" in row:
-            row["vs_flex"] = row["flex_ms"] / row["ours_ms"]
-        log(f"fwd+bwd causal D{head_dim} S{seq}: ours {row['ours_tflops']:.1f} TFLOP/s"
-            + (f", flex {row['flex_tflops']:.1f}, x{row['vs_flex']:.2f}" if "vs_flex" in row else ""))
-        rows.append(row)
-        del q, k, v, dout
-    return rows
-
-
 def environment(device) -> dict:
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter smoke run)"
     return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
@@ -180,7 +129,7 @@ def environment(device) -> dict:
 
 def write_markdown(path, report) -> None:
     env = report["environment"]
-    lines = ["# Attention backward: dQ accumulation (the atomic_add report) and fwd+bwd vs FlexAttention", "",
+    lines = ["# Attention backward: dQ accumulation (the atomic_add report)", "",
              f"- command: `{env['command']}`",
              f"- GPU: {env['gpu']}; torch {env['torch']}; triton {env['triton']}; python {env['python']}; "
              f"date {env['date_utc']} UTC"] + [f"- note: {note}" for note in report.get("notes", [])] + [""]
@@ -203,20 +152,6 @@ def write_markdown(path, report) -> None:
         for r in report.get("atomic", []):
             if "skipped" in r:
                 lines.append(f"| {r['n_ctx']} | skipped ({r['skipped']}) |" + " |" * (len(labels) + 2))
-    flex_rows = report.get("flex", [])
-    if flex_rows:
-        lines += ["", f"## fwd+bwd, causal, B={BATCH} H={FLEX_HEADS} bf16: ours (attention_with_grad, tuned) vs "
-                  "FlexAttention (torch.compile, BlockMask prebuilt)", "",
-                  "Useful TFLOP/s = 3.5 × 4·B·H·D × (causal pairs) / time. Target (issue 6): ≥ 1.10× Flex.", "",
-                  "| D | S | ours TFLOP/s | ours dQ mode | Flex TFLOP/s | ours/Flex |", "|---|---|---|---|---|---|"]
-        for r in flex_rows:
-            if "skipped" in r:
-                lines.append(f"| {r['head_dim']} | {r['seq_len']} | skipped ({r['skipped']}) | | | |")
-                continue
-            flex = f"{r['flex_tflops']:.1f}" if "flex_tflops" in r else r.get("flex_error", "—")[:60]
-            ratio = f"{r['vs_flex']:.2f}" if "vs_flex" in r else "—"
-            lines.append(f"| {r['head_dim']} | {r['seq_len']} | {r['ours_tflops']:.1f} | {r.get('ours_dq_mode', '—')} | "
-                         f"{flex} | {ratio} |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -247,25 +182,20 @@ def write_plot(path, report) -> None:
 
 
 def main() -> int:
-    global BATCH, HEADS, FLEX_HEADS   # --cpu-smoke shrinks the shapes
+    global BATCH, HEADS   # --cpu-smoke shrinks the shapes
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=".", help="directory for attention_bwd.{json,md,png}")
     parser.add_argument("--seq-lens", default=",".join(map(str, SEQ_LENS)))
-    parser.add_argument("--tables", default="atomic", help="comma list: atomic (the report's table), flex "
-                        "(fwd+bwd vs FlexAttention, causal, D 64/128)")
-    parser.add_argument("--warmup", action="store_true", help="run each row once to fill the compile caches "
-                        "(N_CTX 2048 only for the atomic table), write nothing")
+    parser.add_argument("--warmup", action="store_true", help="run the N_CTX 2048 row once to fill the compile "
+                        "caches, write nothing")
     parser.add_argument("--time-budget", type=float, default=1e9, help="seconds; later rows are skipped")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1")
-    parser.add_argument("--from-json", help="rewrite the markdown/plot from this JSON report (TFLOP/s recomputed "
-                        "from the measured ms) into --out; runs nothing")
+    parser.add_argument("--from-json", help="rewrite the markdown/plot from this JSON report "
+                        "into --out; runs nothing")
     args = parser.parse_args()
     if args.from_json:
         with open(args.from_json) as f:
             report = json.load(f)
-        for row in report.get("flex", []):
-            if "seq_len" in row and "skipped" not in row:
-                add_flex_tflops(row, BATCH, FLEX_HEADS)
         with open(os.path.join(args.out, "attention_bwd.json"), "w") as f:
             json.dump(report, f, indent=1)
         write_markdown(os.path.join(args.out, "attention_bwd.md"), report)
@@ -273,16 +203,13 @@ def main() -> int:
         return 0
     deadline = time.time() + args.time_budget
     if args.cpu_smoke:
-        BATCH, HEADS, FLEX_HEADS = 1, 2, 2
+        BATCH, HEADS = 1, 2
         device, dtype = torch.device("cpu"), torch.float32
     elif torch.cuda.is_available():
         device, dtype = torch.device("cuda"), torch.float16
     else:
         print("bench_bwd_atomic.py needs a CUDA GPU (or --cpu-smoke under TRITON_INTERPRET=1)", file=sys.stderr)
         return 2
-    tables = set(args.tables.split(","))
-    if not tables <= {"atomic", "flex"}:
-        parser.error(f"--tables takes atomic and/or flex, got {args.tables}")
     timer = Timer(args.cpu_smoke or args.warmup)
     seq_lens = [2048] if args.warmup else [int(s) for s in args.seq_lens.split(",")]
     os.makedirs(args.out, exist_ok=True)
@@ -298,11 +225,7 @@ def main() -> int:
             write_markdown(os.path.join(args.out, "attention_bwd.md"), report)
             write_plot(os.path.join(args.out, "attention_bwd.png"), report)
 
-    if "atomic" in tables:
-        save(atomic=atomic_table(seq_lens, device, dtype, timer, deadline))
-    if "flex" in tables:
-        grid = [(16, 48), (32, 40)] if args.cpu_smoke else FLEX_GRID
-        save(flex=flex_table(device, timer, deadline, grid=grid))
+    save(atomic=atomic_table(seq_lens, device, dtype, timer, deadline))
     return 0
 
 

@@ -45,19 +45,25 @@ def reduction_ops(ptx: str) -> dict:
 
 CANDIDATES = [("dkdv", d, c) for d, cs in B._DKDV_CONFIGS.items() for c in cs] + \
              [("dq", d, c) for d, cs in B._DQ_CONFIGS.items() for c in cs]
+# Measured exceptions (bytes of spill stores/loads on Triton 3.6; dK/dV with the atomic dQ): FlexAttention's
+# D=128 dK/dV tile spills 136 bytes at 3 stages (112 at 2), the D=128 dQ BM128-BN128 tile 28, and both were
+# still the fastest in the H200 sweep (docs/benchmarks/attention_bwd_sweep.md).
+SPILL_BUDGET = {("dkdv", 128, "BM64-BN128-w8-s3"): 160, ("dkdv", 128, "BM64-BN128-w8-s2"): 128,
+                ("dq", 128, "BM128-BN128-w8-s2-tma"): 32}
 
 
 @pytest.mark.parametrize("kernel, head_dim, config", CANDIDATES, ids=lambda x: getattr(x, "label", lambda: x)())
-def test_tuned_candidates_compile_for_sm90_without_spills(kernel, head_dim, config):
+def test_tuned_candidates_compile_for_sm90_within_spill_budget(kernel, head_dim, config):
     from tritonpatch.inspect import measure_resources
 
     compiled = compile_sm90(kernel, torch.bfloat16, head_dim, config, K.causal())
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx
     resources = measure_resources(compiled.asm["cubin"], ptx, 90, (), compiled.metadata.shared)
-    # the table was tuned on Triton 3.6 (no spills); later versions allocate a little differently
-    # (3.9: D=128 BM32-BN128 spills 16 bytes), which the run-time tuner then weighs by timing
-    allowed = 0 if triton.__version__.startswith("3.6.") else 64
+    # the table was tuned on Triton 3.6; later versions allocate a little differently (3.9: D=128
+    # BM32-BN128 spills 16 bytes), which the run-time tuner then weighs by timing
+    allowed = SPILL_BUDGET.get((kernel, head_dim, config.label()), 0)
+    allowed += 0 if triton.__version__.startswith("3.6.") else 64
     assert resources.spill_stores <= allowed and resources.spill_loads <= allowed, resources
     ops = reduction_ops(ptx)
     if kernel == "dkdv":
@@ -151,3 +157,13 @@ def test_backward_input_errors(change, message):
             kwargs[name] = value
     with pytest.raises((ValueError, TypeError), match=message):
         B.attention_backward(q, k, v, args["out"], args["lse"], args["dout"], **kwargs)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="checks run before the device check")
+def test_tma_config_on_unaligned_rows_is_rejected():
+    q = torch.zeros(1, 2, 8, 17, dtype=torch.float16, device="meta")[..., :16]   # 34-byte row stride
+    k, v = (torch.zeros(1, 2, 8, 16, dtype=torch.float16, device="meta") for _ in range(2))
+    tma = B.KernelConfig(16, 16, 4, 1, use_tma=True)
+    with pytest.raises(ValueError, match="loads tiles through TMA"):
+        B.attention_backward(q, k, v, torch.zeros_like(q), torch.zeros(1, 2, 8, device="meta"), torch.zeros_like(q),
+                             config=B.BwdConfig("separate", tma, tma))

@@ -1,7 +1,10 @@
 """GPU numerics of the attention backward vs autograd through the fp32 reference (bf16, relative
-error <= 2e-2 per gradient), determinism of dq_mode="separate", and the inline-PTX red and TMA reduce-add dQ variants.
+error <= 2e-2 per gradient), both tile-load paths (pointers, TMA descriptors), determinism of
+dq_mode="separate", and the inline-PTX red and TMA reduce-add dQ variants.
 Run on the device machine: ``pytest -m gpu tests/test_kernels_bwd_gpu.py``."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -32,16 +35,17 @@ def reference_grads(q, k, v, dout, **kwargs):
     return [t.grad for t in leaves]
 
 
-def fixed_config(dq_mode, head_dim):
-    return B.BwdConfig(dq_mode, B._DKDV_CONFIGS[head_dim][0], B._DQ_CONFIGS[head_dim][0] if dq_mode == "separate"
-                       else None)
+def fixed_config(dq_mode, head_dim, use_tma):
+    """The first tuning candidates of both kernels, with the given tile-load path."""
+    dkdv, dq = (dataclasses.replace(table[head_dim][0], use_tma=use_tma) for table in (B._DKDV_CONFIGS, B._DQ_CONFIGS))
+    return B.BwdConfig(dq_mode, dkdv, dq if dq_mode == "separate" else None)
 
 
-def backward(q, k, v, dout, dq_mode, head_dim, dq_write="atomic", **kwargs):
+def backward(q, k, v, dout, dq_mode, head_dim, dq_write="atomic", use_tma=False, **kwargs):
     fwd_config = A.candidate_configs(head_dim, q.device)[0]
     out, lse = A.attention_forward(q, k, v, config=fwd_config, **kwargs)
-    return B.attention_backward(q, k, v, out, lse, dout, dq_mode=dq_mode, config=fixed_config(dq_mode, head_dim),
-                                dq_write=dq_write, **kwargs)
+    return B.attention_backward(q, k, v, out, lse, dout, dq_mode=dq_mode,
+                                config=fixed_config(dq_mode, head_dim, use_tma), dq_write=dq_write, **kwargs)
 
 
 def assert_grads_close(got, want, limit=2e-2):
@@ -56,6 +60,17 @@ def test_every_mask_matches_reference(name, head_dim, dq_mode):
     q, k, v, dout = make_inputs(2, 4, 4, SEQ, head_dim)
     mask_mod = MASKS[name](SEQ, q.device)
     got = backward(q, k, v, dout, dq_mode, head_dim, mask_mod=mask_mod)
+    assert_grads_close(got, reference_grads(q, k, v, dout, mask_mod=mask_mod))
+
+
+@pytest.mark.parametrize("dq_mode", ["atomic", "separate"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("name", ["causal", "sliding_window", "document"])
+def test_tma_loads_match_reference(name, head_dim, dq_mode):
+    """use_tma: Q/dO (dK/dV kernel) and K/V (dQ kernel) through descriptors; S=1100 ends inside a tile."""
+    q, k, v, dout = make_inputs(2, 4, 4, SEQ, head_dim, seed=4)
+    mask_mod = MASKS[name](SEQ, q.device)
+    got = backward(q, k, v, dout, dq_mode, head_dim, use_tma=True, mask_mod=mask_mod)
     assert_grads_close(got, reference_grads(q, k, v, dout, mask_mod=mask_mod))
 
 
