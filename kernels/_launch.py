@@ -51,6 +51,35 @@ def device_allocator(needed: bool):
         _allocation._allocator.reset(token)
 
 
+def launch(kernel, grid, args: tuple, kwargs: dict, warmup: bool = False):
+    """``kernel[grid](*args, **kwargs)``, or with ``warmup`` compile it without launching (inside
+    :func:`parallel_compiles`: on a worker thread)."""
+    if warmup:
+        return kernel.warmup(*args, grid=grid, **kwargs)
+    return kernel[grid](*args, **kwargs)
+
+
+@contextlib.contextmanager
+def parallel_compiles():
+    """Kernels warmed up inside compile on ``TRITONPATCH_COMPILE_THREADS`` threads (Triton's
+    AsyncCompileMode; tritonpatch carries each caller's Pipeline into its compile); the block waits
+    for all of them. A compile that fails is left to fail again, with its error, when it launches.
+    Sequential under the interpreter, with one thread, or inside a caller's own AsyncCompileMode."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime import _async_compile
+
+    from tritonpatch import env
+
+    threads = env.compile_threads()
+    if interpreting() or threads == 1 or _async_compile.active_mode.get() is not None:
+        yield
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="tritonpatch-compile") as executor, \
+            _async_compile.AsyncCompileMode(executor, ignore_errors=True):
+        yield
+
+
 def pipeline_variants(configs: list) -> list:
     """The tritonpatch Pipeline tuning axis (disable-lsr) for the given kernel configs (dataclasses
     with ``pipeline`` and ``pipeline_label`` fields); none when the native LLVM-option module is

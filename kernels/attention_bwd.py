@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import interpreting, pipeline_scope, pipeline_variants
+from ._launch import interpreting, launch, parallel_compiles, pipeline_scope, pipeline_variants
 from .attention_fwd import load_kv_tile, tile_descriptor, tma_compatible, validate_inputs
 from .block_mask import BlockMask, block_mask_from_classes, build_block_mask
 from .masks import MaskMod, ScoreMod, allow_all, alibi, softcap
@@ -511,7 +511,7 @@ def _launch_preprocess(out, dout, delta, dlse, dq_acc):
 
 
 def _launch_dkdv(q, k, v, dout, dk, dv, dq_acc, lse, delta, tmask: TransposedBlockMask, mask_mod, score_mod,
-                 scale, config: KernelConfig, dq_write: int):
+                 scale, config: KernelConfig, dq_write: int, warmup: bool = False):
     batch, heads, q_len, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
     partial_num, partial_ids = _expanded(tmask.q_num_blocks, tmask.q_indices, batch, heads)
@@ -523,25 +523,27 @@ def _launch_dkdv(q, k, v, dout, dk, dv, dq_acc, lse, delta, tmask: TransposedBlo
     q_in, dout_in = ((tile_descriptor(q, config.block_m), tile_descriptor(dout, config.block_m)) if config.use_tma
                      else (q, dout))
     grid = (triton.cdiv(kv_len, config.block_n), batch * kv_heads)
+    args = (
+        q_in, k, v, dout_in, dk, dv, acc, lse, delta,
+        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *acc_strides,
+        lse.stride(0), lse.stride(1),
+        partial_num, partial_ids, full_num, full_ids,
+        partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
+        partial_ids.stride(2),
+        heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
+        _device_args(mask_mod, q.device), _device_args(score_mod, q.device))
+    kwargs = dict(
+        MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod is not None else None,
+        SCORE_GRAD_FN=score_gradient(score_mod), HAS_SCORE=score_mod is not None, DQ_WRITE=dq_write,
+        USE_TMA=config.use_tma, MASK_BLOCK_N=tmask.block_n, SUB_M=tmask.block_m // config.block_m,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim, num_warps=config.num_warps,
+        num_stages=config.num_stages)
     with pipeline_scope(config.pipeline):
-        _attn_bwd_dkdv_kernel[grid](
-            q_in, k, v, dout_in, dk, dv, acc, lse, delta,
-            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *acc_strides,
-            lse.stride(0), lse.stride(1),
-            partial_num, partial_ids, full_num, full_ids,
-            partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
-            partial_ids.stride(2),
-            heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
-            _device_args(mask_mod, q.device), _device_args(score_mod, q.device),
-            MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod is not None else None,
-            SCORE_GRAD_FN=score_gradient(score_mod), HAS_SCORE=score_mod is not None, DQ_WRITE=dq_write,
-            USE_TMA=config.use_tma, MASK_BLOCK_N=tmask.block_n, SUB_M=tmask.block_m // config.block_m,
-            BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim, num_warps=config.num_warps,
-            num_stages=config.num_stages)
+        launch(_attn_bwd_dkdv_kernel, grid, args, kwargs, warmup)
 
 
 def _launch_dq(q, k, v, out, dout, dq, lse, delta, dlse, block_mask: BlockMask, mask_mod, score_mod, scale,
-               config: KernelConfig):
+               config: KernelConfig, warmup: bool = False):
     batch, heads, q_len, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
     partial_num, partial_ids = _expanded(block_mask.kv_num_blocks, block_mask.kv_indices, batch, heads)
@@ -549,21 +551,23 @@ def _launch_dq(q, k, v, out, dout, dq, lse, delta, dlse, block_mask: BlockMask, 
     k_in, v_in = ((tile_descriptor(k, config.block_n), tile_descriptor(v, config.block_n)) if config.use_tma
                   else (k, v))
     grid = (triton.cdiv(q_len, config.block_m), batch * heads)
+    args = (
+        q, k_in, v_in, out, dout, dq, lse, delta, dlse if dlse is not None else delta,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
+        lse.stride(0), lse.stride(1),
+        partial_num, partial_ids, full_num, full_ids,
+        partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
+        partial_ids.stride(2),
+        heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
+        _device_args(mask_mod, q.device), _device_args(score_mod, q.device))
+    kwargs = dict(
+        MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod is not None else None,
+        SCORE_GRAD_FN=score_gradient(score_mod), HAS_SCORE=score_mod is not None, HAS_DLSE=dlse is not None,
+        USE_TMA=config.use_tma, MASK_BLOCK_M=block_mask.block_m, SUB_N=block_mask.block_n // config.block_n,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim, num_warps=config.num_warps,
+        num_stages=config.num_stages)
     with pipeline_scope(config.pipeline):
-        _attn_bwd_dq_kernel[grid](
-            q, k_in, v_in, out, dout, dq, lse, delta, dlse if dlse is not None else delta,
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
-            lse.stride(0), lse.stride(1),
-            partial_num, partial_ids, full_num, full_ids,
-            partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
-            partial_ids.stride(2),
-            heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
-            _device_args(mask_mod, q.device), _device_args(score_mod, q.device),
-            MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod is not None else None,
-            SCORE_GRAD_FN=score_gradient(score_mod), HAS_SCORE=score_mod is not None, HAS_DLSE=dlse is not None,
-            USE_TMA=config.use_tma, MASK_BLOCK_M=block_mask.block_m, SUB_N=block_mask.block_n // config.block_n,
-            BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim, num_warps=config.num_warps,
-            num_stages=config.num_stages)
+        launch(_attn_bwd_dq_kernel, grid, args, kwargs, warmup)
 
 
 @dataclass(frozen=True)
@@ -671,14 +675,14 @@ class _Buffers:
         self.dv = torch.empty_like(v, memory_format=torch.contiguous_format)
         self.delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
 
-    def dkdv(self, config: KernelConfig, dq_acc, dq_write: int):
+    def dkdv(self, config: KernelConfig, dq_acc, dq_write: int, warmup: bool = False):
         _launch_dkdv(self.q, self.k, self.v, self.dout, self.dk, self.dv, dq_acc, self.lse, self.delta,
                      transpose_block_mask(self.masks_for(config)), self.mask_mod, self.score_mod, self.scale, config,
-                     dq_write)
+                     dq_write, warmup)
 
-    def dq(self, config: KernelConfig, dq):
+    def dq(self, config: KernelConfig, dq, warmup: bool = False):
         _launch_dq(self.q, self.k, self.v, self.out, self.dout, dq, self.lse, self.delta, self.dlse,
-                   self.masks_for(config), self.mask_mod, self.score_mod, self.scale, config)
+                   self.masks_for(config), self.mask_mod, self.score_mod, self.scale, config, warmup)
 
 
 def _run(buf: _Buffers, config: BwdConfig, dq_write: int) -> torch.Tensor:
@@ -701,6 +705,7 @@ def _tune(buf: _Buffers, block_mask, dq_mode: str) -> BwdConfig:
     key = _tuning_key(buf.q, buf.k, buf.mask_mod, buf.score_mod, block_mask, dq_mode)
     if key in _tuned:
         return _tuned[key]
+    _compile_candidates(buf, block_mask, ("separate", "atomic") if dq_mode == "auto" else (dq_mode,))
     if dq_mode == "auto":
         configs = [_tune(buf, block_mask, mode) for mode in ("separate", "atomic")]
         if interpreting():
@@ -715,21 +720,37 @@ def _tune(buf: _Buffers, block_mask, dq_mode: str) -> BwdConfig:
     return config
 
 
-def _tune_mode(buf: _Buffers, block_mask, dq_mode: str) -> BwdConfig:
-    head_dim, device = buf.q.shape[-1], buf.q.device
+def _candidates(buf: _Buffers, block_mask, kernel: str) -> list:
+    """The configs the tuner times for ``kernel`` on these inputs."""
     tma_ok = tma_compatible(buf.q, buf.k, buf.v, buf.dout)
+    configs = candidate_configs(kernel, buf.q.shape[-1], buf.q.device)
+    return _fitting([c for c in configs if tma_ok or not c.use_tma], block_mask)
 
-    def candidates(kernel: str) -> list:
-        return _fitting([c for c in candidate_configs(kernel, head_dim, device) if tma_ok or not c.use_tma],
-                        block_mask)
 
-    dkdv_candidates = candidates("dkdv")
+def _compile_candidates(buf: _Buffers, block_mask, dq_modes: tuple) -> None:
+    """Compile every kernel the tuner is about to time for ``dq_modes``, in parallel."""
+    if interpreting():
+        return
+    dq_acc = torch.empty(buf.q.shape, dtype=torch.float32, device=buf.q.device) if "atomic" in dq_modes else None
+    with parallel_compiles():
+        for mode in dq_modes:
+            for config in _candidates(buf, block_mask, "dkdv"):
+                buf.dkdv(config, dq_acc if mode == "atomic" else None, DQ_ATOMIC if mode == "atomic" else DQ_NONE,
+                         warmup=True)
+        if "separate" in dq_modes:
+            dq = torch.empty_like(buf.q, memory_format=torch.contiguous_format)
+            for config in _candidates(buf, block_mask, "dq"):
+                buf.dq(config, dq, warmup=True)
+
+
+def _tune_mode(buf: _Buffers, block_mask, dq_mode: str) -> BwdConfig:
+    dkdv_candidates = _candidates(buf, block_mask, "dkdv")
     if dq_mode == "atomic":
-        dq_acc = torch.zeros(buf.q.shape, dtype=torch.float32, device=device)
+        dq_acc = torch.zeros(buf.q.shape, dtype=torch.float32, device=buf.q.device)
         _launch_preprocess(buf.out, buf.dout, buf.delta, buf.dlse, None)
         return BwdConfig("atomic", _fastest(dkdv_candidates, lambda c: buf.dkdv(c, dq_acc, DQ_ATOMIC)))
-    dq = torch.empty_like(buf.q)
-    best_dq = _fastest(candidates("dq"), lambda c: buf.dq(c, dq))
+    dq = torch.empty_like(buf.q, memory_format=torch.contiguous_format)   # as _run allocates it
+    best_dq = _fastest(_candidates(buf, block_mask, "dq"), lambda c: buf.dq(c, dq))
     return BwdConfig("separate", _fastest(dkdv_candidates, lambda c: buf.dkdv(c, None, DQ_NONE)), best_dq)
 
 

@@ -15,7 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import check_device, device_allocator, interpreting, pipeline_scope, pipeline_variants
+from ._launch import (check_device, device_allocator, interpreting, launch, parallel_compiles, pipeline_scope,
+                      pipeline_variants)
 from .block_mask import BlockMask, build_block_mask
 from .masks import MaskMod, ScoreMod, allow_all
 
@@ -357,7 +358,10 @@ def kernel_constexprs(head_dim: int, config: FwdConfig, mask_mod: MaskMod, score
             "BLOCK_N": config.block_n, "HEAD_DIM": head_dim}
 
 
-def _launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_mod, scale, config: FwdConfig):
+def _launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_mod, scale, config: FwdConfig,
+            warmup: bool = False):
+    """Launch the forward kernel, or with ``warmup`` only compile it (returns the compiled kernel, a
+    future inside ``parallel_compiles``)."""
     batch, heads, q_len, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
     expand = (batch, heads, block_mask.kv_num_blocks.shape[-1])
@@ -389,7 +393,7 @@ def _launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_m
     if full_ids.stride(-1) != 1 or partial_ids.stride(-1) != 1:
         raise ValueError("block_mask index tensors must be contiguous in their last dim")
     with device_allocator(config.warp_specialize), pipeline_scope(config.pipeline):
-        _attn_fwd_kernel[grid](*launch_args, **kernel_kwargs)
+        return launch(_attn_fwd_kernel, grid, launch_args, kernel_kwargs, warmup)
 
 
 def tile_descriptor(t: torch.Tensor, block_rows: int):
@@ -467,6 +471,9 @@ def _tune(q, k, v, out, lse, mask_mod, score_mod, block_mask, scale, masks_for) 
     if len(candidates) == 1 or interpreting():
         best = candidates[0]
     else:
+        with parallel_compiles():
+            for cfg in candidates:
+                _launch(q, k, v, out, lse, masks_for(cfg), mask_mod, score_mod, scale, cfg, warmup=True)
         timings = {}
         for cfg in candidates:
             bm = masks_for(cfg)

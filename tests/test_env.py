@@ -66,6 +66,14 @@ def test_log_level():
         env.log_level({"TRITONPATCH_LOG": "loud"})
 
 
+def test_compile_threads():
+    assert env.compile_threads({"TRITONPATCH_COMPILE_THREADS": "3"}) == 3
+    assert env.compile_threads({}) == min(os.cpu_count() or 1, 16)
+    for bad in ("0", "-2", "four", "2.5"):
+        with pytest.raises(PipelineError, match=f"TRITONPATCH_COMPILE_THREADS={bad!r}"):
+            env.compile_threads({"TRITONPATCH_COMPILE_THREADS": bad})
+
+
 def test_settings_without_llvm():
     assert env.pipeline_settings({}) == {}
     assert env.pipeline_settings({"TRITONPATCH_PTXAS_OPTIONS": "-O1", "TRITONPATCH_DISABLE_LSR": "0"}) == {

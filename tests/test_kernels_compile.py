@@ -2,6 +2,7 @@
 score mods, pointer and TMA load paths."""
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -74,3 +75,38 @@ def test_mask_parameters_are_runtime_arguments():
     assert K.sliding_window(64).device_fn is K.sliding_window(1024).device_fn
     assert K.and_masks(K.causal(), K.prefix_lm(3)).device_fn is K.and_masks(K.causal(), K.prefix_lm(9)).device_fn
     assert K.causal().device_fn is not K.prefix_lm(3).device_fn
+
+
+def test_parallel_tuning_compiles_match_sequential_ones(monkeypatch, fresh_compiles):
+    """The tuner compiles its candidates on worker threads (``parallel_compiles``): each binary, the
+    disable-lsr Pipeline variant's included, is the one a sequential compile on this thread gives."""
+    from collections import defaultdict
+
+    from triton.runtime.driver import driver
+
+    from tritonpatch import llvm
+    from tritonpatch.kernels._launch import parallel_compiles, pipeline_variants
+    from tritonpatch.targets import CompileOnlyDriver
+
+    if not llvm.available():
+        pytest.skip("tritonpatch._native is not usable here (no Pipeline variant to carry)")
+    monkeypatch.setattr(driver, "_active", CompileOnlyDriver())
+    monkeypatch.setenv("TRITONPATCH_COMPILE_THREADS", "2")
+    kernel = A._attn_fwd_kernel
+    base = [A.FwdConfig(128, 64, 4, 2, True), A.FwdConfig(128, 64, 4, 2)]
+    configs = base + pipeline_variants(base[:1])
+    q, k, v, out = (torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16) for _ in range(4))
+    lse = torch.zeros(1, 2, 256)
+    mask = K.causal()
+    block_mask = K.build_block_mask(mask, 1, 2, 256, 256, block_m=128, block_n=64, device="cpu")
+
+    def compile_all(parallel: bool) -> list:
+        monkeypatch.setattr(kernel, "device_caches", defaultdict(kernel.create_binder))   # no in-memory hits
+        with parallel_compiles() if parallel else contextlib.nullcontext():
+            compiled = [A._launch(q, k, v, out, lse, block_mask, mask, None, 0.125, c, warmup=True) for c in configs]
+        assert all(hasattr(c, "result") for c in compiled) == parallel   # futures only from worker threads
+        return [c.result().asm["ptx"] if parallel else c.asm["ptx"] for c in compiled]
+
+    parallel, sequential = compile_all(True), compile_all(False)
+    assert parallel == sequential
+    assert parallel[2] != parallel[0]   # the Pipeline reached its worker thread (disable-lsr changes the PTX)

@@ -12,6 +12,7 @@ offending token.
     TRITONPATCH_LOG=info|debug                       log which Pipeline each kernel compiled with
     TRITONPATCH_STRICT=1                             a failing IR pass raises instead of falling back
     TRITONPATCH_AUTOLOAD=1                           activate at interpreter start (see _autoload)
+    TRITONPATCH_COMPILE_THREADS=N                    threads the attention tuners compile candidates on
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ PTXAS_OPTIONS = "TRITONPATCH_PTXAS_OPTIONS"
 LOG = "TRITONPATCH_LOG"
 STRICT = "TRITONPATCH_STRICT"
 AUTOLOAD = "TRITONPATCH_AUTOLOAD"
+COMPILE_THREADS = "TRITONPATCH_COMPILE_THREADS"
 
 PIPELINE_VARIABLES = (DISABLE_LSR, LLVM_OPTIONS, PASSES, PTXAS_OPTIONS)
 LOG_LEVELS = ("warning", "info", "debug")
@@ -139,3 +141,15 @@ def log_level(environ: Mapping[str, str] | None = None) -> str | None:
 def strict(environ: Mapping[str, str] | None = None) -> bool:
     """``TRITONPATCH_STRICT``: a failing IR pass raises instead of falling back with a warning."""
     return parse_bool(STRICT, environ)
+
+
+def compile_threads(environ: Mapping[str, str] | None = None) -> int:
+    """``TRITONPATCH_COMPILE_THREADS``: how many threads ``tritonpatch.kernels`` compiles its tuning
+    candidates on (unset: the CPU count, at most 16; ``1``: one after the other)."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(COMPILE_THREADS, "")
+    if not value.strip():
+        return min(os.cpu_count() or 1, 16)
+    if not value.strip().isdigit() or int(value) < 1:
+        raise _bad(COMPILE_THREADS, value, value.strip(), "a positive integer")
+    return int(value)
