@@ -498,6 +498,25 @@ def _device_args(modifier, device) -> tuple:
     return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in modifier.args)
 
 
+def _tile_list_args(partial_num, partial_ids, full_num, full_ids, q, k, mask_mod, score_mod, scale) -> tuple:
+    """The arguments both backward kernels take after their tensors' strides: the tile lists (expanded
+    to ``[B, H, ...]``) and their strides, sizes, scales and the modifiers' runtime arguments."""
+    batch, heads, q_len = q.shape[:3]
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    partial_num, partial_ids = _expanded(partial_num, partial_ids, batch, heads)
+    full_num, full_ids = _expanded(full_num, full_ids, batch, heads)
+    return (partial_num, partial_ids, full_num, full_ids,
+            partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
+            partial_ids.stride(2),
+            heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
+            _device_args(mask_mod, q.device), _device_args(score_mod, q.device))
+
+
+def _modifier_constexprs(mask_mod: MaskMod, score_mod: ScoreMod | None) -> dict:
+    return dict(MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod is not None else None,
+                SCORE_GRAD_FN=score_gradient(score_mod), HAS_SCORE=score_mod is not None)
+
+
 def _launch_preprocess(out, dout, delta, dlse, dq_acc):
     batch, heads, q_len, head_dim = out.shape
     zero = dq_acc is not None
@@ -512,60 +531,40 @@ def _launch_preprocess(out, dout, delta, dlse, dq_acc):
 
 def _launch_dkdv(q, k, v, dout, dk, dv, dq_acc, lse, delta, tmask: TransposedBlockMask, mask_mod, score_mod,
                  scale, config: KernelConfig, dq_write: int, warmup: bool = False):
-    batch, heads, q_len, head_dim = q.shape
-    kv_heads, kv_len = k.shape[1], k.shape[2]
-    partial_num, partial_ids = _expanded(tmask.q_num_blocks, tmask.q_indices, batch, heads)
-    full_num, full_ids = _expanded(tmask.full_q_num_blocks, tmask.full_q_indices, batch, heads)
     acc = dq_acc if dq_acc is not None else delta   # never written when dq_write == DQ_NONE
     if dq_write == DQ_TMA:
         acc = tile_descriptor(dq_acc, config.block_m)
     acc_strides = dq_acc.stride()[:3] if dq_acc is not None else (0, 0, 0)
     q_in, dout_in = ((tile_descriptor(q, config.block_m), tile_descriptor(dout, config.block_m)) if config.use_tma
                      else (q, dout))
-    grid = (triton.cdiv(kv_len, config.block_n), batch * kv_heads)
-    args = (
-        q_in, k, v, dout_in, dk, dv, acc, lse, delta,
-        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *acc_strides,
-        lse.stride(0), lse.stride(1),
-        partial_num, partial_ids, full_num, full_ids,
-        partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
-        partial_ids.stride(2),
-        heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
-        _device_args(mask_mod, q.device), _device_args(score_mod, q.device))
-    kwargs = dict(
-        MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod is not None else None,
-        SCORE_GRAD_FN=score_gradient(score_mod), HAS_SCORE=score_mod is not None, DQ_WRITE=dq_write,
-        USE_TMA=config.use_tma, MASK_BLOCK_N=tmask.block_n, SUB_M=tmask.block_m // config.block_m,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim, num_warps=config.num_warps,
-        num_stages=config.num_stages)
+    args = (q_in, k, v, dout_in, dk, dv, acc, lse, delta,
+            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *acc_strides,
+            lse.stride(0), lse.stride(1),
+            *_tile_list_args(tmask.q_num_blocks, tmask.q_indices, tmask.full_q_num_blocks, tmask.full_q_indices,
+                             q, k, mask_mod, score_mod, scale))
+    kwargs = dict(_modifier_constexprs(mask_mod, score_mod), DQ_WRITE=dq_write, USE_TMA=config.use_tma,
+                  MASK_BLOCK_N=tmask.block_n, SUB_M=tmask.block_m // config.block_m, BLOCK_M=config.block_m,
+                  BLOCK_N=config.block_n, HEAD_DIM=q.shape[-1], num_warps=config.num_warps,
+                  num_stages=config.num_stages)
+    grid = (triton.cdiv(k.shape[2], config.block_n), q.shape[0] * k.shape[1])
     with pipeline_scope(config.pipeline):
         launch(_attn_bwd_dkdv_kernel, grid, args, kwargs, warmup)
 
 
 def _launch_dq(q, k, v, out, dout, dq, lse, delta, dlse, block_mask: BlockMask, mask_mod, score_mod, scale,
                config: KernelConfig, warmup: bool = False):
-    batch, heads, q_len, head_dim = q.shape
-    kv_heads, kv_len = k.shape[1], k.shape[2]
-    partial_num, partial_ids = _expanded(block_mask.kv_num_blocks, block_mask.kv_indices, batch, heads)
-    full_num, full_ids = _expanded(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, batch, heads)
     k_in, v_in = ((tile_descriptor(k, config.block_n), tile_descriptor(v, config.block_n)) if config.use_tma
                   else (k, v))
-    grid = (triton.cdiv(q_len, config.block_m), batch * heads)
-    args = (
-        q, k_in, v_in, out, dout, dq, lse, delta, dlse if dlse is not None else delta,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
-        lse.stride(0), lse.stride(1),
-        partial_num, partial_ids, full_num, full_ids,
-        partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
-        partial_ids.stride(2),
-        heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
-        _device_args(mask_mod, q.device), _device_args(score_mod, q.device))
-    kwargs = dict(
-        MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod is not None else None,
-        SCORE_GRAD_FN=score_gradient(score_mod), HAS_SCORE=score_mod is not None, HAS_DLSE=dlse is not None,
-        USE_TMA=config.use_tma, MASK_BLOCK_M=block_mask.block_m, SUB_N=block_mask.block_n // config.block_n,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim, num_warps=config.num_warps,
-        num_stages=config.num_stages)
+    args = (q, k_in, v_in, out, dout, dq, lse, delta, dlse if dlse is not None else delta,
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
+            lse.stride(0), lse.stride(1),
+            *_tile_list_args(block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
+                             block_mask.full_kv_indices, q, k, mask_mod, score_mod, scale))
+    kwargs = dict(_modifier_constexprs(mask_mod, score_mod), HAS_DLSE=dlse is not None, USE_TMA=config.use_tma,
+                  MASK_BLOCK_M=block_mask.block_m, SUB_N=block_mask.block_n // config.block_n,
+                  BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=q.shape[-1], num_warps=config.num_warps,
+                  num_stages=config.num_stages)
+    grid = (triton.cdiv(q.shape[2], config.block_m), q.shape[0] * q.shape[1])
     with pipeline_scope(config.pipeline):
         launch(_attn_bwd_dq_kernel, grid, args, kwargs, warmup)
 
@@ -814,7 +813,8 @@ def compile_spec(kernel: str, dtype: torch.dtype, head_dim: int, config: KernelC
             signature[name] = f"tensordesc<{elem}[1, 1, {rows}, {head_dim}]>"
     constexprs = {}
     for g in groups:
-        signature.update({f"stride_{g}b": "i32", f"stride_{g}h": "i32", f"stride_{g}{'n' if g in ('k', 'v', 'dk') else 'm'}": "i32"})
+        row = "n" if g in ("k", "v", "dk") else "m"
+        signature.update({f"stride_{g}b": "i32", f"stride_{g}h": "i32", f"stride_{g}{row}": "i32"})
         constexprs[f"stride_{g}d"] = 1
     signature.update({name: "i32" for name in ["stride_lb", "stride_lh", "stride_nb", "stride_nh", "stride_ib",
                                                 "stride_ih", "num_heads", "group_size", "q_len", "kv_len"] + extra})
@@ -823,10 +823,8 @@ def compile_spec(kernel: str, dtype: torch.dtype, head_dim: int, config: KernelC
                       "mask_args": tuple(_arg_type(a) for a in mask_mod.args),
                       "score_args": tuple(_arg_type(a) for a in score_mod.args) if score_mod is not None else ()})
     constexprs.update(specific)
-    constexprs.update({"MASK_FN": mask_mod.device_fn, "SCORE_FN": score_mod.device_fn if score_mod else None,
-                       "SCORE_GRAD_FN": score_gradient(score_mod), "HAS_SCORE": score_mod is not None,
-                       "USE_TMA": config.use_tma, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
-                       "HEAD_DIM": head_dim})
+    constexprs.update(_modifier_constexprs(mask_mod, score_mod), USE_TMA=config.use_tma, BLOCK_M=config.block_m,
+                      BLOCK_N=config.block_n, HEAD_DIM=head_dim)
     for name in constexprs:
         signature[name] = "constexpr"
     params = fn.arg_names
