@@ -80,6 +80,23 @@ def parallel_compiles():
         yield
 
 
+def fastest(candidates: list, launch_config, what: str):
+    """The candidate whose ``launch_config(candidate)`` has the lowest ``do_bench`` median; ones that
+    do not fit the GPU (shared memory, registers) are skipped, and none fitting is an error."""
+    if len(candidates) == 1 or interpreting():   # the interpreter times nothing
+        return candidates[0]
+    timings = {}
+    for config in candidates:
+        try:
+            timings[config] = triton.testing.do_bench(lambda: launch_config(config), warmup=5, rep=20,
+                                                      return_mode="median")
+        except triton.runtime.errors.OutOfResources:
+            continue
+    if not timings:
+        raise RuntimeError(f"{what}: no kernel configuration fits this GPU (shared memory/registers)")
+    return min(timings, key=timings.get)
+
+
 def pipeline_variants(configs: list) -> list:
     """The tritonpatch Pipeline tuning axis (disable-lsr) for the given kernel configs (dataclasses
     with ``pipeline`` and ``pipeline_label`` fields); none when the native LLVM-option module is

@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import interpreting, launch, parallel_compiles, pipeline_scope, pipeline_variants
+from . import _tuning_cache
+from ._launch import fastest, interpreting, launch, parallel_compiles, pipeline_scope, pipeline_variants
 from .attention_fwd import load_kv_tile, tile_descriptor, tma_compatible, validate_inputs
 from .block_mask import BlockMask, block_mask_from_classes, build_block_mask
 from .masks import MaskMod, ScoreMod, allow_all, alibi, softcap
@@ -700,23 +701,39 @@ def _run(buf: _Buffers, config: BwdConfig, dq_write: int) -> torch.Tensor:
 def _tune(buf: _Buffers, block_mask, dq_mode: str) -> BwdConfig:
     """The fastest config for this shape and ``dq_mode``; for ``"auto"`` the faster of the tuned
     atomic and separate configs, timed end to end (the interpreter, which times nothing, takes
-    separate). Cached per tuning key."""
+    separate). Cached per tuning key, in memory and (for the shipped modifiers) on disk."""
     key = _tuning_key(buf.q, buf.k, buf.mask_mod, buf.score_mod, block_mask, dq_mode)
     if key in _tuned:
         return _tuned[key]
-    _compile_candidates(buf, block_mask, ("separate", "atomic") if dq_mode == "auto" else (dq_mode,))
-    if dq_mode == "auto":
-        configs = [_tune(buf, block_mask, mode) for mode in ("separate", "atomic")]
-        if interpreting():
-            config = configs[0]
+    disk_key = None if interpreting() else _tuning_cache.tuning_key(
+        "attention_bwd", buf.q, buf.k, buf.mask_mod, buf.score_mod, block_mask, dq_mode=dq_mode,
+        tma=tma_compatible(buf.q, buf.k, buf.v, buf.dout),
+        code=[kernel.cache_key for kernel in (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _preprocess_kernel)])
+    config = _stored_config(_tuning_cache.lookup(disk_key), buf, block_mask)
+    if config is None:
+        _compile_candidates(buf, block_mask, ("separate", "atomic") if dq_mode == "auto" else (dq_mode,))
+        if dq_mode == "auto":
+            configs = [_tune(buf, block_mask, mode) for mode in ("separate", "atomic")]
+            config = fastest(configs, lambda c: _run(buf, c, DQ_ATOMIC), "attention backward")
         else:
-            timings = {c: triton.testing.do_bench(lambda: _run(buf, c, DQ_ATOMIC), warmup=5, rep=20,
-                                                  return_mode="median") for c in configs}
-            config = min(timings, key=timings.get)
-    else:
-        config = _tune_mode(buf, block_mask, dq_mode)
+            config = _tune_mode(buf, block_mask, dq_mode)
+        _tuning_cache.remember(disk_key, {"dq_mode": config.dq_mode, "dkdv": config.dkdv.label(),
+                                          "dq": config.dq.label() if config.dq is not None else None})
     _tuned[key] = config
     return config
+
+
+def _stored_config(decision: dict | None, buf: _Buffers, block_mask) -> BwdConfig | None:
+    """A decision from the disk cache as a BwdConfig, if its configs are still candidates."""
+    if not decision:
+        return None
+    dkdv = _tuning_cache.by_label(_candidates(buf, block_mask, "dkdv"), decision.get("dkdv"))
+    if dkdv is None:
+        return None
+    if decision.get("dq_mode") == "atomic":
+        return BwdConfig("atomic", dkdv)
+    dq = _tuning_cache.by_label(_candidates(buf, block_mask, "dq"), decision.get("dq"))
+    return BwdConfig("separate", dkdv, dq) if decision.get("dq_mode") == "separate" and dq is not None else None
 
 
 def _candidates(buf: _Buffers, block_mask, kernel: str) -> list:
@@ -744,27 +761,14 @@ def _compile_candidates(buf: _Buffers, block_mask, dq_modes: tuple) -> None:
 
 def _tune_mode(buf: _Buffers, block_mask, dq_mode: str) -> BwdConfig:
     dkdv_candidates = _candidates(buf, block_mask, "dkdv")
+    what = "attention backward"
     if dq_mode == "atomic":
         dq_acc = torch.zeros(buf.q.shape, dtype=torch.float32, device=buf.q.device)
         _launch_preprocess(buf.out, buf.dout, buf.delta, buf.dlse, None)
-        return BwdConfig("atomic", _fastest(dkdv_candidates, lambda c: buf.dkdv(c, dq_acc, DQ_ATOMIC)))
+        return BwdConfig("atomic", fastest(dkdv_candidates, lambda c: buf.dkdv(c, dq_acc, DQ_ATOMIC), what))
     dq = torch.empty_like(buf.q, memory_format=torch.contiguous_format)   # as _run allocates it
-    best_dq = _fastest(_candidates(buf, block_mask, "dq"), lambda c: buf.dq(c, dq))
-    return BwdConfig("separate", _fastest(dkdv_candidates, lambda c: buf.dkdv(c, None, DQ_NONE)), best_dq)
-
-
-def _fastest(candidates: list, launch) -> KernelConfig:
-    if len(candidates) == 1 or interpreting():
-        return candidates[0]
-    timings = {}
-    for cfg in candidates:
-        try:
-            timings[cfg] = triton.testing.do_bench(lambda: launch(cfg), warmup=5, rep=20, return_mode="median")
-        except triton.runtime.errors.OutOfResources:
-            continue
-    if not timings:
-        raise RuntimeError("attention backward: no kernel configuration fits this GPU (shared memory/registers)")
-    return min(timings, key=timings.get)
+    best_dq = fastest(_candidates(buf, block_mask, "dq"), lambda c: buf.dq(c, dq), what)
+    return BwdConfig("separate", fastest(dkdv_candidates, lambda c: buf.dkdv(c, None, DQ_NONE), what), best_dq)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,8 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import (check_device, device_allocator, interpreting, launch, parallel_compiles, pipeline_scope,
-                      pipeline_variants)
+from . import _tuning_cache
+from ._launch import (check_device, device_allocator, fastest, interpreting, launch, parallel_compiles,
+                      pipeline_scope, pipeline_variants)
 from .block_mask import BlockMask, build_block_mask
 from .masks import MaskMod, ScoreMod, allow_all
 
@@ -471,21 +472,18 @@ def _tune(q, k, v, out, lse, mask_mod, score_mod, block_mask, scale, masks_for) 
     if len(candidates) == 1 or interpreting():
         best = candidates[0]
     else:
-        with parallel_compiles():
-            for cfg in candidates:
-                _launch(q, k, v, out, lse, masks_for(cfg), mask_mod, score_mod, scale, cfg, warmup=True)
-        timings = {}
-        for cfg in candidates:
-            bm = masks_for(cfg)
-            try:
-                timings[cfg] = triton.testing.do_bench(
-                    lambda: _launch(q, k, v, out, lse, bm, mask_mod, score_mod, scale, cfg),
-                    warmup=5, rep=20, return_mode="median")
-            except triton.runtime.errors.OutOfResources:
-                continue
-        if not timings:
-            raise RuntimeError("attention: no kernel configuration fits this GPU (shared memory/registers)")
-        best = min(timings, key=timings.get)
+        disk_key = _tuning_cache.tuning_key("attention_fwd", q, k, mask_mod, score_mod, block_mask,
+                                            tma=tma_compatible(q, k, v, out), code=_attn_fwd_kernel.cache_key)
+        best = _tuning_cache.by_label(candidates, (_tuning_cache.lookup(disk_key) or {}).get("config"))
+        if best is None:
+            def launch_config(cfg, warmup=False):
+                return _launch(q, k, v, out, lse, masks_for(cfg), mask_mod, score_mod, scale, cfg, warmup)
+
+            with parallel_compiles():
+                for cfg in candidates:
+                    launch_config(cfg, warmup=True)
+            best = fastest(candidates, launch_config, "attention")
+            _tuning_cache.remember(disk_key, {"config": best.label()})
     _tuned[key] = best
     return best
 

@@ -81,6 +81,11 @@ class MaskMod:
         """Hashable identity of the mask *values* (structure and runtime arguments)."""
         return (self.structure, tuple(_arg_key(a) for a in self.args))
 
+    def portable_key(self) -> str | None:
+        """The mask's code by factory names, the same in every process (for tuning decisions kept on
+        disk); None when it contains a ``custom_mask``, whose code has no stable name."""
+        return None if _has_custom_leaf(self.structure) else repr(self.structure)
+
 
 @dataclass(frozen=True, eq=False)
 class ScoreMod:
@@ -90,6 +95,7 @@ class ScoreMod:
     device_fn: Any
     torch_fn: Callable
     args: tuple = ()
+    from_factory: bool = False   # made by alibi() / softcap(): its code is known by name
     op_key: str = field(default="", init=False, repr=False)
 
     def __post_init__(self):
@@ -98,6 +104,18 @@ class ScoreMod:
     def __call__(self, score, b, h, q_idx, kv_idx):
         """Evaluate on torch tensors (broadcasting), like a FlexAttention ``score_mod``."""
         return self.torch_fn(score, b, h, q_idx, kv_idx, *self.args)
+
+    def portable_key(self) -> str | None:
+        """Like :meth:`MaskMod.portable_key`: the factory's name, None for a ``custom_score``."""
+        return f"{self.name}/{len(self.args)}" if self.from_factory else None
+
+
+def _has_custom_leaf(structure) -> bool:
+    if not isinstance(structure, tuple):
+        return False
+    if structure[:2] == ("mask-leaf", "custom"):
+        return True
+    return any(_has_custom_leaf(part) for part in structure)
 
 
 def _arg_key(arg):
@@ -204,9 +222,13 @@ def custom_score(device_fn, torch_fn: Callable, args: tuple = (), *, name: str |
     """A score modifier from ``device_fn(score, b, h, q_idx, kv_idx, *args)`` (``@triton.jit``, fp32
     score tile in, new score out) and the same rule in torch."""
     name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
+    return _score_mod(device_fn, torch_fn, args, name, from_factory=False)
+
+
+def _score_mod(device_fn, torch_fn: Callable, args: tuple, name: str, from_factory: bool) -> ScoreMod:
     wrapper = _generate(("score-leaf", "custom", id(device_fn), len(args)), [device_fn],
                         _call_expr(0, "score, b, h, q_idx, kv_idx", 0, len(args)), "score, b, h, q_idx, kv_idx, args")
-    return ScoreMod(name, wrapper, torch_fn, tuple(args))
+    return ScoreMod(name, wrapper, torch_fn, tuple(args), from_factory)
 
 
 def _combine(kind: str, masks: tuple) -> MaskMod:
@@ -401,7 +423,7 @@ def alibi(slopes: torch.Tensor) -> ScoreMod:
     def torch_fn(score, b, h, q, kv, s):
         return score + s[h] * (kv - q).to(score.dtype)
 
-    return custom_score(_alibi_dev, torch_fn, (slopes,), name="alibi")
+    return _score_mod(_alibi_dev, torch_fn, (slopes,), "alibi", from_factory=True)
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -413,8 +435,8 @@ def softcap(cap: float) -> ScoreMod:
     """Tanh soft-capping (Gemma 2): ``cap * tanh(score / cap)``."""
     if not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap <= 0:
         raise ValueError(f"softcap(cap) needs a positive finite number, got {cap!r}")
-    return custom_score(_softcap_dev, lambda score, b, h, q, kv, c: c * torch.tanh(score / c), (float(cap),),
-                        name="softcap")
+    return _score_mod(_softcap_dev, lambda score, b, h, q, kv, c: c * torch.tanh(score / c), (float(cap),),
+                      "softcap", from_factory=True)
 
 
 def _nonnegative_int(factory: str, name: str, value) -> int:

@@ -11,7 +11,8 @@ Usage (on a CUDA machine):
 Useful TFLOP/s = 4·B·H·Sq·Skv·D × (fraction of allowed (q, kv) pairs) / time, × 3.5 for fwd+bwd
 (the backward's five matmuls count 2.5). Times are ``triton.testing.do_bench`` medians on fresh
 random inputs after warm-up (gradients reset between runs); block masks (ours and Flex's) are built
-before timing, as a training loop would reuse them.
+before timing, as a training loop would reuse them. Our tuners decide in the run itself: their disk
+cache is off unless TRITONPATCH_TUNING_CACHE is set.
 """
 from __future__ import annotations
 
@@ -404,6 +405,8 @@ def write_plot(path, rows, mode) -> None:
 
 def main() -> int:
     global WARMUP_ONLY
+    # tune in this run: no decisions from earlier runs (TRITONPATCH_TUNING_CACHE, unless set)
+    os.environ.setdefault("TRITONPATCH_TUNING_CACHE", "0")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=".", help="directory for the JSON/markdown/plot")
     parser.add_argument("--mode", choices=list(MODES), default="fwd", help="time the forward or forward+backward")
@@ -433,6 +436,7 @@ def main() -> int:
         return 0
     if args.warmup:
         WARMUP_ONLY = True
+        os.environ["TRITONPATCH_TUNING_CACHE"] = "0"   # decisions made while sharing the GPU must not persist
         bench(torch.device("cuda"), args.mode, args.masks.split(","), [int(d) for d in args.head_dims.split(",")],
               [int(s) for s in args.seq_lens.split(",")])
         return 0

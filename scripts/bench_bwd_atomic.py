@@ -183,6 +183,7 @@ def write_plot(path, report) -> None:
 
 def main() -> int:
     global BATCH, HEADS   # --cpu-smoke shrinks the shapes
+    os.environ.setdefault("TRITONPATCH_TUNING_CACHE", "0")   # tune in this run, not from earlier runs' decisions
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=".", help="directory for attention_bwd.{json,md,png}")
     parser.add_argument("--seq-lens", default=",".join(map(str, SEQ_LENS)))

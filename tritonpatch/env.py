@@ -13,6 +13,7 @@ offending token.
     TRITONPATCH_STRICT=1                             a failing IR pass raises instead of falling back
     TRITONPATCH_AUTOLOAD=1                           activate at interpreter start (see _autoload)
     TRITONPATCH_COMPILE_THREADS=N                    threads the attention tuners compile candidates on
+    TRITONPATCH_TUNING_CACHE=DIR|0                   where the attention tuners keep decisions (0: memory only)
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ LOG = "TRITONPATCH_LOG"
 STRICT = "TRITONPATCH_STRICT"
 AUTOLOAD = "TRITONPATCH_AUTOLOAD"
 COMPILE_THREADS = "TRITONPATCH_COMPILE_THREADS"
+TUNING_CACHE = "TRITONPATCH_TUNING_CACHE"
 
 PIPELINE_VARIABLES = (DISABLE_LSR, LLVM_OPTIONS, PASSES, PTXAS_OPTIONS)
 LOG_LEVELS = ("warning", "info", "debug")
@@ -153,3 +155,13 @@ def compile_threads(environ: Mapping[str, str] | None = None) -> int:
     if not value.strip().isdigit() or int(value) < 1:
         raise _bad(COMPILE_THREADS, value, value.strip(), "a positive integer")
     return int(value)
+
+
+def tuning_cache_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """``TRITONPATCH_TUNING_CACHE``: the directory for the attention tuners' decisions (unset:
+    ``~/.cache/tritonpatch/tuning``), or None for ``0/off/false/no`` (decisions stay in memory)."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(TUNING_CACHE, "").strip()
+    if not value:
+        return os.path.join(os.path.expanduser("~"), ".cache", "tritonpatch", "tuning")
+    return None if value.lower() in _FALSE else value
