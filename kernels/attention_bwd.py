@@ -591,17 +591,19 @@ def tuned_configs() -> dict:
     return dict(_tuned)
 
 
-def _tuning_key(q, k, mask_mod, score_mod, block_mask, dq_mode) -> tuple:
-    return (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), tma_compatible(q, k), mask_mod.structure,
+def _tuning_key(q, k, mask_mod, score_mod, block_mask, dq_mode, tma_ok: bool) -> tuple:
+    return (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), tma_ok, mask_mod.structure,
             None if score_mod is None else score_mod.name,
             None if block_mask is None else (block_mask.block_m, block_mask.block_n), dq_mode)
 
 
-def tuned_config(q, k, *, mask_mod: MaskMod | None = None, score_mod: ScoreMod | None = None,
+def tuned_config(q, k, *, v=None, dout=None, mask_mod: MaskMod | None = None, score_mod: ScoreMod | None = None,
                  block_mask: BlockMask | None = None, dq_mode: str = "atomic") -> BwdConfig | None:
-    """The config the tuner picked for these inputs and (resolved) ``dq_mode``; None before the first call."""
+    """The config the tuner picked for these inputs and (resolved) ``dq_mode``; None before the first call.
+    ``v``, ``dout``: needed only when they may not be TMA-compatible while ``q``, ``k`` are."""
     mask_mod = allow_all() if mask_mod is None else mask_mod
-    return _tuned.get(_tuning_key(q, k, mask_mod, score_mod, block_mask, dq_mode))
+    tma_ok = tma_compatible(*(t for t in (q, k, v, dout) if t is not None))
+    return _tuned.get(_tuning_key(q, k, mask_mod, score_mod, block_mask, dq_mode, tma_ok))
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -674,6 +676,7 @@ class _Buffers:
         self.dk = torch.empty_like(k, memory_format=torch.contiguous_format)
         self.dv = torch.empty_like(v, memory_format=torch.contiguous_format)
         self.delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        self.tma_ok = tma_compatible(q, k, v, dout)   # the tensors TMA candidates load through descriptors
 
     def dkdv(self, config: KernelConfig, dq_acc, dq_write: int, warmup: bool = False):
         _launch_dkdv(self.q, self.k, self.v, self.dout, self.dk, self.dv, dq_acc, self.lse, self.delta,
@@ -698,22 +701,23 @@ def _run(buf: _Buffers, config: BwdConfig, dq_write: int) -> torch.Tensor:
     return dq
 
 
-def _tune(buf: _Buffers, block_mask, dq_mode: str) -> BwdConfig:
+def _tune(buf: _Buffers, block_mask, dq_mode: str, precompile: bool = True) -> BwdConfig:
     """The fastest config for this shape and ``dq_mode``; for ``"auto"`` the faster of the tuned
     atomic and separate configs, timed end to end (the interpreter, which times nothing, takes
-    separate). Cached per tuning key, in memory and (for the shipped modifiers) on disk."""
-    key = _tuning_key(buf.q, buf.k, buf.mask_mod, buf.score_mod, block_mask, dq_mode)
+    separate). Cached per tuning key, in memory and (for the shipped modifiers) on disk.
+    ``precompile=False``: the caller has compiled the candidates already ("auto", for both modes)."""
+    key = _tuning_key(buf.q, buf.k, buf.mask_mod, buf.score_mod, block_mask, dq_mode, buf.tma_ok)
     if key in _tuned:
         return _tuned[key]
     disk_key = None if interpreting() else _tuning_cache.tuning_key(
-        "attention_bwd", buf.q, buf.k, buf.mask_mod, buf.score_mod, block_mask, dq_mode=dq_mode,
-        tma=tma_compatible(buf.q, buf.k, buf.v, buf.dout),
+        "attention_bwd", buf.q, buf.k, buf.mask_mod, buf.score_mod, block_mask, dq_mode=dq_mode, tma=buf.tma_ok,
         code=[kernel.cache_key for kernel in (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _preprocess_kernel)])
     config = _stored_config(_tuning_cache.lookup(disk_key), buf, block_mask)
     if config is None:
-        _compile_candidates(buf, block_mask, ("separate", "atomic") if dq_mode == "auto" else (dq_mode,))
+        if precompile:
+            _compile_candidates(buf, block_mask, ("separate", "atomic") if dq_mode == "auto" else (dq_mode,))
         if dq_mode == "auto":
-            configs = [_tune(buf, block_mask, mode) for mode in ("separate", "atomic")]
+            configs = [_tune(buf, block_mask, mode, precompile=False) for mode in ("separate", "atomic")]
             config = fastest(configs, lambda c: _run(buf, c, DQ_ATOMIC), "attention backward")
         else:
             config = _tune_mode(buf, block_mask, dq_mode)
@@ -738,9 +742,8 @@ def _stored_config(decision: dict | None, buf: _Buffers, block_mask) -> BwdConfi
 
 def _candidates(buf: _Buffers, block_mask, kernel: str) -> list:
     """The configs the tuner times for ``kernel`` on these inputs."""
-    tma_ok = tma_compatible(buf.q, buf.k, buf.v, buf.dout)
     configs = candidate_configs(kernel, buf.q.shape[-1], buf.q.device)
-    return _fitting([c for c in configs if tma_ok or not c.use_tma], block_mask)
+    return _fitting([c for c in configs if buf.tma_ok or not c.use_tma], block_mask)
 
 
 def _compile_candidates(buf: _Buffers, block_mask, dq_modes: tuple) -> None:

@@ -140,3 +140,22 @@ def test_backward_tuner_reuses_a_decision_from_disk(fake_gpu, monkeypatch):
     B._tuned.clear()
     assert B._tune(buf, None, "separate") == want and fake.timed == 4
     assert len(list(folder.iterdir())) == 1
+
+
+def test_backward_decisions_depend_on_the_alignment_of_every_tma_tensor(fake_gpu, monkeypatch):
+    """A TMA config picked for aligned inputs is not reused when dO (not only q, k) cannot go through TMA."""
+    fake, _ = fake_gpu
+    monkeypatch.setenv("TRITONPATCH_TUNING_CACHE", "0")
+    dkdv = [B.KernelConfig(16, 32, 4, 1, use_tma=True), B.KernelConfig(16, 32, 4, 1)]
+    dq = [B.KernelConfig(32, 16, 4, 1)]
+    fake.times = {dkdv[0].label(): 1.0, dkdv[1].label(): 2.0, dq[0].label(): 1.0}
+    monkeypatch.setattr(B, "candidate_configs", lambda kernel, head_dim, device: list(dkdv if kernel == "dkdv" else dq))
+    monkeypatch.setattr(B, "transpose_block_mask", lambda block_mask: None)
+    q, k, v, dout = inputs()
+    out, lse = torch.zeros_like(q), torch.zeros(1, 2, 64)
+    unaligned_dout = torch.zeros(1, 2, 64, 17, dtype=torch.float16)[..., :16]   # 34-byte rows
+    aligned = B._Buffers(q, k, v, out, dout, lse, None, K.causal(), None, 0.25, lambda cfg: None)
+    unaligned = B._Buffers(q, k, v, out, unaligned_dout, lse, None, K.causal(), None, 0.25, lambda cfg: None)
+    assert B._tune(aligned, None, "separate").dkdv == dkdv[0]
+    assert B._tune(unaligned, None, "separate").dkdv == dkdv[1]
+    assert B.tuned_config(q, k, dout=unaligned_dout, mask_mod=K.causal(), dq_mode="separate").dkdv == dkdv[1]
