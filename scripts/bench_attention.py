@@ -434,11 +434,12 @@ def main() -> int:
         os.makedirs(args.out, exist_ok=True)
         write_reports(dict(reports[0], rows=rows, sweep=sweeps), args.out)
         return 0
+    grid = (args.masks.split(","), [int(d) for d in args.head_dims.split(",")],
+            [int(s) for s in args.seq_lens.split(",")])
     if args.warmup:
         WARMUP_ONLY = True
         os.environ["TRITONPATCH_TUNING_CACHE"] = "0"   # decisions made while sharing the GPU must not persist
-        bench(torch.device("cuda"), args.mode, args.masks.split(","), [int(d) for d in args.head_dims.split(",")],
-              [int(s) for s in args.seq_lens.split(",")])
+        bench(torch.device("cuda"), args.mode, *grid)
         return 0
     if not torch.cuda.is_available():
         print("bench_attention.py needs a CUDA GPU", file=sys.stderr)
@@ -463,8 +464,7 @@ def main() -> int:
         save(sweep=sweep(device) if args.mode == "fwd" else sweep_bwd(device))
     if not args.no_bench:
         save(block_mask_build=block_mask_build_time(device))
-        bench(device, args.mode, args.masks.split(","), [int(d) for d in args.head_dims.split(",")],
-              [int(s) for s in args.seq_lens.split(",")], on_row=lambda rows: save(rows=rows))
+        bench(device, args.mode, *grid, on_row=lambda rows: save(rows=rows))
         write_reports(report, args.out)
     save()
     return status
