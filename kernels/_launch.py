@@ -11,8 +11,10 @@ the old code and the interpreter is on.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import inspect
+from collections import OrderedDict
 
 import torch
 import triton
@@ -57,6 +59,120 @@ def launch(kernel, grid, args: tuple, kwargs: dict, warmup: bool = False):
     if warmup:
         return kernel.warmup(*args, grid=grid, **kwargs)
     return kernel[grid](*args, **kwargs)
+
+
+def replay_key(tensors: tuple, *parts):
+    """A :class:`LaunchPlans` key: ``parts`` plus each tensor's shape, strides, dtype, device and
+    16-byte alignment (None stays None), the current CUDA device and the Pipeline a compile would use
+    now. None (nothing is replayed) for CPU tensors, under the interpreter or with
+    ``TRITONPATCH_FAST_LAUNCH=0``."""
+    from tritonpatch.pipeline import current_cache_tag
+
+    if not _replays_launches(tensors[0]):
+        return None
+    return (tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+                  for t in tensors),
+            parts, _current_device(), current_cache_tag())
+
+
+def _replays_launches(tensor: torch.Tensor) -> bool:
+    from tritonpatch import env
+
+    return tensor.is_cuda and not interpreting() and env.fast_launch()
+
+
+def _current_device() -> int:
+    return triton.runtime.driver.active.get_current_device()
+
+
+class LaunchPlans:
+    """Kernel launches recorded per key and replayed with a later call's tensors (an LRU of plans).
+
+    ``kernel[grid](...)`` binds and specializes each of our kernels' ~50 arguments and looks the
+    compiled kernel up on every call (25-40 µs on the H200's host), after our launchers built those
+    arguments (~50 µs more): small attention problems were host-bound
+    (docs/benchmarks/launch_overhead.md). :meth:`launch` launches and records, under ``key``, the
+    compiled kernel, the grid and the argument values, with the positions of the call's own tensors
+    (``tensors``: passed directly or as the base of a TMA descriptor); :meth:`replay` launches that
+    compiled kernel again with the next call's tensors in those positions.
+
+    The key must fix everything else that reaches the kernel: shapes, strides, dtypes, devices, the
+    16-byte alignment of each of ``tensors`` (Triton specializes pointers on it; TMA needs it), the
+    identity of every other tensor argument (block masks, modifier arguments), the config and the
+    Pipeline (see :func:`replay_key`). Plans keep no reference to the recorded call's own tensors."""
+
+    def __init__(self, capacity: int = 512):
+        self._plans: OrderedDict = OrderedDict()
+        self._capacity = capacity
+
+    def replay(self, key, tensors: tuple) -> bool:
+        """Launch the plan recorded under ``key`` with ``tensors``; False when there is none."""
+        plan = self._plans.get(key) if key is not None else None
+        if plan is None:
+            return False
+        plan.launch(tensors)
+        return True
+
+    def launch(self, key, kernel, grid, args: tuple, kwargs: dict, tensors: tuple, warmup: bool = False):
+        """:func:`launch`, recording the launch under ``key`` (unless None, or with ``warmup``)."""
+        compiled = launch(kernel, grid, args, kwargs, warmup)
+        if key is not None and not warmup:
+            self._plans[key] = _Plan(compiled, kernel, grid, args, kwargs, tensors)
+            self._plans.move_to_end(key)
+            if len(self._plans) > self._capacity:
+                self._plans.popitem(last=False)
+        return compiled
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+
+class _Plan:
+    """One recorded launch: the compiled kernel's launcher for the grid, the argument values in
+    parameter order with the call's own tensors taken out, and where they go back in."""
+
+    def __init__(self, compiled, kernel, grid, args: tuple, kwargs: dict, tensors: tuple):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        bound = kernel.signature.bind(*args, **{name: value for name, value in kwargs.items()
+                                                 if name in kernel.arg_names})
+        bound.apply_defaults()
+        values = [bound.arguments[name] for name in kernel.arg_names]
+        self.slots = []   # (value index, tensor index, descriptor template or None)
+        for i, value in enumerate(values):
+            for j, tensor in enumerate(tensors):
+                if tensor is None:
+                    continue
+                if value is tensor:
+                    self.slots.append((i, j, None))
+                elif isinstance(value, TensorDescriptor) and value.base is tensor:
+                    template = copy.copy(value)
+                    template.base = None
+                    self.slots.append((i, j, template))
+                else:
+                    continue
+                values[i] = None
+                break
+        self.values = tuple(values)
+        self.runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]
+
+    def values_for(self, tensors: tuple) -> list:
+        """The argument values (parameter order) of a launch with ``tensors``."""
+        values = list(self.values)
+        for i, j, template in self.slots:
+            if template is None:
+                values[i] = tensors[j]
+            else:
+                descriptor = copy.copy(template)
+                descriptor.base = tensors[j]
+                values[i] = descriptor
+        return values
+
+    def launch(self, tensors: tuple) -> None:
+        self.runner(*self.values_for(tensors))
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ identity), ``softcap`` has ``d(c·tanh(x/c))/dx = 1 - (y/c)^2``. Others are reje
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -29,10 +30,11 @@ import triton
 import triton.language as tl
 
 from . import _tuning_cache
-from ._launch import fastest, interpreting, launch, parallel_compiles, pipeline_scope, pipeline_variants
+from ._launch import (LaunchPlans, fastest, interpreting, parallel_compiles, pipeline_scope, pipeline_variants,
+                      replay_key)
 from .attention_fwd import load_kv_tile, tile_descriptor, tma_compatible, validate_inputs
 from .block_mask import BlockMask, block_mask_from_classes, build_block_mask
-from .masks import MaskMod, ScoreMod, allow_all, alibi, softcap
+from .masks import MaskMod, ScoreMod, allow_all, alibi, launch_key, softcap
 
 LOG2E = 1.4426950408889634
 
@@ -518,20 +520,34 @@ def _modifier_constexprs(mask_mod: MaskMod, score_mod: ScoreMod | None) -> dict:
                 SCORE_GRAD_FN=score_gradient(score_mod), HAS_SCORE=score_mod is not None)
 
 
-def _launch_preprocess(out, dout, delta, dlse, dq_acc):
+# The launchers below replay the launch recorded under (plan_key, kernel, config) when there is one
+# (see LaunchPlans; plan_key comes from attention_backward's call key), else build the arguments.
+_PLANS = LaunchPlans()
+
+
+def _launch_preprocess(out, dout, delta, dlse, dq_acc, plan_key=None):
+    tensors = (out, dout, delta, dlse, dq_acc)
+    key = None if plan_key is None else (plan_key, "preprocess", dq_acc is not None)
+    if _PLANS.replay(key, tensors):
+        return
     batch, heads, q_len, head_dim = out.shape
     zero = dq_acc is not None
     acc = dq_acc if zero else delta   # unused pointer when not zeroing
     acc_strides = dq_acc.stride()[:3] if zero else (0, 0, 0)
     grid = (triton.cdiv(q_len, _PREPROCESS_BLOCK_M), batch * heads)
-    _preprocess_kernel[grid](out, dout, delta, dlse if dlse is not None else delta, acc,
-                             *out.stride(), *dout.stride(), delta.stride(0), delta.stride(1), *acc_strides,
-                             heads, q_len, HAS_DLSE=dlse is not None, ZERO_DQ=zero,
-                             BLOCK_M=_PREPROCESS_BLOCK_M, HEAD_DIM=head_dim, num_warps=4)
+    args = (out, dout, delta, dlse if dlse is not None else delta, acc,
+            *out.stride(), *dout.stride(), delta.stride(0), delta.stride(1), *acc_strides, heads, q_len)
+    kwargs = dict(HAS_DLSE=dlse is not None, ZERO_DQ=zero, BLOCK_M=_PREPROCESS_BLOCK_M, HEAD_DIM=head_dim,
+                  num_warps=4)
+    _PLANS.launch(key, _preprocess_kernel, grid, args, kwargs, tensors)
 
 
 def _launch_dkdv(q, k, v, dout, dk, dv, dq_acc, lse, delta, tmask: TransposedBlockMask, mask_mod, score_mod,
-                 scale, config: KernelConfig, dq_write: int, warmup: bool = False):
+                 scale, config: KernelConfig, dq_write: int, warmup: bool = False, plan_key=None):
+    tensors = (q, k, v, dout, dk, dv, dq_acc, lse, delta)
+    key = None if plan_key is None else (plan_key, "dkdv", config, dq_write)
+    if not warmup and _PLANS.replay(key, tensors):
+        return
     acc = dq_acc if dq_acc is not None else delta   # never written when dq_write == DQ_NONE
     if dq_write == DQ_TMA:
         acc = tile_descriptor(dq_acc, config.block_m)
@@ -549,11 +565,15 @@ def _launch_dkdv(q, k, v, dout, dk, dv, dq_acc, lse, delta, tmask: TransposedBlo
                   num_stages=config.num_stages)
     grid = (triton.cdiv(k.shape[2], config.block_n), q.shape[0] * k.shape[1])
     with pipeline_scope(config.pipeline):
-        launch(_attn_bwd_dkdv_kernel, grid, args, kwargs, warmup)
+        _PLANS.launch(key, _attn_bwd_dkdv_kernel, grid, args, kwargs, tensors, warmup)
 
 
 def _launch_dq(q, k, v, out, dout, dq, lse, delta, dlse, block_mask: BlockMask, mask_mod, score_mod, scale,
-               config: KernelConfig, warmup: bool = False):
+               config: KernelConfig, warmup: bool = False, plan_key=None):
+    tensors = (q, k, v, out, dout, dq, lse, delta, dlse)
+    key = None if plan_key is None else (plan_key, "dq", config)
+    if not warmup and _PLANS.replay(key, tensors):
+        return
     k_in, v_in = ((tile_descriptor(k, config.block_n), tile_descriptor(v, config.block_n)) if config.use_tma
                   else (k, v))
     args = (q, k_in, v_in, out, dout, dq, lse, delta, dlse if dlse is not None else delta,
@@ -567,7 +587,7 @@ def _launch_dq(q, k, v, out, dout, dq, lse, delta, dlse, block_mask: BlockMask, 
                   num_stages=config.num_stages)
     grid = (triton.cdiv(q.shape[2], config.block_m), q.shape[0] * q.shape[1])
     with pipeline_scope(config.pipeline):
-        launch(_attn_bwd_dq_kernel, grid, args, kwargs, warmup)
+        _PLANS.launch(key, _attn_bwd_dq_kernel, grid, args, kwargs, tensors, warmup)
 
 
 @dataclass(frozen=True)
@@ -622,7 +642,53 @@ def attention_backward(q, k, v, out, lse, dout, *, dlse=None, mask_mod: MaskMod 
     ``config``: fixed :class:`BwdConfig` (None tunes once per shape). ``dq_write`` is for
     ``scripts/bench_bwd_atomic.py``: in atomic mode ``"red"`` adds dQ with scalar inline-PTX
     ``red.global.add.f32`` (correct); ``"none"``, ``"discard"`` and ``"store"`` give a
-    **wrong dq** (no dQ matmul; dQ computed but not written; racy plain stores)."""
+    **wrong dq** (no dQ matmul; dQ computed but not written; racy plain stores).
+
+    As in the forward, a call with the key of an earlier one skips the checks and the tuner lookup
+    and replays the earlier call's launches with its own tensors."""
+    key = _call_key(q, k, v, out, lse, dout, dlse, mask_mod, score_mod, block_mask, scale, enable_gqa, dq_mode,
+                    config, dq_write)
+    resolved = _resolved_calls.get(key) if key is not None else None
+    if resolved is None:
+        resolved = _resolve(q, k, v, out, lse, dout, dlse, mask_mod, score_mod, block_mask, scale, enable_gqa,
+                            dq_mode, config, dq_write, key)
+        if key is not None:
+            if len(_resolved_calls) >= 1024:
+                _resolved_calls.clear()
+            _resolved_calls[key] = resolved
+    config, masks_for, mask_mod, scale = resolved
+    q, k, v, out, dout = (_contiguous(t) for t in (q, k, v, out, dout))
+    lse = lse.contiguous()
+    dlse = dlse.contiguous() if dlse is not None else None
+    buffers = _Buffers(q, k, v, out, dout, lse, dlse, mask_mod, score_mod, scale, masks_for, plan_key=key)
+    dq = _run(buffers, config, DQ_WRITE_NAMES[dq_write])
+    return dq, buffers.dk, buffers.dv
+
+
+_resolved_calls: dict = {}   # replay key -> (config, masks_for, mask_mod, scale) of a checked call
+
+
+def _call_key(q, k, v, out, lse, dout, dlse, mask_mod, score_mod, block_mask, scale, enable_gqa, dq_mode, config,
+              dq_write):
+    """The replay key of a backward call (:func:`replay_key`); None where the checks would reject the
+    arguments or where the call copies an input (a replay would pass the copy it recorded)."""
+    tensors = (q, k, v, out, lse, dout, dlse)
+    if not (all(isinstance(t, torch.Tensor) for t in tensors if t is not None) and isinstance(lse, torch.Tensor)
+            and isinstance(mask_mod, (MaskMod, type(None))) and isinstance(score_mod, (ScoreMod, type(None)))
+            and isinstance(block_mask, (BlockMask, type(None)))):
+        return None
+    if any(t.stride(-1) != 1 for t in (q, k, v, out, dout)) or not lse.is_contiguous() \
+            or (dlse is not None and not dlse.is_contiguous()):
+        return None
+    return replay_key(tensors, launch_key(mask_mod), launch_key(score_mod), block_mask, scale, enable_gqa, dq_mode,
+                      config, dq_write, torch.are_deterministic_algorithms_enabled())
+
+
+def _resolve(q, k, v, out, lse, dout, dlse, mask_mod, score_mod, block_mask, scale, enable_gqa, dq_mode, config,
+             dq_write, key=None):
+    """Check a backward call and settle what it runs: ``(config, masks_for, mask_mod, scale)``;
+    ``masks_for(kernel_config)`` keeps the block masks it builds. ``key``: the call's replay key (the
+    tuner times replayed launches, as the forward's)."""
     validate_inputs(q, k, v, enable_gqa)
     batch, heads, q_len, head_dim = q.shape
     kv_len = k.shape[2]
@@ -650,49 +716,55 @@ def attention_backward(q, k, v, out, lse, dout, *, dlse=None, mask_mod: MaskMod 
         raise ValueError(f"attention backward: config {config.label()} loads tiles through TMA, which needs "
                          "16-byte aligned base addresses and strides; use a config without use_tma")
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    q, k, v, out, dout = (_contiguous(t) for t in (q, k, v, out, dout))
-    lse = lse.contiguous()
-    dlse = dlse.contiguous() if dlse is not None else None
+    masks = {}
 
     def masks_for(kernel_config: KernelConfig) -> BlockMask:
-        if block_mask is not None:
-            return block_mask
-        return build_block_mask(mask_mod, batch, heads, q_len, kv_len, block_m=kernel_config.block_m,
-                                block_n=kernel_config.block_n, device=q.device)
+        tiles = (kernel_config.block_m, kernel_config.block_n)
+        if tiles not in masks:
+            masks[tiles] = block_mask if block_mask is not None else build_block_mask(
+                mask_mod, batch, heads, q_len, kv_len, block_m=tiles[0], block_n=tiles[1], device=q.device)
+        return masks[tiles]
 
-    buffers = _Buffers(q, k, v, out, dout, lse, dlse, mask_mod, score_mod, scale, masks_for)
     if config is None:
+        q, k, v, out, dout = (_contiguous(t) for t in (q, k, v, out, dout))
+        buffers = _Buffers(q, k, v, out, dout, lse.contiguous(), dlse.contiguous() if dlse is not None else None,
+                           mask_mod, score_mod, scale, masks_for, plan_key=key)   # time replayed launches
         config = _tune(buffers, block_mask, choose_dq_mode(dq_mode))
-    dq = _run(buffers, config, DQ_WRITE_NAMES[dq_write])
-    return dq, buffers.dk, buffers.dv
+    return config, masks_for, mask_mod, scale
 
 
 class _Buffers:
-    """Inputs and outputs of one backward call (the tuner reuses them as scratch)."""
+    """Inputs and outputs of one backward call (the tuner reuses them as scratch). ``plan_key``: the
+    call's replay key; each kernel's plan is kept under it with the kernel's config."""
 
-    def __init__(self, q, k, v, out, dout, lse, dlse, mask_mod, score_mod, scale, masks_for):
+    def __init__(self, q, k, v, out, dout, lse, dlse, mask_mod, score_mod, scale, masks_for, plan_key=None):
         self.q, self.k, self.v, self.out, self.dout, self.lse, self.dlse = q, k, v, out, dout, lse, dlse
         self.mask_mod, self.score_mod, self.scale, self.masks_for = mask_mod, score_mod, scale, masks_for
+        self.plan_key = plan_key
         self.dk = torch.empty_like(k, memory_format=torch.contiguous_format)
         self.dv = torch.empty_like(v, memory_format=torch.contiguous_format)
         self.delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-        self.tma_ok = tma_compatible(q, k, v, dout)   # the tensors TMA candidates load through descriptors
+
+    @functools.cached_property
+    def tma_ok(self) -> bool:
+        """Whether the tensors TMA candidates load through descriptors allow it."""
+        return tma_compatible(self.q, self.k, self.v, self.dout)
 
     def dkdv(self, config: KernelConfig, dq_acc, dq_write: int, warmup: bool = False):
         _launch_dkdv(self.q, self.k, self.v, self.dout, self.dk, self.dv, dq_acc, self.lse, self.delta,
                      transpose_block_mask(self.masks_for(config)), self.mask_mod, self.score_mod, self.scale, config,
-                     dq_write, warmup)
+                     dq_write, warmup, self.plan_key)
 
     def dq(self, config: KernelConfig, dq, warmup: bool = False):
         _launch_dq(self.q, self.k, self.v, self.out, self.dout, dq, self.lse, self.delta, self.dlse,
-                   self.masks_for(config), self.mask_mod, self.score_mod, self.scale, config, warmup)
+                   self.masks_for(config), self.mask_mod, self.score_mod, self.scale, config, warmup, self.plan_key)
 
 
 def _run(buf: _Buffers, config: BwdConfig, dq_write: int) -> torch.Tensor:
     """One backward with a resolved config; fills buf.dk/buf.dv and returns dq."""
     if config.dq_mode == "atomic":
         dq_acc = torch.empty(buf.q.shape, dtype=torch.float32, device=buf.q.device)
-        _launch_preprocess(buf.out, buf.dout, buf.delta, buf.dlse, dq_acc)   # delta, and zeroes dq_acc
+        _launch_preprocess(buf.out, buf.dout, buf.delta, buf.dlse, dq_acc, buf.plan_key)   # delta; zeroes dq_acc
         buf.dkdv(config.dkdv, dq_acc, dq_write)
         return dq_acc.to(buf.q.dtype)
     dq = torch.empty_like(buf.q, memory_format=torch.contiguous_format)

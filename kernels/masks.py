@@ -118,6 +118,14 @@ def _has_custom_leaf(structure) -> bool:
     return any(_has_custom_leaf(part) for part in structure)
 
 
+def launch_key(modifier) -> tuple | None:
+    """What the kernels receive from a MaskMod/ScoreMod (None for none): its device function (kept
+    alive by the key, so its id cannot be reused) and its runtime arguments' identities."""
+    if modifier is None:
+        return None
+    return (modifier.device_fn, tuple(_arg_key(a) for a in modifier.args))
+
+
 def _arg_key(arg):
     if isinstance(arg, torch.Tensor):
         return ("tensor", arg.data_ptr(), tuple(arg.shape), str(arg.dtype), str(arg.device), arg._version)

@@ -104,11 +104,10 @@ def test_forward_tuner_reuses_a_decision_from_disk(fake_gpu, monkeypatch):
     configs = [A.FwdConfig(32, 16, 4, 1), A.FwdConfig(32, 16, 4, 2), A.FwdConfig(16, 16, 4, 1)]
     fake.times = {c.label(): t for c, t in zip(configs, (3.0, 1.0, 2.0))}
     monkeypatch.setattr(A, "candidate_configs", lambda head_dim, device: list(configs))
-    q, k, v, out = inputs()
-    lse = torch.zeros(1, 2, 64)
+    q, k, v, _ = inputs()
 
     def tune(mask):
-        return A._tune(q, k, v, out, lse, mask, None, None, 0.25, lambda cfg: None)
+        return A._tune(q, k, v, mask, None, None, 0.25, lambda cfg: None)
 
     assert tune(K.causal()) == configs[1] and fake.timed == 3
     assert len(list(folder.iterdir())) == 1

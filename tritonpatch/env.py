@@ -14,6 +14,7 @@ offending token.
     TRITONPATCH_AUTOLOAD=1                           activate at interpreter start (see _autoload)
     TRITONPATCH_COMPILE_THREADS=N                    threads the attention tuners compile candidates on
     TRITONPATCH_TUNING_CACHE=DIR|0                   where the attention tuners keep decisions (0: memory only)
+    TRITONPATCH_FAST_LAUNCH=0                        attention kernels launch through Triton's JIT every call
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ STRICT = "TRITONPATCH_STRICT"
 AUTOLOAD = "TRITONPATCH_AUTOLOAD"
 COMPILE_THREADS = "TRITONPATCH_COMPILE_THREADS"
 TUNING_CACHE = "TRITONPATCH_TUNING_CACHE"
+FAST_LAUNCH = "TRITONPATCH_FAST_LAUNCH"
 
 PIPELINE_VARIABLES = (DISABLE_LSR, LLVM_OPTIONS, PASSES, PTXAS_OPTIONS)
 LOG_LEVELS = ("warning", "info", "debug")
@@ -165,3 +167,13 @@ def tuning_cache_dir(environ: Mapping[str, str] | None = None) -> str | None:
     if not value:
         return os.path.join(os.path.expanduser("~"), ".cache", "tritonpatch", "tuning")
     return None if value.lower() in _FALSE else value
+
+
+def fast_launch(environ: Mapping[str, str] | None = None) -> bool:
+    """``TRITONPATCH_FAST_LAUNCH`` (default on): ``tritonpatch.kernels`` replays a call's kernel launches
+    on later calls with the same shapes and options instead of binding every argument through Triton's
+    JIT again; ``0`` turns that off (every launch goes through ``kernel[grid](...)``)."""
+    environ = os.environ if environ is None else environ
+    if not environ.get(FAST_LAUNCH, "").strip():
+        return True
+    return parse_bool(FAST_LAUNCH, environ)

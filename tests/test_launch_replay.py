@@ -1,0 +1,212 @@
+"""Replayed launches (kernels/_launch.py LaunchPlans, TRITONPATCH_FAST_LAUNCH) without a GPU.
+
+Kernel launches are replaced by a fake compiled kernel. The central check: for a call that replays
+an earlier call's launch, the argument values the replay passes equal, position by position, the
+values the full launcher builds for the same call's tensors (the fake plans report the replay and
+then let the launcher run as if there were no plan). Also: replay keys separate every call property
+that reaches a kernel, and plans keep no tensor of the call that recorded them.
+"""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+import tritonpatch
+import tritonpatch.kernels as K
+from tritonpatch import env
+from tritonpatch.kernels import _launch
+from tritonpatch.kernels import attention_bwd as B
+from tritonpatch.kernels import attention_fwd as A
+
+
+class FakeCompiled:
+    """Stands in for a CompiledKernel: ``self[grid](*values)`` records the values."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def __getitem__(self, grid):
+        return lambda *values: self.log.append(("replay", grid, values))
+
+
+def bound_values(kernel, args, kwargs) -> list:
+    """The argument values of ``kernel[grid](*args, **kwargs)`` in parameter order."""
+    bound = kernel.signature.bind(*args, **{n: v for n, v in kwargs.items() if n in kernel.arg_names})
+    bound.apply_defaults()
+    return [bound.arguments[name] for name in kernel.arg_names]
+
+
+class CheckingPlans(_launch.LaunchPlans):
+    """Plans that, when one would replay, record its values and report no plan, so that the launcher
+    also builds the arguments itself (recorded by the fake launch): the test compares both."""
+
+    def __init__(self, log):
+        super().__init__()
+        self.log = log
+
+    def replay(self, key, tensors):
+        plan = self._plans.get(key) if key is not None else None
+        if plan is not None:
+            self.log.append(("would replay", plan.values_for(tensors)))
+        return False
+
+
+def canonical(value):
+    """Tensors by address, shape, strides and dtype; descriptors by their fields; the rest as is."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.data_ptr(), tuple(value.shape), value.stride(), value.dtype)
+    if isinstance(value, TensorDescriptor):
+        return ("descriptor", canonical(value.base), list(value.shape), list(value.strides),
+                list(value.block_shape), value.padding)
+    if isinstance(value, tuple):
+        return tuple(canonical(v) for v in value)
+    return value
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """CPU tensors count as CUDA ones for the replay machinery; launches are faked and logged."""
+    log = []
+    monkeypatch.setenv("TRITONPATCH_TUNING_CACHE", "0")
+    monkeypatch.delenv("TRITONPATCH_FAST_LAUNCH", raising=False)
+    monkeypatch.setattr(_launch, "_replays_launches", lambda tensor: env.fast_launch())
+    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(A, "check_device", lambda tensor, what: None)
+
+    def fake_launch(kernel, grid, args, kwargs, warmup=False):
+        log.append(("launch", grid, bound_values(kernel, args, kwargs)))
+        return FakeCompiled(log)
+
+    monkeypatch.setattr(_launch, "launch", fake_launch)
+    monkeypatch.setattr(A, "_PLANS", CheckingPlans(log))
+    monkeypatch.setattr(B, "_PLANS", CheckingPlans(log))
+    monkeypatch.setattr(A, "_resolved_calls", {})
+    monkeypatch.setattr(B, "_resolved_calls", {})
+    return log
+
+
+def qkv(seed, batch=1, heads=2, seq=64, dim=16, dtype=torch.float16):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, heads, seq, dim, generator=gen).to(dtype) for _ in range(4)]
+
+
+def assert_replays_match(log, launches_per_call: int):
+    """Every "would replay" entry equals the launch that the launcher then built itself."""
+    replays = [(i, entry) for i, entry in enumerate(log) if entry[0] == "would replay"]
+    assert len(replays) == launches_per_call, [entry[0] for entry in log]
+    for i, (_, replayed) in replays:
+        kind, _, built = log[i + 1]
+        assert kind == "launch"
+        assert len(replayed) == len(built)
+        for position, (got, want) in enumerate(zip(replayed, built)):
+            assert canonical(got) == canonical(want), f"argument {position}"
+
+
+@pytest.mark.parametrize("use_tma", [False, True])
+def test_forward_replay_passes_the_arguments_a_full_launch_builds(fake_cuda, use_tma):
+    config = A.FwdConfig(32, 16, 4, 1, use_tma=use_tma)
+    mask = K.and_masks(K.causal(), K.document(torch.tensor([0] * 20 + [1] * 44, dtype=torch.int32)))
+    q, k, v, _ = qkv(0)
+    out1, _ = A.attention_forward(q, k, v, mask_mod=mask, config=config)
+    assert [entry[0] for entry in fake_cuda] == ["launch"]
+    fake_cuda.clear()
+    q, k, v, _ = qkv(1)
+    out2, lse2 = A.attention_forward(q, k, v, mask_mod=mask, config=config)
+    assert_replays_match(fake_cuda, 1)
+    replayed = fake_cuda[0][1]
+    bases = [value.base if isinstance(value, TensorDescriptor) else value for value in replayed[:5]]
+    assert all(got is want for got, want in zip(bases, (q, k, v, out2, lse2)))   # this call's tensors
+
+
+@pytest.mark.parametrize("dq_mode, use_tma", [("atomic", False), ("separate", False), ("separate", True),
+                                              ("atomic", True)])
+def test_backward_replay_passes_the_arguments_a_full_launch_builds(fake_cuda, dq_mode, use_tma):
+    dkdv = B.KernelConfig(16, 32, 4, 1, use_tma=use_tma)
+    config = B.BwdConfig(dq_mode, dkdv, B.KernelConfig(32, 16, 4, 1, use_tma=use_tma) if dq_mode == "separate"
+                         else None)
+    for seed in range(3):
+        fake_cuda.clear()
+        q, k, v, dout = qkv(seed)
+        out, lse = torch.randn_like(q), torch.randn(q.shape[:3])
+        B.attention_backward(q, k, v, out, lse, dout, mask_mod=K.sliding_window(8), score_mod=K.softcap(2.0),
+                             config=config, dq_mode=dq_mode)
+        if seed:
+            assert_replays_match(fake_cuda, 2)   # preprocess + dK/dV, or dQ + dK/dV
+        else:
+            assert [entry[0] for entry in fake_cuda] == ["launch", "launch"]
+
+
+def test_replay_keys_separate_what_reaches_the_kernel(fake_cuda):
+    q, k, v, _ = qkv(0)
+    ids = torch.tensor([0] * 20 + [1] * 44, dtype=torch.int32)
+    doc = K.document(ids)
+
+    def key(q=q, k=k, v=v, mask=K.causal(), score=None, block_mask=None, scale=None, gqa=False, config=None):
+        return A._call_key(q, k, v, mask, score, block_mask, scale, gqa, config)
+
+    base = key()
+    assert base is not None and key(mask=K.causal()) == base          # a new causal() object: same key
+    padded = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)   # 2-byte aligned
+    variants = {
+        "mask": key(mask=K.sliding_window(8)), "mask args": key(mask=K.sliding_window(9)),
+        "doc ids": key(mask=doc), "score": key(score=K.softcap(2.0)), "score args": key(score=K.softcap(3.0)),
+        "scale": key(scale=0.5), "gqa": key(gqa=True), "config": key(config=A.FwdConfig(32, 16, 4, 1)),
+        "block mask": key(block_mask=K.build_block_mask(K.causal(), 1, 2, 64, 64, block_m=32, block_n=16,
+                                                        device="cpu")),
+        "dtype": key(q=q.float(), k=k.float(), v=v.float()), "strides": key(q=q.transpose(1, 2).contiguous()
+                                                                          .transpose(1, 2)),
+        "shape": key(q=q[:, :, :32]), "alignment": key(q=padded),
+    }
+    with tritonpatch.options(disable_lsr=True):
+        variants["pipeline"] = key()
+    assert all(value is not None for value in variants.values())
+    assert len({base, *variants.values()}) == len(variants) + 1, "two call variants share a replay key"
+    doc_key = key(mask=doc)
+    ids.add_(0)                                                       # written in place: a new version
+    assert key(mask=doc) != doc_key
+    assert key(mask="not a mask") is None                             # left to the checks, which raise
+
+
+def test_fast_launch_switch(fake_cuda, monkeypatch):
+    q, k, v, _ = qkv(0)
+    assert A._call_key(q, k, v, None, None, None, None, False, None) is not None
+    monkeypatch.setenv("TRITONPATCH_FAST_LAUNCH", "0")
+    assert A._call_key(q, k, v, None, None, None, None, False, None) is None
+    assert env.fast_launch({}) and not env.fast_launch({"TRITONPATCH_FAST_LAUNCH": "off"})
+    with pytest.raises(tritonpatch.PipelineError, match="TRITONPATCH_FAST_LAUNCH"):
+        env.fast_launch({"TRITONPATCH_FAST_LAUNCH": "maybe"})
+
+
+def test_backward_key_is_none_when_the_call_copies_an_input(fake_cuda):
+    q, k, v, dout = qkv(0)
+    out, lse = torch.randn_like(q), torch.randn(q.shape[:3])
+    args = (None, None, None, None, False, "auto", None, "atomic")
+    assert B._call_key(q, k, v, out, lse, dout, None, *args) is not None
+    strided = torch.randn(1, 2, 64, 32, dtype=q.dtype)[..., ::2]      # last-dim stride 2: copied
+    assert B._call_key(q, k, v, out, lse, strided, None, *args) is None
+
+
+@triton.jit
+def _two_tensors(Q, K, n):
+    pass
+
+
+def test_plans_keep_no_tensor_of_the_recording_call(monkeypatch):
+    log = []
+    monkeypatch.setattr(_launch, "launch", lambda kernel, grid, args, kwargs, warmup=False: FakeCompiled(log))
+    plans = _launch.LaunchPlans()
+    q, k, _, _ = qkv(0)
+    refs = [weakref.ref(t) for t in (q, k)]
+    plans.launch("key", _two_tensors, (2, 1), (A.tile_descriptor(q, 32), k, 3), {}, (q, k))
+    del q, k
+    gc.collect()
+    assert all(ref() is None for ref in refs)
+    q2, k2, _, _ = qkv(1)
+    assert plans.replay("key", (q2, k2)) and not plans.replay("other", (q2, k2))
+    (_, grid, values), = log
+    assert grid == (2, 1, 1) and values[0].base is q2 and values[1] is k2 and values[2] == 3
