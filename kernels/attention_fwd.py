@@ -8,6 +8,7 @@ Returns the output and the natural-log log-sum-exp per query row (for the backwa
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from .masks import MaskMod, ScoreMod, allow_all, launch_key
 
 LOG2E = 1.4426950408889634
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+ALL_TILES, FULL_TILES, PARTIAL_TILES = 0, 1, 2   # the kernel's TILES: which tiles of the block mask it visits
 
 
 @triton.jit
@@ -67,21 +69,23 @@ def _online_softmax_step(acc, l_i, m_i, x, v, factor, ROWS_MAY_BE_EMPTY: tl.cons
 
 @triton.jit
 def _attend_tiles_specialized(acc, l_i, m_i, q, k_src, v_src, num_full, full_ids, num_partial, partial_ids,
-                              b, h, row_start, qk_scale, mask_args, MASK_FN: tl.constexpr, BLOCK_M: tl.constexpr,
-                              BLOCK_N: tl.constexpr):
+                              b, h, row_start, qk_scale, mask_args, MASK_FN: tl.constexpr, APPLY_MASK: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The full and then the partial tiles in one warp-specialized loop (TMA producer + two
     consumer warpgroups; Triton 3.6 specializes only a kernel's single loop, and only without an
-    ``if`` in it), so the mask runs on every tile. The mask sees both indices shifted by the tile
-    start (``q_idx - start_n``, ``0..BLOCK_N-1``; equal for a shift-invariant mask): Triton 3.6's
-    data partitioning miscomputes a loop-variant kv-index row ``start_n + arange``
-    (docs/benchmarks/warp_specialization.md). k_src / v_src: 2-D descriptors of this kv head."""
+    ``if`` in it), so the mask runs on every tile (APPLY_MASK; off when only full tiles are listed).
+    The mask sees both indices shifted by the tile start (``q_idx - start_n``, ``0..BLOCK_N-1``;
+    equal for a shift-invariant mask): Triton 3.6's data partitioning miscomputes a loop-variant
+    kv-index row ``start_n + arange`` (docs/benchmarks/warp_specialization.md). k_src / v_src: 2-D
+    descriptors of this kv head."""
     cols = tl.arange(0, BLOCK_N)[None, :]
     for j in tl.range(0, num_full + num_partial, warp_specialize=True):
         start_n = tl.load(tl.where(j < num_full, full_ids + j, partial_ids + (j - num_full))) * BLOCK_N
         x = tl.dot(q, tl.trans(k_src.load([start_n, 0])))
-        shifted_rows = row_start - start_n + tl.arange(0, BLOCK_M)    # made from scalars in the loop
-        keep = MASK_FN(b, h, shifted_rows[:, None], cols, mask_args)
-        x = tl.where(keep, x, float("-inf"))
+        if APPLY_MASK:
+            shifted_rows = row_start - start_n + tl.arange(0, BLOCK_M)    # made from scalars in the loop
+            keep = MASK_FN(b, h, shifted_rows[:, None], cols, mask_args)
+            x = tl.where(keep, x, float("-inf"))
         acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, x, v_src.load([start_n, 0]), qk_scale, True)
     return acc, l_i, m_i
 
@@ -128,11 +132,13 @@ def _attn_fwd_kernel(Q, K, V, Out, LSE,
                      num_heads, group_size, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
                      MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, HAS_SCORE: tl.constexpr,
                      USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+                     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, TILES: tl.constexpr):
     """One program per (q-block, batch*head). With USE_TMA, Q/K/V/Out are 4-D tensor descriptors;
     with WARP_SPECIALIZE they are pointers and the kernel makes 2-D descriptors of its (batch, head)
     (Triton 3.6 specializes Hopper loops over device-side descriptors only; see
-    ``warp_specialize_problem`` for what this variant requires)."""
+    ``warp_specialize_problem`` for what this variant requires). TILES: which tiles of the block
+    mask this launch visits: ``ALL_TILES``, ``FULL_TILES`` (the first pass of a split) or
+    ``PARTIAL_TILES`` (the second pass: resumes from the first pass's Out and LSE)."""
     # the last q-blocks usually carry the most tiles (causal-like masks): start them first
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
@@ -167,21 +173,35 @@ def _attn_fwd_kernel(Q, K, V, Out, LSE,
 
     num_off = b * stride_nb + h * stride_nh + q_block
     ids_off = b * stride_ib + h * stride_ih + q_block * stride_iq
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    num_full = tl.load(full_num + num_off)
+    num_partial = tl.load(partial_num + num_off)
+    if TILES == 2:   # PARTIAL_TILES: the state (acc / l, l = 1, m + log2 l) the full-tile pass stored
+        lse_prev = tl.load(LSE + b * stride_lb + h * stride_lh + offs_m, mask=row_ok, other=float("-inf"))
+        m_i = lse_prev * 1.4426950408889634
+        l_i = tl.where(lse_prev == float("-inf"), 0.0, 1.0)
+        if USE_TMA:
+            acc = Out.load([b, h, q_block * BLOCK_M, 0]).reshape(BLOCK_M, HEAD_DIM).to(tl.float32)
+        else:
+            o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+            acc = tl.load(o_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        num_full = 0
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    if TILES == 1:   # FULL_TILES
+        num_partial = 0
     if WARP_SPECIALIZE:
-        acc, l_i, m_i = _attend_tiles_specialized(acc, l_i, m_i, q, k_src, v_src, tl.load(full_num + num_off),
-                                                  full_ids + ids_off, tl.load(partial_num + num_off),
-                                                  partial_ids + ids_off, b, h, q_block * BLOCK_M, qk_scale,
-                                                  mask_args, MASK_FN, BLOCK_M, BLOCK_N)
+        acc, l_i, m_i = _attend_tiles_specialized(acc, l_i, m_i, q, k_src, v_src, num_full, full_ids + ids_off,
+                                                  num_partial, partial_ids + ids_off, b, h, q_block * BLOCK_M,
+                                                  qk_scale, mask_args, MASK_FN, TILES != 1, BLOCK_M, BLOCK_N)
     else:
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
-                                      tl.load(full_num + num_off), full_ids + ids_off, b, h, kv_h, q_idx, kv_len,
+                                      num_full, full_ids + ids_off, b, h, kv_h, q_idx, kv_len,
                                       sm_scale, qk_scale, mask_args, score_args, MASK_FN, SCORE_FN,
                                       False, HAS_SCORE, USE_TMA, BLOCK_N, HEAD_DIM)
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
-                                      tl.load(partial_num + num_off), partial_ids + ids_off, b, h, kv_h, q_idx,
+                                      num_partial, partial_ids + ids_off, b, h, kv_h, q_idx,
                                       kv_len, sm_scale, qk_scale, mask_args, score_args, MASK_FN, SCORE_FN,
                                       True, HAS_SCORE, USE_TMA, BLOCK_N, HEAD_DIM)
 
@@ -215,6 +235,8 @@ class FwdConfig:
     num_stages: int
     use_tma: bool = False     # Q/K/V/Out through TMA tensor descriptors (Hopper+; needs 16-byte strides)
     warp_specialize: bool = False   # one loop, TMA producer + 2 consumer warpgroups (see warp_specialize_problem)
+    split: bool = False       # warp-specialized pass over the full tiles only (no mask), then SPLIT_PARTIAL_CONFIG
+    #                           over the partial tiles, resuming from the first pass's output: any mask
     pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
     pipeline_label: str = ""
 
@@ -222,9 +244,12 @@ class FwdConfig:
         if self.warp_specialize and not (self.use_tma and self.num_warps == 4):
             raise ValueError("FwdConfig: warp_specialize needs use_tma=True and num_warps=4 (Triton adds the "
                              "producer and the second consumer warpgroup)")
+        if self.split and not self.warp_specialize:
+            raise ValueError("FwdConfig: split runs the full tiles warp-specialized; it needs warp_specialize=True")
 
     def label(self) -> str:
-        tma = ("-tma" if self.use_tma else "") + ("-ws" if self.warp_specialize else "")
+        tma = ("-tma" if self.use_tma else "") + ("-ws" if self.warp_specialize else "") + \
+            ("-split" if self.split else "")
         pipe = f"+{self.pipeline_label}" if self.pipeline is not None else ""
         return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{tma}{pipe}"
 
@@ -241,12 +266,16 @@ _HOPPER_CONFIGS = {
 _INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 # Measured on H200 (docs/benchmarks/warp_specialization.md): 3 stages do not fit (D=128) or give NaN.
 WARP_SPECIALIZED_CONFIG = FwdConfig(128, 128, 4, 2, use_tma=True, warp_specialize=True)
+# The split: WARP_SPECIALIZED_CONFIG's kernel over the full tiles, then the two-loop kernel over the partial ones.
+SPLIT_CONFIG = FwdConfig(128, 128, 4, 2, use_tma=True, warp_specialize=True, split=True)
+SPLIT_PARTIAL_CONFIG = FwdConfig(128, 128, 8, 2, use_tma=True)
 
 
-def warp_specialize_problem(q, k, v, mask_mod: MaskMod, score_mod, block_mask) -> str | None:
+def warp_specialize_problem(q, k, v, mask_mod: MaskMod, score_mod, block_mask, split: bool = False) -> str | None:
     """Why the warp-specialized kernel cannot run this call (None: it can). It is verified on
-    Hopper with Triton 3.6 for D=128 (where it pays) and needs a shift-invariant mask (causal,
-    sliding window, none), no score_mod, 128-aligned lengths and TMA-compatible tensors."""
+    Hopper with Triton 3.6 for D=128 (where it pays) and needs no score_mod, 128-aligned lengths,
+    TMA-compatible tensors and, unless ``split`` (its loop then sees full tiles only, without a
+    mask), a shift-invariant mask (causal, sliding window, none)."""
     block = WARP_SPECIALIZED_CONFIG.block_m
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
         return "needs a Hopper GPU (sm_90)"
@@ -254,8 +283,10 @@ def warp_specialize_problem(q, k, v, mask_mod: MaskMod, score_mod, block_mask) -
         return f"verified with Triton 3.6 only (this is {triton.__version__})"
     if q.shape[-1] != 128:
         return "only head dim 128 is specialized (it does not pay at 64)"
-    if not mask_mod.shift_invariant or score_mod is not None:
-        return "needs a shift-invariant mask (causal, sliding_window, none) and no score_mod"
+    if score_mod is not None:
+        return "does not take a score_mod"
+    if not (split or mask_mod.shift_invariant):
+        return "needs a shift-invariant mask (causal, sliding_window, none); the split variant takes any"
     if q.shape[2] % block or k.shape[2] % block:
         return f"sequence lengths must be multiples of {block}"
     if not tma_compatible(q, k, v):
@@ -350,13 +381,14 @@ def kernel_signature(dtype: torch.dtype, head_dim: int, config: FwdConfig, mask_
     return sig
 
 
-def kernel_constexprs(head_dim: int, config: FwdConfig, mask_mod: MaskMod, score_mod: ScoreMod | None) -> dict:
-    """Compile-time arguments of ``_attn_fwd_kernel`` (contiguous last dims)."""
+def kernel_constexprs(head_dim: int, config: FwdConfig, mask_mod: MaskMod, score_mod: ScoreMod | None,
+                      tiles: int = ALL_TILES) -> dict:
+    """Compile-time arguments of ``_attn_fwd_kernel`` (contiguous last dims) for one pass (``tiles``)."""
     return {"stride_qd": 1, "stride_kd": 1, "stride_vd": 1, "stride_od": 1,
             "MASK_FN": mask_mod.device_fn, "SCORE_FN": score_mod.device_fn if score_mod is not None else None,
             "HAS_SCORE": score_mod is not None, "USE_TMA": config.use_tma,
             "WARP_SPECIALIZE": config.warp_specialize, "BLOCK_M": config.block_m,
-            "BLOCK_N": config.block_n, "HEAD_DIM": head_dim}
+            "BLOCK_N": config.block_n, "HEAD_DIM": head_dim, "TILES": tiles}
 
 
 _PLANS = LaunchPlans()
@@ -364,9 +396,22 @@ _PLANS = LaunchPlans()
 
 def _launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_mod, scale, config: FwdConfig,
             warmup: bool = False, plan_key=None):
-    """Launch the forward kernel, or with ``warmup`` only compile it (returns the compiled kernel, a
-    future inside ``parallel_compiles``). ``plan_key``: replay the launch recorded under this key
-    (see :class:`LaunchPlans`), or record this one."""
+    """Launch the forward kernel (both passes of a split config), or with ``warmup`` only compile it
+    (returns the (last) compiled kernel, a future inside ``parallel_compiles``). ``plan_key``: replay
+    the launches recorded under this key (see :class:`LaunchPlans`), or record these."""
+    if not config.split:
+        return _launch_pass(q, k, v, out, lse, block_mask, mask_mod, score_mod, scale, config, ALL_TILES, warmup,
+                            plan_key)
+    full_pass = dataclasses.replace(config, split=False)
+    _launch_pass(q, k, v, out, lse, block_mask, mask_mod, score_mod, scale, full_pass, FULL_TILES, warmup,
+                 None if plan_key is None else (plan_key, FULL_TILES))
+    return _launch_pass(q, k, v, out, lse, block_mask, mask_mod, score_mod, scale, SPLIT_PARTIAL_CONFIG,
+                        PARTIAL_TILES, warmup, None if plan_key is None else (plan_key, PARTIAL_TILES))
+
+
+def _launch_pass(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_mod, scale, config: FwdConfig,
+                 tiles: int, warmup: bool, plan_key):
+    """One launch of ``_attn_fwd_kernel`` over the ``tiles`` of the block mask."""
     tensors = (q, k, v, out, lse)
     if plan_key is not None and not warmup:
         with device_allocator(config.warp_specialize):
@@ -398,8 +443,8 @@ def _launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_m
     kernel_kwargs = dict(MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod else None,
                          HAS_SCORE=score_mod is not None, USE_TMA=config.use_tma,
                          WARP_SPECIALIZE=config.warp_specialize, BLOCK_M=config.block_m,
-                         BLOCK_N=config.block_n,
-                         HEAD_DIM=head_dim, num_warps=config.num_warps, num_stages=config.num_stages)
+                         BLOCK_N=config.block_n, HEAD_DIM=head_dim, TILES=tiles, num_warps=config.num_warps,
+                         num_stages=config.num_stages)
     if full_ids.stride(-1) != 1 or partial_ids.stride(-1) != 1:
         raise ValueError("block_mask index tensors must be contiguous in their last dim")
     with device_allocator(config.warp_specialize), pipeline_scope(config.pipeline):
@@ -488,7 +533,8 @@ def _resolve(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, config
 
     if config is None:
         config = _tune(q, k, v, mask_mod, score_mod, block_mask, scale, masks_for, key)
-    elif config.warp_specialize and (problem := warp_specialize_problem(q, k, v, mask_mod, score_mod, block_mask)):
+    elif config.warp_specialize and (problem := warp_specialize_problem(q, k, v, mask_mod, score_mod, block_mask,
+                                                                         config.split)):
         raise ValueError(f"config {config.label()}: the warp-specialized kernel {problem}")
     elif block_mask is not None and (config.block_m, config.block_n) != (block_mask.block_m, block_mask.block_n):
         raise ValueError(f"config {config.label()} does not match block_mask tiles "
@@ -508,8 +554,9 @@ def _tune(q, k, v, mask_mod, score_mod, block_mask, scale, masks_for, plan_key=N
     candidates = candidate_configs(q.shape[-1], q.device)
     if not tma_compatible(q, k, v, out):
         candidates = [c for c in candidates if not c.use_tma]
-    elif warp_specialize_problem(q, k, v, mask_mod, score_mod, block_mask) is None:
-        candidates.append(WARP_SPECIALIZED_CONFIG)
+    else:
+        candidates += [ws for ws in (WARP_SPECIALIZED_CONFIG, SPLIT_CONFIG)
+                       if warp_specialize_problem(q, k, v, mask_mod, score_mod, block_mask, ws.split) is None]
     if block_mask is not None:
         candidates = [c for c in candidates if (c.block_m, c.block_n) == (block_mask.block_m, block_mask.block_n)]
         if not candidates:

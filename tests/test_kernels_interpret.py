@@ -155,3 +155,24 @@ def test_fake_impl_gives_shapes_for_tracing():
         out, lse = torch.ops.tritonpatch.attention_fwd(q, k, k, None, None, None, None, [0, 0, 0, 0], "", "",
                                                        None, True)
     assert out.shape == (2, 4, 33, 16) and lse.shape == (2, 4, 33) and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", ["causal&document", "sliding|prefix", "none"])
+def test_full_tile_pass_then_partial_tile_pass_equals_one_pass(name):
+    """The split's arithmetic: a FULL_TILES launch, then a PARTIAL_TILES launch that resumes from its
+    output and log-sum-exp, give the one-pass result (rows with no full tile, and ones with no tile
+    at all, included). Here both passes use the interpreter config; on Hopper the first is the
+    warp-specialized kernel."""
+    q, k, v = qkv(1, 2, 2, 70, 70, 16, torch.float32, seed=3)
+    mask = MASKS[name](70) or K.allow_all()
+    config = A._INTERPRETER_CONFIG
+    masks = K.build_block_mask(mask, 1, 2, 70, 70, block_m=config.block_m, block_n=config.block_n, device="cpu")
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
+    for tiles in (A.FULL_TILES, A.PARTIAL_TILES):
+        A._launch_pass(q, k, v, out, lse, masks, mask, None, 0.25, config, tiles, False, None)
+    ref, ref_lse = K.reference.attention(q, k, v, mask_mod=mask, scale=0.25, return_lse=True)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+    full_only = torch.empty_like(q), torch.empty(q.shape[:3])
+    A._launch_pass(q, k, v, *full_only, masks, mask, None, 0.25, config, A.FULL_TILES, False, None)
+    assert not torch.allclose(full_only[0], ref, atol=1e-3) or name == "none"   # the second pass matters

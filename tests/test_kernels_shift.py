@@ -38,6 +38,9 @@ def test_warp_specialization_needs_a_hopper_gpu_and_a_shift_invariant_mask():
     with pytest.raises(ValueError, match="num_warps=4"):
         A.FwdConfig(128, 128, 8, 2, True, warp_specialize=True)
     assert A.WARP_SPECIALIZED_CONFIG.label() == "BM128-BN128-w4-s2-tma-ws"
+    with pytest.raises(ValueError, match="warp_specialize=True"):
+        A.FwdConfig(128, 128, 4, 2, True, split=True)
+    assert A.SPLIT_CONFIG.label() == "BM128-BN128-w4-s2-tma-ws-split"
 
 
 @pytest.mark.skipif(not triton.__version__.startswith("3.6."), reason="verified with Triton 3.6 only")
@@ -50,3 +53,23 @@ def test_warp_specialized_variant_compiles_into_three_warpgroups(name):
     assert compiled.asm["ttgir"].count("ttg.warp_specialize(") == 1
     assert compiled.metadata.num_warps == 12                      # 4 (producer) + 2 x 4 (consumers)
     assert "wgmma.mma_async" in compiled.asm["ptx"] and ".local" not in compiled.asm["ptx"]
+
+
+@pytest.mark.skipif(not triton.__version__.startswith("3.6."), reason="verified with Triton 3.6 only")
+@pytest.mark.parametrize("name", ["prefix_lm", "document"])
+def test_split_passes_compile_for_any_mask(name):
+    """The split's full-tile pass is the warp-specialized kernel without mask work (so any mask),
+    its partial-tile pass the two-loop kernel resuming through TMA loads of Out."""
+    mask = MASKS[name]
+    full_pass = A.WARP_SPECIALIZED_CONFIG
+    first = compile_for_target(A._attn_fwd_kernel, A.kernel_signature(torch.bfloat16, 128, full_pass, mask, None),
+                               A.kernel_constexprs(128, full_pass, mask, None, A.FULL_TILES), target="sm_90",
+                               num_warps=4, num_stages=2)
+    assert first.asm["ttgir"].count("ttg.warp_specialize(") == 1 and first.metadata.num_warps == 12
+    second_config = A.SPLIT_PARTIAL_CONFIG
+    second = compile_for_target(A._attn_fwd_kernel,
+                                A.kernel_signature(torch.bfloat16, 128, second_config, mask, None),
+                                A.kernel_constexprs(128, second_config, mask, None, A.PARTIAL_TILES),
+                                target="sm_90", num_warps=second_config.num_warps,
+                                num_stages=second_config.num_stages)
+    assert "warp_specialize" not in second.asm["ttgir"] and ".local" not in second.asm["ptx"]

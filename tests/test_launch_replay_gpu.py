@@ -46,7 +46,7 @@ def fwd_bwd(q, k, v, dout, dq_mode, **kwargs):
     return [out, lse] + [t.grad for t in leaves]
 
 
-@pytest.mark.parametrize("config", ["tuned", "pointers", "warp-specialized"])
+@pytest.mark.parametrize("config", ["tuned", "pointers", "warp-specialized", "split"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("name", ["causal", "document", "sliding|prefix"])
 def test_replays_equal_full_launches(name, head_dim, config, count_replays, monkeypatch):
@@ -55,6 +55,10 @@ def test_replays_equal_full_launches(name, head_dim, config, count_replays, monk
         if head_dim != 128 or name != "causal":
             pytest.skip("the warp-specialized kernel runs shift-invariant masks at D=128")
         fwd_config = A.WARP_SPECIALIZED_CONFIG
+    elif config == "split":
+        if head_dim != 128:
+            pytest.skip("the split runs at D=128")
+        fwd_config = A.SPLIT_CONFIG
     else:
         fwd_config = None if config == "tuned" else A.FwdConfig(128, 64, 8 if head_dim == 128 else 4, 2)
     for seed in range(3):
