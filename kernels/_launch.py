@@ -165,9 +165,9 @@ class _Plan:
         for i, j, template in self.slots:
             if template is None:
                 values[i] = tensors[j]
-            else:
-                descriptor = copy.copy(template)
-                descriptor.base = tensors[j]
+            else:   # a shallow copy (copy.copy takes several µs) with this call's tensor as base
+                descriptor = object.__new__(type(template))
+                descriptor.__dict__.update(template.__dict__, base=tensors[j])
                 values[i] = descriptor
         return values
 
