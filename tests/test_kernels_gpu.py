@@ -45,28 +45,29 @@ def test_torch_compile_graph():
     assert rel_err(compiled(q, k, v), K.reference.attention(q, k, v, mask_mod=mask).float().sum(-1)) <= 1e-2
 
 
-SHIFT_INVARIANT = ["none", "causal", "sliding_window"]
-
-
-@pytest.mark.parametrize("name", SHIFT_INVARIANT)
+@pytest.mark.parametrize("name", list(MASKS))
 @pytest.mark.parametrize("groups", [1, 4])
-def test_warp_specialized_kernel_matches_reference(name, groups):
-    """The warp-specialized D=128 kernel (Triton 3.6, Hopper) against the fp32 reference and the
-    two-loop kernel; GQA included. Skips where it does not apply (its eligibility is the test's)."""
+@pytest.mark.parametrize("variant", ["warp-specialized", "split"])
+def test_warp_specialized_variants_match_reference(variant, name, groups):
+    """The warp-specialized D=128 kernel (Triton 3.6, Hopper; shift-invariant masks) and its split form
+    (full tiles warp-specialized, then the partial tiles resuming from its output; any mask) against the
+    fp32 reference and the two-loop kernel; GQA included. Skips where a variant does not apply (its
+    eligibility is the test's)."""
     device = torch.device("cuda")
     seq = 1024
     q = torch.randn(2, 8, seq, 128, device=device, dtype=torch.bfloat16)
     k, v = (torch.randn(2, 8 // groups, seq, 128, device=device, dtype=torch.bfloat16) for _ in range(2))
     mask = MASKS[name](seq, device) or K.allow_all()
-    problem = A.warp_specialize_problem(q, k, v, mask, None, None)
+    config = A.SPLIT_CONFIG if variant == "split" else A.WARP_SPECIALIZED_CONFIG
+    problem = A.warp_specialize_problem(q, k, v, mask, None, None, split=config.split)
     if problem:
         pytest.skip(problem)
-    out, lse = A.attention_forward(q, k, v, mask_mod=mask, enable_gqa=groups > 1, config=A.WARP_SPECIALIZED_CONFIG)
+    out, lse = A.attention_forward(q, k, v, mask_mod=mask, enable_gqa=groups > 1, config=config)
     ref, ref_lse = K.reference.attention(q, k, v, mask_mod=mask, enable_gqa=groups > 1, return_lse=True)
     assert rel_err(out, ref) <= 1e-2
     torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
     two_loops, _ = A.attention_forward(q, k, v, mask_mod=mask, enable_gqa=groups > 1,
-                                       config=A.FwdConfig(128, 128, 8, 2, True))
+                                       config=A.SPLIT_PARTIAL_CONFIG)
     assert rel_err(out, two_loops) <= 1e-2
 
 
@@ -76,24 +77,3 @@ def test_warp_specialized_config_is_refused_where_it_would_be_wrong():
     with pytest.raises(ValueError, match="shift-invariant"):
         A.attention_forward(q, k, v, mask_mod=K.prefix_lm(100), config=A.WARP_SPECIALIZED_CONFIG)
 
-
-@pytest.mark.parametrize("name", list(MASKS))
-@pytest.mark.parametrize("groups", [1, 4])
-def test_split_config_matches_reference(name, groups):
-    """The split (warp-specialized full-tile pass, then the partial tiles resuming from its output)
-    for every mask, GQA included, against the fp32 reference and the two-loop kernel."""
-    device = torch.device("cuda")
-    seq = 1024
-    q = torch.randn(2, 8, seq, 128, device=device, dtype=torch.bfloat16)
-    k, v = (torch.randn(2, 8 // groups, seq, 128, device=device, dtype=torch.bfloat16) for _ in range(2))
-    mask = MASKS[name](seq, device) or K.allow_all()
-    problem = A.warp_specialize_problem(q, k, v, mask, None, None, split=True)
-    if problem:
-        pytest.skip(problem)
-    out, lse = A.attention_forward(q, k, v, mask_mod=mask, enable_gqa=groups > 1, config=A.SPLIT_CONFIG)
-    ref, ref_lse = K.reference.attention(q, k, v, mask_mod=mask, enable_gqa=groups > 1, return_lse=True)
-    assert rel_err(out, ref) <= 1e-2
-    torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
-    two_loops, _ = A.attention_forward(q, k, v, mask_mod=mask, enable_gqa=groups > 1,
-                                       config=A.SPLIT_PARTIAL_CONFIG)
-    assert rel_err(out, two_loops) <= 1e-2
