@@ -680,7 +680,8 @@ def _call_key(q, k, v, out, lse, dout, dlse, mask_mod, score_mod, block_mask, sc
     if any(t.stride(-1) != 1 for t in (q, k, v, out, dout)) or not lse.is_contiguous() \
             or (dlse is not None and not dlse.is_contiguous()):
         return None
-    return replay_key(tensors, launch_key(mask_mod), launch_key(score_mod), block_mask, scale, enable_gqa, dq_mode,
+    return replay_key(tensors, launch_key(mask_mod), launch_key(score_mod),
+                      None if block_mask is None else block_mask.launch_key(), scale, enable_gqa, dq_mode,
                       config, dq_write, torch.are_deterministic_algorithms_enabled())
 
 

@@ -505,7 +505,8 @@ def _call_key(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, confi
     if not (all(isinstance(t, torch.Tensor) for t in (q, k, v)) and isinstance(mask_mod, (MaskMod, type(None)))
             and isinstance(score_mod, (ScoreMod, type(None))) and isinstance(block_mask, (BlockMask, type(None)))):
         return None
-    return replay_key((q, k, v), launch_key(mask_mod), launch_key(score_mod), block_mask, scale, enable_gqa, config)
+    return replay_key((q, k, v), launch_key(mask_mod), launch_key(score_mod),
+                      None if block_mask is None else block_mask.launch_key(), scale, enable_gqa, config)
 
 
 def _resolve(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, config, key=None):

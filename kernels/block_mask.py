@@ -20,11 +20,12 @@ import triton
 import triton.language as tl
 
 from ._launch import check_device
-from .masks import MaskMod
+from .masks import MaskMod, argument_key
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 _CACHE_SIZE = 64
 _cache: "OrderedDict[tuple, BlockMask]" = OrderedDict()
+_flex_cache: OrderedDict = OrderedDict()   # Flex BlockMask tensors' identities -> (those tensors, converted)
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,6 +45,14 @@ class BlockMask:
     @property
     def shape(self) -> tuple:
         return tuple(self.kv_indices.shape)
+
+    def launch_key(self) -> tuple:
+        """What the kernels receive from this block mask (for replay keys, kernels/_launch.py): its
+        index tensors' identities and its geometry, so that two objects over the same tensors (a
+        custom op rebuilds one per call) share replays and tensors written in place do not."""
+        return (tuple(argument_key(t) for t in (self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks,
+                                               self.full_kv_indices)),
+                self.block_m, self.block_n, self.q_len, self.kv_len)
 
     def tile_classes(self) -> torch.Tensor:
         """Dense ``[Bm, Hm, NQ, NKV]`` int8 tensor of EMPTY / PARTIAL / FULL (for tests and tools)."""
@@ -185,7 +194,23 @@ def from_flex_block_mask(flex_mask) -> BlockMask:
     """Convert a ``torch.nn.attention.flex_attention.BlockMask`` (e.g. from ``create_block_mask``).
 
     Its partial tiles still need a mask on the device: pass one of ours as ``mask_mod`` to
-    :func:`tritonpatch.kernels.attention` alongside it."""
+    :func:`tritonpatch.kernels.attention` alongside it. Cached per Flex mask tensors (address,
+    version), so a mask passed on every call is converted once."""
+    tensors = (flex_mask.kv_num_blocks, flex_mask.kv_indices, flex_mask.full_kv_num_blocks,
+               flex_mask.full_kv_indices)
+    key = (tuple(argument_key(t) for t in tensors), tuple(flex_mask.BLOCK_SIZE), tuple(flex_mask.seq_lengths))
+    cached = _flex_cache.get(key)
+    if cached is not None:
+        _flex_cache.move_to_end(key)
+        return cached[1]
+    result = _convert_flex_block_mask(flex_mask)
+    _flex_cache[key] = (tensors, result)   # the entry keeps the tensors, so their addresses are not reused
+    if len(_flex_cache) > _CACHE_SIZE:
+        _flex_cache.popitem(last=False)
+    return result
+
+
+def _convert_flex_block_mask(flex_mask) -> BlockMask:
     block_m, block_n = flex_mask.BLOCK_SIZE
     q_len, kv_len = flex_mask.seq_lengths
     partial = _classes_from_lists(flex_mask.kv_num_blocks, flex_mask.kv_indices)
@@ -206,8 +231,9 @@ def _classes_from_lists(num: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 
 def clear_cache() -> None:
-    """Forget every cached block mask."""
+    """Forget every cached block mask (built, and converted from FlexAttention)."""
     _cache.clear()
+    _flex_cache.clear()
 
 
 def block_mask_to_tensors(block_mask: "BlockMask | None") -> tuple:

@@ -79,7 +79,7 @@ class MaskMod:
 
     def cache_key(self) -> tuple:
         """Hashable identity of the mask *values* (structure and runtime arguments)."""
-        return (self.structure, tuple(_arg_key(a) for a in self.args))
+        return (self.structure, tuple(argument_key(a) for a in self.args))
 
     def portable_key(self) -> str | None:
         """The mask's code by factory names, the same in every process (for tuning decisions kept on
@@ -123,10 +123,12 @@ def launch_key(modifier) -> tuple | None:
     alive by the key, so its id cannot be reused) and its runtime arguments' identities."""
     if modifier is None:
         return None
-    return (modifier.device_fn, tuple(_arg_key(a) for a in modifier.args))
+    return (modifier.device_fn, tuple(argument_key(a) for a in modifier.args))
 
 
-def _arg_key(arg):
+def argument_key(arg):
+    """Hashable identity of a runtime argument: a tensor by address, shape, dtype, device and version
+    (written in place: a new key), anything else by value."""
     if isinstance(arg, torch.Tensor):
         return ("tensor", arg.data_ptr(), tuple(arg.shape), str(arg.dtype), str(arg.device), arg._version)
     return ("scalar", arg)

@@ -103,6 +103,10 @@ def test_flex_block_mask_conversion_matches_our_builder():
     converted = K.from_flex_block_mask(flex_mask)
     assert (converted.block_m, converted.block_n) == (32, 32)
     assert torch.equal(converted.tile_classes(), ours.tile_classes())
+    assert K.from_flex_block_mask(flex_mask) is converted            # converted once per Flex mask
+    flex_mask.kv_num_blocks.zero_()                                   # written in place: converted again
+    again = K.from_flex_block_mask(flex_mask)
+    assert again is not converted and not torch.equal(again.tile_classes(), converted.tile_classes())
 
 
 @settings(max_examples=25, deadline=None)

@@ -166,6 +166,13 @@ def test_replay_keys_separate_what_reaches_the_kernel(fake_cuda):
         variants["pipeline"] = key()
     assert all(value is not None for value in variants.values())
     assert len({base, *variants.values()}) == len(variants) + 1, "two call variants share a replay key"
+    built = K.build_block_mask(K.causal(), 1, 2, 64, 64, block_m=32, block_n=16, device="cpu")
+    rewrapped = K.BlockMask(built.kv_num_blocks, built.kv_indices, built.full_kv_num_blocks, built.full_kv_indices,
+                            32, 16, 64, 64)                       # what the custom op rebuilds on every call
+    assert key(block_mask=rewrapped) == key(block_mask=built)
+    copied = K.BlockMask(built.kv_num_blocks.clone(), built.kv_indices, built.full_kv_num_blocks,
+                         built.full_kv_indices, 32, 16, 64, 64)
+    assert key(block_mask=copied) != key(block_mask=built)
     doc_key = key(mask=doc)
     ids.add_(0)                                                       # written in place: a new version
     assert key(mask=doc) != doc_key
