@@ -85,6 +85,34 @@ def _current_device() -> int:
     return triton.runtime.driver.active.get_current_device()
 
 
+class LRUCache:
+    """At most ``capacity`` entries; the least recently used goes first. Replay state is kept per
+    call key, and keys need not repeat (document ids of every batch make new ones), so it is bounded
+    like the block-mask cache."""
+
+    def __init__(self, capacity: int):
+        self._items: OrderedDict = OrderedDict()
+        self._capacity = capacity
+
+    def get(self, key):
+        value = self._items.get(key)
+        if value is not None:
+            self._items.move_to_end(key)
+        return value
+
+    def put(self, key, value) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        if len(self._items) > self._capacity:
+            self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
 class LaunchPlans:
     """Kernel launches recorded per key and replayed with a later call's tensors (an LRU of plans).
 
@@ -101,9 +129,8 @@ class LaunchPlans:
     identity of every other tensor argument (block masks, modifier arguments), the config and the
     Pipeline (see :func:`replay_key`). Plans keep no reference to the recorded call's own tensors."""
 
-    def __init__(self, capacity: int = 512):
-        self._plans: OrderedDict = OrderedDict()
-        self._capacity = capacity
+    def __init__(self, capacity: int = 256):
+        self._plans = LRUCache(capacity)
 
     def replay(self, key, tensors: tuple) -> bool:
         """Launch the plan recorded under ``key`` with ``tensors``; False when there is none."""
@@ -117,10 +144,7 @@ class LaunchPlans:
         """:func:`launch`, recording the launch under ``key`` (unless None, or with ``warmup``)."""
         compiled = launch(kernel, grid, args, kwargs, warmup)
         if key is not None and not warmup:
-            self._plans[key] = _Plan(compiled, kernel, grid, args, kwargs, tensors)
-            self._plans.move_to_end(key)
-            if len(self._plans) > self._capacity:
-                self._plans.popitem(last=False)
+            self._plans.put(key, _Plan(compiled, kernel, grid, args, kwargs, tensors))
         return compiled
 
     def __len__(self) -> int:

@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 
 from . import _tuning_cache
-from ._launch import (LaunchPlans, fastest, interpreting, parallel_compiles, pipeline_scope, pipeline_variants,
-                      replay_key)
+from ._launch import (LaunchPlans, LRUCache, fastest, interpreting, parallel_compiles, pipeline_scope,
+                      pipeline_variants, replay_key)
 from .attention_fwd import load_kv_tile, tile_descriptor, tma_compatible, validate_inputs
 from .block_mask import BlockMask, block_mask_from_classes, build_block_mask
 from .masks import MaskMod, ScoreMod, allow_all, alibi, launch_key, softcap
@@ -653,9 +653,7 @@ def attention_backward(q, k, v, out, lse, dout, *, dlse=None, mask_mod: MaskMod 
         resolved = _resolve(q, k, v, out, lse, dout, dlse, mask_mod, score_mod, block_mask, scale, enable_gqa,
                             dq_mode, config, dq_write, key)
         if key is not None:
-            if len(_resolved_calls) >= 1024:
-                _resolved_calls.clear()
-            _resolved_calls[key] = resolved
+            _resolved_calls.put(key, resolved)
     config, masks_for, mask_mod, scale = resolved
     q, k, v, out, dout = (_contiguous(t) for t in (q, k, v, out, dout))
     lse = lse.contiguous()
@@ -665,7 +663,7 @@ def attention_backward(q, k, v, out, lse, dout, *, dlse=None, mask_mod: MaskMod 
     return dq, buffers.dk, buffers.dv
 
 
-_resolved_calls: dict = {}   # replay key -> (config, masks_for, mask_mod, scale) of a checked call
+_resolved_calls = LRUCache(64)   # replay key -> (config, masks_for, mask_mod, scale) of a checked call
 
 
 def _call_key(q, k, v, out, lse, dout, dlse, mask_mod, score_mod, block_mask, scale, enable_gqa, dq_mode, config,

@@ -17,8 +17,8 @@ import triton
 import triton.language as tl
 
 from . import _tuning_cache
-from ._launch import (LaunchPlans, check_device, device_allocator, fastest, interpreting, parallel_compiles,
-                      pipeline_scope, pipeline_variants, replay_key)
+from ._launch import (LaunchPlans, LRUCache, check_device, device_allocator, fastest, interpreting,
+                      parallel_compiles, pipeline_scope, pipeline_variants, replay_key)
 from .block_mask import BlockMask, build_block_mask
 from .masks import MaskMod, ScoreMod, allow_all, launch_key
 
@@ -473,7 +473,7 @@ def _tuning_key(q, k, v, mask_mod, score_mod, block_mask):
             None if block_mask is None else (block_mask.block_m, block_mask.block_n))
 
 
-_resolved_calls: dict = {}   # replay key -> (config, block mask, mask_mod, scale) of a checked call
+_resolved_calls = LRUCache(64)   # replay key -> (config, block mask, mask_mod, scale) of a checked call
 
 
 def attention_forward(q, k, v, *, mask_mod: MaskMod | None = None, score_mod: ScoreMod | None = None,
@@ -489,9 +489,7 @@ def attention_forward(q, k, v, *, mask_mod: MaskMod | None = None, score_mod: Sc
     if resolved is None:
         resolved = _resolve(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, config, key)
         if key is not None:
-            if len(_resolved_calls) >= 1024:
-                _resolved_calls.clear()
-            _resolved_calls[key] = resolved
+            _resolved_calls.put(key, resolved)
     config, masks, mask_mod, scale = resolved
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)

@@ -227,7 +227,8 @@ def main() -> int:
 def write_markdown(report: dict, out_dir: str) -> None:
     lines = ["# Host time vs GPU time per attention call", "",
              f"- command: `{report['command']}`",
-             f"- GPU: {report['gpu']}; torch {report['torch']}; triton {report['triton']}; date {report['date_utc']} UTC",
+             f"- GPU: {report['gpu']}; torch {report['torch']}; triton {report['triton']}; "
+             f"date {report['date_utc']} UTC",
              "- host µs: wall time per call while the GPU is kept busy; GPU µs: events around the same calls run "
              "back to back; host > GPU means the call is host-bound. do_bench µs: `triton.testing.do_bench` "
              "median of the call (what bench_attention.py reports).", "",

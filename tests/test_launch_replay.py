@@ -85,8 +85,8 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(_launch, "launch", fake_launch)
     monkeypatch.setattr(A, "_PLANS", CheckingPlans(log))
     monkeypatch.setattr(B, "_PLANS", CheckingPlans(log))
-    monkeypatch.setattr(A, "_resolved_calls", {})
-    monkeypatch.setattr(B, "_resolved_calls", {})
+    monkeypatch.setattr(A, "_resolved_calls", _launch.LRUCache(64))
+    monkeypatch.setattr(B, "_resolved_calls", _launch.LRUCache(64))
     return log
 
 
@@ -217,3 +217,14 @@ def test_plans_keep_no_tensor_of_the_recording_call(monkeypatch):
     assert plans.replay("key", (q2, k2)) and not plans.replay("other", (q2, k2))
     (_, grid, values), = log
     assert grid == (2, 1, 1) and values[0].base is q2 and values[1] is k2 and values[2] == 3
+
+
+def test_replay_state_is_bounded():
+    """Keys need not repeat (new document ids every batch): the caches forget the least recently used."""
+    cache = _launch.LRUCache(2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1                   # "a" is now the most recently used
+    cache.put("c", 3)
+    assert cache.get("b") is None and cache.get("a") == 1 and cache.get("c") == 3 and len(cache) == 2
+    assert A._resolved_calls._capacity <= 64 and B._resolved_calls._capacity <= 64
