@@ -215,6 +215,12 @@ def parallel_compiles():
     if interpreting() or threads == 1 or _async_compile.active_mode.get() is not None:
         yield
         return
+    # Hooked in before the first submit: a candidate compiling outside tritonpatch's hook does not take
+    # its LLVM-option scope, so it could run while another candidate's Pipeline (disable-lsr) has
+    # options applied process-wide, and be built and cached with them (seen on Triton 3.9).
+    import tritonpatch
+
+    tritonpatch.install()
     with ThreadPoolExecutor(threads, thread_name_prefix="tritonpatch-compile") as executor, \
             _async_compile.AsyncCompileMode(executor, ignore_errors=True):
         yield

@@ -77,6 +77,24 @@ def test_mask_parameters_are_runtime_arguments():
     assert K.causal().device_fn is not K.prefix_lm(3).device_fn
 
 
+def test_parallel_compiles_hook_tritonpatch_in_before_the_first_submit(monkeypatch):
+    """A candidate that starts compiling before tritonpatch is hooked in does not take the LLVM-option
+    scope, so it can run while another candidate's Pipeline has disable-lsr applied process-wide and be
+    built (and cached) with it; seen on Triton 3.9 under load. parallel_compiles installs first."""
+    import tritonpatch
+    from tritonpatch.kernels._launch import parallel_compiles
+
+    was_installed = tritonpatch.installed()
+    tritonpatch.uninstall()
+    monkeypatch.setenv("TRITONPATCH_COMPILE_THREADS", "2")
+    try:
+        with parallel_compiles():
+            assert tritonpatch.installed()
+    finally:
+        if not was_installed:
+            tritonpatch.uninstall()
+
+
 def test_parallel_tuning_compiles_match_sequential_ones(monkeypatch, fresh_compiles):
     """The tuner compiles its candidates on worker threads (``parallel_compiles``): each binary, the
     disable-lsr Pipeline variant's included, is the one a sequential compile on this thread gives."""
