@@ -11,7 +11,6 @@ the old code and the interpreter is on.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import inspect
 from collections import OrderedDict
@@ -86,9 +85,8 @@ def _current_device() -> int:
 
 
 class LRUCache:
-    """At most ``capacity`` entries; the least recently used goes first. Replay state is kept per
-    call key, and keys need not repeat (document ids of every batch make new ones), so it is bounded
-    like the block-mask cache."""
+    """At most ``capacity`` entries; the least recently used goes first. For the block-mask caches
+    and the replay state, whose keys need not repeat (document ids of every batch make new ones)."""
 
     def __init__(self, capacity: int):
         self._items: OrderedDict = OrderedDict()
@@ -173,9 +171,7 @@ class _Plan:
                 if value is tensor:
                     self.slots.append((i, j, None))
                 elif isinstance(value, TensorDescriptor) and value.base is tensor:
-                    template = copy.copy(value)
-                    template.base = None
-                    self.slots.append((i, j, template))
+                    self.slots.append((i, j, _with_base(value, None)))
                 else:
                     continue
                 values[i] = None
@@ -187,16 +183,19 @@ class _Plan:
         """The argument values (parameter order) of a launch with ``tensors``."""
         values = list(self.values)
         for i, j, template in self.slots:
-            if template is None:
-                values[i] = tensors[j]
-            else:   # a shallow copy (copy.copy takes several µs) with this call's tensor as base
-                descriptor = object.__new__(type(template))
-                descriptor.__dict__.update(template.__dict__, base=tensors[j])
-                values[i] = descriptor
+            values[i] = tensors[j] if template is None else _with_base(template, tensors[j])
         return values
 
     def launch(self, tensors: tuple) -> None:
         self.runner(*self.values_for(tensors))
+
+
+def _with_base(descriptor, base):
+    """A shallow copy of a TMA descriptor over ``base`` (``copy.copy`` takes several µs; the
+    dataclass constructor re-validates every field)."""
+    copied = object.__new__(type(descriptor))
+    copied.__dict__.update(descriptor.__dict__, base=base)
+    return copied
 
 
 @contextlib.contextmanager

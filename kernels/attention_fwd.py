@@ -8,7 +8,6 @@ Returns the output and the natural-log log-sum-exp per query row (for the backwa
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -402,8 +401,8 @@ def _launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_m
     if not config.split:
         return _launch_pass(q, k, v, out, lse, block_mask, mask_mod, score_mod, scale, config, ALL_TILES, warmup,
                             plan_key)
-    full_pass = dataclasses.replace(config, split=False)
-    _launch_pass(q, k, v, out, lse, block_mask, mask_mod, score_mod, scale, full_pass, FULL_TILES, warmup,
+    # the first pass is the warp-specialized kernel of this config (``split`` is not read per pass)
+    _launch_pass(q, k, v, out, lse, block_mask, mask_mod, score_mod, scale, config, FULL_TILES, warmup,
                  None if plan_key is None else (plan_key, FULL_TILES))
     return _launch_pass(q, k, v, out, lse, block_mask, mask_mod, score_mod, scale, SPLIT_PARTIAL_CONFIG,
                         PARTIAL_TILES, warmup, None if plan_key is None else (plan_key, PARTIAL_TILES))
@@ -551,7 +550,8 @@ def _tune(q, k, v, mask_mod, score_mod, block_mask, scale, masks_for, plan_key=N
     out = torch.empty_like(q, memory_format=torch.contiguous_format)   # scratch for the timed candidates
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     candidates = candidate_configs(q.shape[-1], q.device)
-    if not tma_compatible(q, k, v, out):
+    tma_ok = tma_compatible(q, k, v, out)
+    if not tma_ok:
         candidates = [c for c in candidates if not c.use_tma]
     else:
         candidates += [ws for ws in (WARP_SPECIALIZED_CONFIG, SPLIT_CONFIG)
@@ -564,7 +564,7 @@ def _tune(q, k, v, mask_mod, score_mod, block_mask, scale, masks_for, plan_key=N
         best = candidates[0]
     else:
         disk_key = _tuning_cache.tuning_key("attention_fwd", q, k, mask_mod, score_mod, block_mask,
-                                            tma=tma_compatible(q, k, v, out), code=_attn_fwd_kernel.cache_key)
+                                            tma=tma_ok, code=_attn_fwd_kernel.cache_key)
         best = _tuning_cache.by_label(candidates, (_tuning_cache.lookup(disk_key) or {}).get("config"))
         if best is None:
             def launch_config(cfg, warmup=False):

@@ -12,20 +12,18 @@ under ``TRITON_INTERPRET=1``). Results are cached per (mask values, shape, block
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from ._launch import check_device
+from ._launch import LRUCache, check_device
 from .masks import MaskMod, argument_key
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
-_CACHE_SIZE = 64
-_cache: "OrderedDict[tuple, BlockMask]" = OrderedDict()
-_flex_cache: OrderedDict = OrderedDict()   # Flex BlockMask tensors' identities -> (those tensors, converted)
+_cache = LRUCache(64)        # (mask values, shape, tiles, device, method) -> BlockMask
+_flex_cache = LRUCache(64)   # Flex BlockMask tensors' identities -> (those tensors, the converted BlockMask)
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,16 +98,13 @@ def build_block_mask(mask_mod: MaskMod, batch: int, heads: int, q_len: int, kv_l
     key = (mask_mod.cache_key(), mask_batch, mask_heads, q_len, kv_len, block_m, block_n, str(device), use_rule)
     cached = _cache.get(key)
     if cached is not None:
-        _cache.move_to_end(key)
         return cached
     if use_rule:
         classes = _classify_by_rule(mask_mod, mask_batch, mask_heads, q_len, kv_len, block_m, block_n, device)
     else:
         classes = _classify_by_kernel(mask_mod, mask_batch, mask_heads, q_len, kv_len, block_m, block_n, device)
     result = block_mask_from_classes(classes, block_m, block_n, q_len, kv_len)
-    _cache[key] = result
-    if len(_cache) > _CACHE_SIZE:
-        _cache.popitem(last=False)
+    _cache.put(key, result)
     return result
 
 
@@ -201,12 +196,9 @@ def from_flex_block_mask(flex_mask) -> BlockMask:
     key = (tuple(argument_key(t) for t in tensors), tuple(flex_mask.BLOCK_SIZE), tuple(flex_mask.seq_lengths))
     cached = _flex_cache.get(key)
     if cached is not None:
-        _flex_cache.move_to_end(key)
         return cached[1]
     result = _convert_flex_block_mask(flex_mask)
-    _flex_cache[key] = (tensors, result)   # the entry keeps the tensors, so their addresses are not reused
-    if len(_flex_cache) > _CACHE_SIZE:
-        _flex_cache.popitem(last=False)
+    _flex_cache.put(key, (tensors, result))   # the entry keeps the tensors, so their addresses are not reused
     return result
 
 
