@@ -2,8 +2,10 @@
 score mods, pointer and TMA load paths."""
 from __future__ import annotations
 
+import ast
 import contextlib
 import re
+import threading
 
 import pytest
 import torch
@@ -110,6 +112,16 @@ def test_parallel_tuning_compiles_match_sequential_ones(monkeypatch, fresh_compi
         pytest.skip("tritonpatch._native is not usable here (no Pipeline variant to carry)")
     monkeypatch.setattr(driver, "_active", CompileOnlyDriver())
     monkeypatch.setenv("TRITONPATCH_COMPILE_THREADS", "2")
+    # Triton parses each JIT function's source on every compile; on CPython 3.11 two threads building
+    # ASTs at once can fail with "AST constructor recursion depth mismatch" (CPython gh-106905). The
+    # tuner recompiles such a candidate at launch; this test compares binaries, so it parses one at a time.
+    parse, parse_lock = ast.parse, threading.Lock()
+
+    def parse_alone(*args, **kwargs):
+        with parse_lock:
+            return parse(*args, **kwargs)
+
+    monkeypatch.setattr(ast, "parse", parse_alone)
     kernel = A._attn_fwd_kernel
     base = [A.FwdConfig(128, 64, 4, 2, True), A.FwdConfig(128, 64, 4, 2)]
     configs = base + pipeline_variants(base[:1])
