@@ -8,10 +8,19 @@ Q and dO through device-side TMA descriptors as in the forward's variant) with a
 the per-row statistics and the operands, and reports whether the compile succeeds and how many warps
 and ``ttg.warp_specialize`` regions it produces.
 
-Usage: python scripts/probe_ws_backward.py      (prints one line per variant)
+``--gpu`` (a Hopper GPU): the loop as a kernel's only work (no mask: every q tile is walked),
+fp32 dK/dV sums stored through pointers or descriptors. For each variant: whether the warp-specialized
+build's sums equal the same kernel built without specialization bit for bit, and the ``do_bench``
+median at B*H=64, S=8192, D=128 against the unspecialized 8-warp kernel (our dK/dV kernel's tiles).
+
+Usage: python scripts/probe_ws_backward.py         (compile-only; one line per variant)
+       python scripts/probe_ws_backward.py --gpu   (correctness and time of the specialized loop)
 """
 from __future__ import annotations
 
+import sys
+
+import torch
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
@@ -89,5 +98,83 @@ def main() -> None:
                       f"{result}", flush=True)
 
 
+@triton.jit
+def _dkdv_sums(Q, K, V, DO, DK, DV, LSE, DELTA, seq_len, qk_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               HEAD_DIM: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, STORE_BY_DESCRIPTOR: tl.constexpr):
+    """dK/dV fp32 sums of one kv tile over all q tiles of one (batch, head): every tile and the kv tile
+    through descriptors, lse/delta by pointer; the sums stored through pointers or descriptors."""
+    start_n = tl.program_id(0) * BLOCK_N
+    bh = tl.program_id(1)
+    base = bh * seq_len * HEAD_DIM
+    q_desc = tl.make_tensor_descriptor(Q + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
+    do_desc = tl.make_tensor_descriptor(DO + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
+    k = tl.make_tensor_descriptor(K + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).load([start_n, 0])
+    v = tl.make_tensor_descriptor(V + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).load([start_n, 0])
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    for t in tl.range(0, seq_len // BLOCK_M, warp_specialize=WARP_SPECIALIZE):
+        rows = t * BLOCK_M + tl.arange(0, BLOCK_M)
+        q = q_desc.load([t * BLOCK_M, 0])
+        do = do_desc.load([t * BLOCK_M, 0])
+        lse2 = tl.load(LSE + bh * seq_len + rows) * 1.4426950408889634
+        delta = tl.load(DELTA + bh * seq_len + rows)
+        p = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse2[None, :])
+        dv = tl.dot(p.to(do.dtype), do, dv)
+        dk = tl.dot((p * (tl.dot(v, tl.trans(do)) - delta[None, :])).to(q.dtype), q, dk)
+    if STORE_BY_DESCRIPTOR:
+        tl.make_tensor_descriptor(DK + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).store([start_n, 0], dk)
+        tl.make_tensor_descriptor(DV + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).store([start_n, 0], dv)
+    else:
+        offsets = base + (start_n + tl.arange(0, BLOCK_N))[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+        tl.store(DK + offsets, dk)
+        tl.store(DV + offsets, dv)
+
+
+# (BLOCK_M, num_warps, num_stages, warp_specialize, store_by_descriptor); BLOCK_N = 128, D = 128
+GPU_VARIANTS = [(64, 8, 3, False, False), (64, 8, 2, False, False),     # our dK/dV kernel's tiles, unspecialized
+                (64, 4, 2, True, False), (32, 4, 2, True, False),       # specialized, pointer stores
+                (32, 4, 2, True, True), (64, 4, 1, True, True),         # specialized, descriptor stores
+                (64, 4, 2, True, True)]
+
+
+def gpu_main(heads: int = 64, seq_len: int = 8192, head_dim: int = 128) -> None:
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(heads, seq_len, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+                   for _ in range(4))
+    lse = torch.randn(heads, seq_len, device="cuda", generator=gen) + 12.0   # rows of ~e^12 total weight
+    delta = torch.randn(heads, seq_len, device="cuda", generator=gen)
+    print(f"triton {triton.__version__}, {torch.cuda.get_device_name()}, B*H={heads} S={seq_len} D={head_dim} "
+          f"BLOCK_N=128; times are do_bench medians")
+
+    def run(block_m, warps, stages, warp_specialize, by_descriptor):
+        dk, dv = (torch.full((heads, seq_len, head_dim), float("nan"), device="cuda") for _ in range(2))
+        launch = lambda: _dkdv_sums[(seq_len // 128, heads)](  # noqa: E731
+            q, k, v, do, dk, dv, lse, delta, seq_len, head_dim ** -0.5 * 1.4426950408889634, BLOCK_M=block_m,
+            BLOCK_N=128, HEAD_DIM=head_dim, WARP_SPECIALIZE=warp_specialize, STORE_BY_DESCRIPTOR=by_descriptor,
+            num_warps=warps, num_stages=stages)
+        launch()
+        torch.cuda.synchronize()
+        return dk, dv, triton.testing.do_bench(launch, warmup=25, rep=100, return_mode="median")
+
+    baseline_ms = None
+    for block_m, warps, stages, warp_specialize, by_descriptor in GPU_VARIANTS:
+        name = (f"BM{block_m} w{warps} s{stages} {'specialized' if warp_specialize else 'plain'}, "
+                f"stores by {'descriptor' if by_descriptor else 'pointer'}")
+        try:
+            dk, dv, ms = run(block_m, warps, stages, warp_specialize, by_descriptor)
+            ref_dk, ref_dv, _ = run(block_m, 8, 2, False, False) if warp_specialize else (dk, dv, ms)
+        except Exception as error:   # out of shared memory: the finding
+            print(f"{name:55s} | FAILED ({type(error).__name__}: {str(error).splitlines()[0][:90]})", flush=True)
+            continue
+        baseline_ms = baseline_ms or ms
+        if torch.equal(dk, ref_dk) and torch.equal(dv, ref_dv):
+            verdict = "bitwise equal to the unspecialized build"
+        else:
+            diff = max(((a - b).abs().max() / b.abs().max()).item() for a, b in ((dk, ref_dk), (dv, ref_dv)))
+            verdict = f"differs from the unspecialized build (max |diff| / max |ref| = {diff:.3g})"
+        print(f"{name:55s} | {ms:7.3f} ms ({baseline_ms / ms:4.2f}x the first row) | {verdict}", flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    gpu_main() if sys.argv[1:] == ["--gpu"] else main()
