@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 
 from . import _tuning_cache
-from ._launch import (LaunchPlans, LRUCache, device_allocator, fastest, interpreting, parallel_compiles, pipeline_scope,
-                      pipeline_variants, replay_key)
+from ._launch import (LaunchPlans, LRUCache, device_allocator, fastest, interpreting, parallel_compiles,
+                      pipeline_scope, pipeline_variants, replay_key)
 from .attention_fwd import (ALL_TILES, FULL_TILES, PARTIAL_TILES, load_kv_tile, tile_descriptor, tma_compatible,
                             validate_inputs)
 from .block_mask import BlockMask, block_mask_from_classes, build_block_mask
@@ -239,69 +239,13 @@ def _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_
 
 
 @triton.jit
-def _attn_bwd_dkdv_full_tiles_kernel(Q, K, V, DO, DK_FULL, DV_FULL, LSE, DELTA,
-                                     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-                                     stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
-                                     stride_fb, stride_fh, stride_lb, stride_lh,
-                                     full_num, full_ids, stride_nb, stride_nh, stride_ib, stride_ih, stride_in,
-                                     num_heads, group_size, q_len, kv_len, qk_scale,
-                                     MASK_BLOCK_N: tl.constexpr, SUB_M: tl.constexpr, BLOCK_M: tl.constexpr,
-                                     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """The first pass of the split dK/dV (``KernelConfig.warp_specialize``): one program per (kv tile,
-    batch * query head) walks only the *full* q tiles of its kv block (no mask work, so any mask) in
-    one loop that Triton 3.6 warp-specializes on Hopper (a TMA producer warp and two consumer
-    warpgroups, 168 registers, no spills). Triton specializes it only with the kv tile and the looped
-    tiles loaded through device-side descriptors (scripts/probe_ws_backward.py). It stores the fp32
-    sums (dK unscaled) per *query* head in DK_FULL / DV_FULL ``[B, H, Skv, D]``; the second pass
-    (``TILES=PARTIAL_TILES``) adds the partial tiles and reduces GQA groups. Lengths are multiples
-    of the tiles (see :func:`warp_specialize_problem`). Correct, but slower than the one-kernel dK/dV
-    on the H200 (docs/benchmarks/warp_specialization.md)."""
-    n_tile = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // num_heads
-    h = bh % num_heads
-    kv_h = h // group_size
-    start_n = n_tile * BLOCK_N
-    q_desc = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, [q_len, HEAD_DIM], [stride_qm, 1],
-                                       [BLOCK_M, HEAD_DIM])
-    do_desc = tl.make_tensor_descriptor(DO + b * stride_dob + h * stride_doh, [q_len, HEAD_DIM], [stride_dom, 1],
-                                        [BLOCK_M, HEAD_DIM])
-    lse_src = LSE + b * stride_lb + h * stride_lh
-    delta_src = DELTA + b * stride_lb + h * stride_lh
-    k = tl.make_tensor_descriptor(K + b * stride_kb + kv_h * stride_kh, [kv_len, HEAD_DIM], [stride_kn, 1],
-                                  [BLOCK_N, HEAD_DIM]).load([start_n, 0])
-    v = tl.make_tensor_descriptor(V + b * stride_vb + kv_h * stride_vh, [kv_len, HEAD_DIM], [stride_vn, 1],
-                                  [BLOCK_N, HEAD_DIM]).load([start_n, 0])
-    mask_block = start_n // MASK_BLOCK_N
-    num_tiles = tl.load(full_num + b * stride_nb + h * stride_nh + mask_block)
-    tile_ids = full_ids + b * stride_ib + h * stride_ih + mask_block * stride_in
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    for t in tl.range(0, num_tiles * SUB_M, warp_specialize=True):
-        start_m = tl.load(tile_ids + t // SUB_M) * (SUB_M * BLOCK_M) + (t % SUB_M) * BLOCK_M
-        q = q_desc.load([start_m, 0])
-        do = do_desc.load([start_m, 0])
-        lse2 = tl.load(lse_src + start_m + tl.arange(0, BLOCK_M)) * 1.4426950408889634
-        delta = tl.load(delta_src + start_m + tl.arange(0, BLOCK_M))
-        p = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse2[None, :])     # P^T [BLOCK_N, BLOCK_M]
-        dv = tl.dot(p.to(do.dtype), do, dv)
-        ds = p * (tl.dot(v, tl.trans(do)) - delta[None, :])
-        dk = tl.dot(ds.to(q.dtype), q, dk)
-    # through descriptors: pointer stores of the specialized loop's results come out wrong (NaN)
-    tl.make_tensor_descriptor(DK_FULL + b * stride_fb + h * stride_fh, [kv_len, HEAD_DIM], [HEAD_DIM, 1],
-                              [BLOCK_N, HEAD_DIM]).store([start_n, 0], dk)
-    tl.make_tensor_descriptor(DV_FULL + b * stride_fb + h * stride_fh, [kv_len, HEAD_DIM], [HEAD_DIM, 1],
-                              [BLOCK_N, HEAD_DIM]).store([start_n, 0], dv)
-
-
-@triton.jit
-def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ_ACC, LSE, DELTA, DK_FULL, DV_FULL,
+def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ_ACC, LSE, DELTA,
                           stride_qb, stride_qh, stride_qm, stride_qd,
                           stride_kb, stride_kh, stride_kn, stride_kd,
                           stride_vb, stride_vh, stride_vn, stride_vd,
                           stride_dob, stride_doh, stride_dom, stride_dod,
                           stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-                          stride_qab, stride_qah, stride_qam, stride_fb, stride_fh,
+                          stride_qab, stride_qah, stride_qam,
                           stride_lb, stride_lh,
                           partial_num, partial_ids, full_num, full_ids,
                           stride_nb, stride_nh, stride_ib, stride_ih, stride_in,
@@ -309,11 +253,9 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ_ACC, LSE, DELTA, DK_FULL, DV_F
                           MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, SCORE_GRAD_FN: tl.constexpr,
                           HAS_SCORE: tl.constexpr, DQ_WRITE: tl.constexpr, USE_TMA: tl.constexpr,
                           MASK_BLOCK_N: tl.constexpr, SUB_M: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, TILES: tl.constexpr):
+                          BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
     """One program per (kv tile, batch * kv head); loops over the ``group_size`` query heads (GQA).
-    With USE_TMA, Q and DO are 4-D tensor descriptors (``[1, 1, BLOCK_M, HEAD_DIM]`` blocks).
-    TILES: ``ALL_TILES``, or ``PARTIAL_TILES`` (the split's second pass: instead of walking the full
-    tiles it adds the first pass's per-query-head sums from DK_FULL / DV_FULL)."""
+    With USE_TMA, Q and DO are 4-D tensor descriptors (``[1, 1, BLOCK_M, HEAD_DIM]`` blocks)."""
     n_tile = tl.program_id(0)
     bkv = tl.program_id(1)
     kv_heads = num_heads // group_size
@@ -345,16 +287,11 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQ_ACC, LSE, DELTA, DK_FULL, DV_F
             dq_src = DQ_ACC + b * stride_qab + h * stride_qah
         num_off = b * stride_nb + h * stride_nh + mask_block
         ids_off = b * stride_ib + h * stride_ih + mask_block * stride_in
-        if TILES == 2:   # PARTIAL_TILES
-            sums_off = b * stride_fb + h * stride_fh + kv_idx[:, None] * HEAD_DIM + offs_d[None, :]
-            dk += tl.load(DK_FULL + sums_off, mask=kv_ok, other=0.0)
-            dv += tl.load(DV_FULL + sums_off, mask=kv_ok, other=0.0)
-        else:
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_qm, stride_qd,
-                                 stride_dom, stride_dod, stride_qam, tl.load(full_num + num_off), full_ids + ids_off,
-                                 b, h, kv_idx, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
-                                 MASK_FN, SCORE_FN, SCORE_GRAD_FN, False, HAS_SCORE, DQ_WRITE, USE_TMA, SUB_M,
-                                 BLOCK_M, HEAD_DIM)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_qm, stride_qd,
+                             stride_dom, stride_dod, stride_qam, tl.load(full_num + num_off), full_ids + ids_off,
+                             b, h, kv_idx, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
+                             MASK_FN, SCORE_FN, SCORE_GRAD_FN, False, HAS_SCORE, DQ_WRITE, USE_TMA, SUB_M, BLOCK_M,
+                             HEAD_DIM)
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_src, stride_qm, stride_qd,
                              stride_dom, stride_dod, stride_qam, tl.load(partial_num + num_off),
                              partial_ids + ids_off, b, h, kv_idx, q_len, kv_len, sm_scale, qk_scale, mask_args,
@@ -400,7 +337,7 @@ def _dq_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride
 
 
 @triton.jit
-def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA, DLSE,
+def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, DQ_PARTIAL, LSE, DELTA, DLSE,
                         stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -414,10 +351,12 @@ def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA, DLSE,
                         MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, SCORE_GRAD_FN: tl.constexpr,
                         HAS_SCORE: tl.constexpr, HAS_DLSE: tl.constexpr, USE_TMA: tl.constexpr,
                         MASK_BLOCK_M: tl.constexpr, SUB_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        HEAD_DIM: tl.constexpr):
+                        HEAD_DIM: tl.constexpr, TILES: tl.constexpr):
     """One program per (q tile, batch * head). Computes delta = rowsum(dO * O) (- dlse) itself and
     stores it for the dK/dV kernel that runs next (the fused preprocessing). With USE_TMA, K and V
-    are 4-D tensor descriptors (``[1, 1, BLOCK_N, HEAD_DIM]`` blocks)."""
+    are 4-D tensor descriptors (``[1, 1, BLOCK_N, HEAD_DIM]`` blocks). TILES: ``ALL_TILES``, or
+    ``PARTIAL_TILES`` (the first pass of the split dQ: only the partial tiles, their fp32 sum stored
+    unscaled in DQ_PARTIAL for :func:`_attn_bwd_dq_full_tiles_kernel`)."""
     m_tile = tl.num_programs(0) - 1 - tl.program_id(0)   # causal-like masks: heaviest tiles first
     bh = tl.program_id(1)
     b = bh // num_heads
@@ -449,16 +388,71 @@ def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA, DLSE,
     num_off = b * stride_nb + h * stride_nh + mask_block
     ids_off = b * stride_ib + h * stride_ih + mask_block * stride_iq
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    dq = _dq_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
-                   tl.load(full_num + num_off), full_ids + ids_off, b, h, kv_h, q_idx, kv_len, sm_scale, qk_scale,
-                   mask_args, score_args, MASK_FN, SCORE_FN, SCORE_GRAD_FN, False, HAS_SCORE, USE_TMA, SUB_N, BLOCK_N,
-                   HEAD_DIM)
+    if TILES != 2:
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                       tl.load(full_num + num_off), full_ids + ids_off, b, h, kv_h, q_idx, kv_len, sm_scale, qk_scale,
+                       mask_args, score_args, MASK_FN, SCORE_FN, SCORE_GRAD_FN, False, HAS_SCORE, USE_TMA, SUB_N,
+                       BLOCK_N, HEAD_DIM)
     dq = _dq_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                    tl.load(partial_num + num_off), partial_ids + ids_off, b, h, kv_h, q_idx, kv_len, sm_scale,
                    qk_scale, mask_args, score_args, MASK_FN, SCORE_FN, SCORE_GRAD_FN, True, HAS_SCORE, USE_TMA, SUB_N,
                    BLOCK_N, HEAD_DIM)
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
-             (dq * sm_scale).to(q.dtype), mask=row_ok[:, None])
+    dq_off = b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
+    if TILES == 2:   # PARTIAL_TILES: DQ_PARTIAL has DQ's (contiguous) strides
+        tl.store(DQ_PARTIAL + dq_off, dq, mask=row_ok[:, None])
+    else:
+        tl.store(DQ + dq_off, (dq * sm_scale).to(q.dtype), mask=row_ok[:, None])
+
+
+@triton.jit
+def _attn_bwd_dq_full_tiles_kernel(Q, K, V, DO, DQ, DQ_PARTIAL, LSE, DELTA,
+                                   stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                                   stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+                                   stride_dqb, stride_dqh, stride_dqm, stride_lb, stride_lh,
+                                   full_num, full_ids, stride_nb, stride_nh, stride_ib, stride_ih, stride_iq,
+                                   num_heads, group_size, q_len, kv_len, sm_scale, qk_scale,
+                                   MASK_BLOCK_M: tl.constexpr, SUB_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """The second pass of the split dQ (``KernelConfig.warp_specialize``): one program per (q tile,
+    batch * head) starts from the first pass's partial-tile sum (DQ_PARTIAL, fp32, DQ's strides) and
+    walks the *full* kv tiles (no mask work, so any mask) in one loop that Triton 3.6 warp-specializes
+    on Hopper: a TMA producer warp and two consumer warpgroups, 1.15-1.19x the plain loop on the H200
+    (scripts/probe_ws_backward.py --gpu). Triton specializes it only when Q, dO and the row
+    statistics before the loop and K, V in it come through device-side descriptors; the first pass's
+    sum comes in and dQ leaves through descriptors too (on the H200, a pointer-loaded start value gave
+    wrong, run-to-run different dQ, and pointer stores of such a loop's results are wrong). Lengths are multiples
+    of the tiles (see :func:`warp_specialize_problem`)."""
+    m_tile = tl.num_programs(0) - 1 - tl.program_id(0)   # causal-like masks: heaviest tiles first
+    bh = tl.program_id(1)
+    b = bh // num_heads
+    h = bh % num_heads
+    kv_h = h // group_size
+    start_m = m_tile * BLOCK_M
+    k_desc = tl.make_tensor_descriptor(K + b * stride_kb + kv_h * stride_kh, [kv_len, HEAD_DIM], [stride_kn, 1],
+                                       [BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(V + b * stride_vb + kv_h * stride_vh, [kv_len, HEAD_DIM], [stride_vn, 1],
+                                       [BLOCK_N, HEAD_DIM])
+    q = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, [q_len, HEAD_DIM], [stride_qm, 1],
+                                  [BLOCK_M, HEAD_DIM]).load([start_m, 0])
+    do = tl.make_tensor_descriptor(DO + b * stride_dob + h * stride_doh, [q_len, HEAD_DIM], [stride_dom, 1],
+                                   [BLOCK_M, HEAD_DIM]).load([start_m, 0])
+    row_stats = b * stride_lb + h * stride_lh
+    lse2 = tl.make_tensor_descriptor(LSE + row_stats, [q_len], [1], [BLOCK_M]).load([start_m]) * 1.4426950408889634
+    delta = tl.make_tensor_descriptor(DELTA + row_stats, [q_len], [1], [BLOCK_M]).load([start_m])
+    dq_rows = b * stride_dqb + h * stride_dqh
+    dq = tl.make_tensor_descriptor(DQ_PARTIAL + dq_rows, [q_len, HEAD_DIM], [stride_dqm, 1],
+                                   [BLOCK_M, HEAD_DIM]).load([start_m, 0])
+    mask_block = start_m // MASK_BLOCK_M
+    num_tiles = tl.load(full_num + b * stride_nb + h * stride_nh + mask_block)
+    tile_ids = full_ids + b * stride_ib + h * stride_ih + mask_block * stride_iq
+    for t in tl.range(0, num_tiles * SUB_N, warp_specialize=True):
+        start_n = tl.load(tile_ids + t // SUB_N) * (SUB_N * BLOCK_N) + (t % SUB_N) * BLOCK_N
+        k = k_desc.load([start_n, 0])
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        ds = p * (tl.dot(do, tl.trans(v_desc.load([start_n, 0]))) - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+    tl.make_tensor_descriptor(DQ + dq_rows, [q_len, HEAD_DIM], [stride_dqm, 1], [BLOCK_M, HEAD_DIM]).store(
+        [start_m, 0], (dq * sm_scale).to(q.dtype))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,7 +470,7 @@ class KernelConfig:
     use_tma: bool = False   # the looped-over tiles (dK/dV: Q, dO; dQ: K, V) through TMA descriptors (Hopper+)
     pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
     pipeline_label: str = ""
-    warp_specialize: bool = False   # dK/dV only: the split (warp-specialized full tiles, SPLIT_PARTIAL_CONFIG)
+    warp_specialize: bool = False   # dQ only: the split (SPLIT_PARTIAL_DQ_CONFIG, then the specialized full tiles)
 
     def __post_init__(self):
         if self.warp_specialize and not (self.use_tma and self.num_warps == 4):
@@ -504,20 +498,19 @@ _DQ_CONFIGS = {
     128: [KernelConfig(128, 128, 8, 2, use_tma=True), KernelConfig(128, 64, 8, 3, use_tma=True),
           KernelConfig(128, 64, 8, 2, use_tma=True)],
 }
-# The split dK/dV (see _attn_bwd_dkdv_full_tiles_kernel): the warp-specialized full-tile pass, then the
-# partial tiles by the two-loop kernel with the same tiles.
-# BM32: with BM64 the descriptor stores of the fp32 sums need 264 KB of shared memory (the limit is 227 KB).
-WARP_SPECIALIZED_DKDV_CONFIG = KernelConfig(32, 128, 4, 2, use_tma=True, warp_specialize=True)
-SPLIT_PARTIAL_CONFIG = KernelConfig(32, 128, 8, 2)
+# The split dQ: the dQ kernel over the partial tiles (also computes delta), then the warp-specialized
+# full-tile kernel. BN64: with BN128 the specialized kernel needs 264 KB of shared memory (limit 227 KB).
+WARP_SPECIALIZED_DQ_CONFIG = KernelConfig(128, 64, 4, 2, use_tma=True, warp_specialize=True)
+SPLIT_PARTIAL_DQ_CONFIG = KernelConfig(128, 64, 8, 3, use_tma=True)
 _INTERPRETER_DKDV = KernelConfig(16, 32, 4, 1)
 _INTERPRETER_DQ = KernelConfig(32, 16, 4, 1)
 _PREPROCESS_BLOCK_M = 64
 
 
-def warp_specialize_problem(q, k, v, dout, score_mod, block_mask, dq_mode: str) -> str | None:
-    """Why the split dK/dV (:data:`WARP_SPECIALIZED_DKDV_CONFIG`) cannot run this call (None: it can).
-    Verified on Hopper with Triton 3.6 at D=128; its full-tile loop has no mask, score_mod or dQ work."""
-    config = WARP_SPECIALIZED_DKDV_CONFIG
+def warp_specialize_problem(q, k, v, dout, score_mod, block_mask) -> str | None:
+    """Why the split dQ (:data:`WARP_SPECIALIZED_DQ_CONFIG`) cannot run this call (None: it can).
+    Verified on Hopper with Triton 3.6 at D=128; its full-tile loop has no mask or score_mod work."""
+    config = WARP_SPECIALIZED_DQ_CONFIG
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
         return "needs a Hopper GPU (sm_90)"
     if not triton.__version__.startswith("3.6."):
@@ -526,10 +519,8 @@ def warp_specialize_problem(q, k, v, dout, score_mod, block_mask, dq_mode: str) 
         return "only head dim 128 is specialized"
     if score_mod is not None:
         return "does not take a score_mod"
-    if dq_mode != "separate":
-        return "computes no dQ: needs dq_mode='separate'"
-    if q.shape[2] % config.block_n or k.shape[2] % config.block_n:
-        return f"sequence lengths must be multiples of {config.block_n}"
+    if q.shape[2] % config.block_m or k.shape[2] % config.block_m:
+        return f"sequence lengths must be multiples of {config.block_m}"
     if not tma_compatible(q, k, v, dout):
         return "needs TMA-compatible tensors (unit stride in D, 16-byte aligned strides and base)"
     if block_mask is not None and (block_mask.block_m % config.block_m or block_mask.block_n % config.block_n):
@@ -642,91 +633,90 @@ def _launch_preprocess(out, dout, delta, dlse, dq_acc, plan_key=None):
 
 def _launch_dkdv(q, k, v, dout, dk, dv, dq_acc, lse, delta, tmask: TransposedBlockMask, mask_mod, score_mod,
                  scale, config: KernelConfig, dq_write: int, warmup: bool = False, plan_key=None):
-    """dK, dV (and dQ in atomic mode); with ``config.warp_specialize`` the split: the warp-specialized
-    full-tile pass, then :data:`SPLIT_PARTIAL_CONFIG`'s kernel over the partial tiles."""
-    if not config.warp_specialize:
-        _launch_dkdv_pass(q, k, v, dout, dk, dv, dq_acc, lse, delta, None, tmask, mask_mod, score_mod, scale, config,
-                          dq_write, ALL_TILES, warmup, plan_key)
-        return
-    full_sums = torch.empty((2,) + tuple(q.shape[:2]) + tuple(k.shape[2:]), dtype=torch.float32, device=q.device)
-    _launch_dkdv_full_tiles(q, k, v, dout, full_sums, lse, delta, tmask, scale, config, warmup, plan_key)
-    _launch_dkdv_pass(q, k, v, dout, dk, dv, dq_acc, lse, delta, full_sums, tmask, mask_mod, score_mod, scale,
-                      SPLIT_PARTIAL_CONFIG, dq_write, PARTIAL_TILES, warmup, plan_key)
-
-
-def _launch_dkdv_pass(q, k, v, dout, dk, dv, dq_acc, lse, delta, full_sums, tmask: TransposedBlockMask, mask_mod,
-                      score_mod, scale, config: KernelConfig, dq_write: int, tiles: int, warmup: bool, plan_key):
-    """One launch of ``_attn_bwd_dkdv_kernel`` over ``tiles`` (``full_sums``: the split's first-pass sums)."""
-    tensors = (q, k, v, dout, dk, dv, dq_acc, lse, delta, full_sums)
-    key = None if plan_key is None else (plan_key, "dkdv", config, dq_write, tiles)
+    tensors = (q, k, v, dout, dk, dv, dq_acc, lse, delta)
+    key = None if plan_key is None else (plan_key, "dkdv", config, dq_write)
     if not warmup and _PLANS.replay(key, tensors):
         return
     acc = dq_acc if dq_acc is not None else delta   # never written when dq_write == DQ_NONE
     if dq_write == DQ_TMA:
         acc = tile_descriptor(dq_acc, config.block_m)
     acc_strides = dq_acc.stride()[:3] if dq_acc is not None else (0, 0, 0)
-    sums = (full_sums[0], full_sums[1]) if full_sums is not None else (dk, dv)   # unread unless PARTIAL_TILES
-    sums_strides = full_sums.stride()[1:3] if full_sums is not None else (0, 0)
     q_in, dout_in = ((tile_descriptor(q, config.block_m), tile_descriptor(dout, config.block_m)) if config.use_tma
                      else (q, dout))
-    args = (q_in, k, v, dout_in, dk, dv, acc, lse, delta, *sums,
-            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *acc_strides, *sums_strides,
+    args = (q_in, k, v, dout_in, dk, dv, acc, lse, delta,
+            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *acc_strides,
             lse.stride(0), lse.stride(1),
             *_tile_list_args(tmask.q_num_blocks, tmask.q_indices, tmask.full_q_num_blocks, tmask.full_q_indices,
                              q, k, mask_mod, score_mod, scale))
     kwargs = dict(_modifier_constexprs(mask_mod, score_mod), DQ_WRITE=dq_write, USE_TMA=config.use_tma,
                   MASK_BLOCK_N=tmask.block_n, SUB_M=tmask.block_m // config.block_m, BLOCK_M=config.block_m,
-                  BLOCK_N=config.block_n, HEAD_DIM=q.shape[-1], TILES=tiles, num_warps=config.num_warps,
+                  BLOCK_N=config.block_n, HEAD_DIM=q.shape[-1], num_warps=config.num_warps,
                   num_stages=config.num_stages)
     grid = (triton.cdiv(k.shape[2], config.block_n), q.shape[0] * k.shape[1])
     with pipeline_scope(config.pipeline):
         _PLANS.launch(key, _attn_bwd_dkdv_kernel, grid, args, kwargs, tensors, warmup)
 
 
-def _launch_dkdv_full_tiles(q, k, v, dout, full_sums, lse, delta, tmask: TransposedBlockMask, scale,
-                            config: KernelConfig, warmup: bool, plan_key):
-    """The split's first pass: ``_attn_bwd_dkdv_full_tiles_kernel`` into ``full_sums`` ``[2, B, H, Skv, D]``."""
-    tensors = (q, k, v, dout, full_sums, lse, delta)
-    key = None if plan_key is None else (plan_key, "dkdv", config, FULL_TILES)
-    with device_allocator(True):
-        if not warmup and _PLANS.replay(key, tensors):
-            return
-        batch, heads, q_len = q.shape[:3]
-        kv_heads, kv_len = k.shape[1], k.shape[2]
-        full_num, full_ids = _expanded(tmask.full_q_num_blocks, tmask.full_q_indices, batch, heads)
-        args = (q, k, v, dout, full_sums[0], full_sums[1], lse, delta,
-                *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *full_sums.stride()[1:3],
-                lse.stride(0), lse.stride(1),
-                full_num, full_ids, full_num.stride(0), full_num.stride(1), *full_ids.stride()[:3],
-                heads, heads // kv_heads, q_len, kv_len, scale * LOG2E)
-        kwargs = dict(MASK_BLOCK_N=tmask.block_n, SUB_M=tmask.block_m // config.block_m, BLOCK_M=config.block_m,
-                      BLOCK_N=config.block_n, HEAD_DIM=q.shape[-1], num_warps=config.num_warps,
-                      num_stages=config.num_stages)
-        grid = (kv_len // config.block_n, batch * heads)
-        with pipeline_scope(config.pipeline):
-            _PLANS.launch(key, _attn_bwd_dkdv_full_tiles_kernel, grid, args, kwargs, tensors, warmup)
-
-
 def _launch_dq(q, k, v, out, dout, dq, lse, delta, dlse, block_mask: BlockMask, mask_mod, score_mod, scale,
                config: KernelConfig, warmup: bool = False, plan_key=None):
-    tensors = (q, k, v, out, dout, dq, lse, delta, dlse)
-    key = None if plan_key is None else (plan_key, "dq", config)
+    """dQ (and delta); with ``config.warp_specialize`` the split: :data:`SPLIT_PARTIAL_DQ_CONFIG`'s
+    kernel over the partial tiles into an fp32 buffer, then the warp-specialized full-tile pass."""
+    if not config.warp_specialize:
+        _launch_dq_pass(q, k, v, out, dout, dq, None, lse, delta, dlse, block_mask, mask_mod, score_mod, scale, config,
+                        ALL_TILES, warmup, plan_key)
+        return
+    dq_partial = torch.empty(q.shape, dtype=torch.float32, device=q.device)   # dq's (contiguous) strides
+    _launch_dq_pass(q, k, v, out, dout, dq, dq_partial, lse, delta, dlse, block_mask, mask_mod, score_mod, scale,
+                    SPLIT_PARTIAL_DQ_CONFIG, PARTIAL_TILES, warmup, plan_key)
+    _launch_dq_full_tiles(q, k, v, dout, dq, dq_partial, lse, delta, block_mask, scale, config, warmup, plan_key)
+
+
+def _launch_dq_pass(q, k, v, out, dout, dq, dq_partial, lse, delta, dlse, block_mask: BlockMask, mask_mod, score_mod,
+                    scale, config: KernelConfig, tiles: int, warmup: bool, plan_key):
+    """One launch of ``_attn_bwd_dq_kernel`` over ``tiles`` (``dq_partial``: the split's fp32 buffer)."""
+    tensors = (q, k, v, out, dout, dq, dq_partial, lse, delta, dlse)
+    key = None if plan_key is None else (plan_key, "dq", config, tiles)
     if not warmup and _PLANS.replay(key, tensors):
         return
     k_in, v_in = ((tile_descriptor(k, config.block_n), tile_descriptor(v, config.block_n)) if config.use_tma
                   else (k, v))
-    args = (q, k_in, v_in, out, dout, dq, lse, delta, dlse if dlse is not None else delta,
+    args = (q, k_in, v_in, out, dout, dq, dq_partial if dq_partial is not None else dq, lse, delta,
+            dlse if dlse is not None else delta,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
             lse.stride(0), lse.stride(1),
             *_tile_list_args(block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
                              block_mask.full_kv_indices, q, k, mask_mod, score_mod, scale))
     kwargs = dict(_modifier_constexprs(mask_mod, score_mod), HAS_DLSE=dlse is not None, USE_TMA=config.use_tma,
                   MASK_BLOCK_M=block_mask.block_m, SUB_N=block_mask.block_n // config.block_n,
-                  BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=q.shape[-1], num_warps=config.num_warps,
-                  num_stages=config.num_stages)
+                  BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=q.shape[-1], TILES=tiles,
+                  num_warps=config.num_warps, num_stages=config.num_stages)
     grid = (triton.cdiv(q.shape[2], config.block_m), q.shape[0] * q.shape[1])
     with pipeline_scope(config.pipeline):
         _PLANS.launch(key, _attn_bwd_dq_kernel, grid, args, kwargs, tensors, warmup)
+
+
+def _launch_dq_full_tiles(q, k, v, dout, dq, dq_partial, lse, delta, block_mask: BlockMask, scale,
+                          config: KernelConfig, warmup: bool, plan_key):
+    """The split's second pass: ``_attn_bwd_dq_full_tiles_kernel`` from ``dq_partial`` into ``dq``."""
+    tensors = (q, k, v, dout, dq, dq_partial, lse, delta)
+    key = None if plan_key is None else (plan_key, "dq", config, FULL_TILES)
+    with device_allocator(True):
+        if not warmup and _PLANS.replay(key, tensors):
+            return
+        batch, heads, q_len = q.shape[:3]
+        kv_heads, kv_len = k.shape[1], k.shape[2]
+        full_num, full_ids = _expanded(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, batch, heads)
+        args = (q, k, v, dout, dq, dq_partial, lse, delta,
+                *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
+                lse.stride(0), lse.stride(1),
+                full_num, full_ids, full_num.stride(0), full_num.stride(1), *full_ids.stride()[:3],
+                heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E)
+        kwargs = dict(MASK_BLOCK_M=block_mask.block_m, SUB_N=block_mask.block_n // config.block_n,
+                      BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=q.shape[-1],
+                      num_warps=config.num_warps, num_stages=config.num_stages)
+        grid = (q_len // config.block_m, batch * heads)
+        with pipeline_scope(config.pipeline):
+            _PLANS.launch(key, _attn_bwd_dq_full_tiles_kernel, grid, args, kwargs, tensors, warmup)
 
 
 @dataclass(frozen=True)
@@ -853,10 +843,10 @@ def _resolve(q, k, v, out, lse, dout, dlse, mask_mod, score_mod, block_mask, sca
     if uses_tma and not tma_compatible(*(_contiguous(t) for t in (q, k, v, dout))):
         raise ValueError(f"attention backward: config {config.label()} loads tiles through TMA, which needs "
                          "16-byte aligned base addresses and strides; use a config without use_tma")
-    if config is not None and config.dkdv.warp_specialize and (problem := warp_specialize_problem(
-            q, k, v, dout, score_mod, block_mask, config.dq_mode)) is not None:
-        raise ValueError(f"attention backward: config {config.label()} runs the warp-specialized dK/dV, which "
-                         f"{problem}; use a dkdv config without warp_specialize")
+    if config is not None and config.dq is not None and config.dq.warp_specialize and (
+            problem := warp_specialize_problem(q, k, v, dout, score_mod, block_mask)) is not None:
+        raise ValueError(f"attention backward: config {config.label()} runs the warp-specialized dQ, which "
+                         f"{problem}; use a dq config without warp_specialize")
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     masks = {}
 
@@ -925,8 +915,8 @@ def _tune(buf: _Buffers, block_mask, dq_mode: str, precompile: bool = True) -> B
         return _tuned[key]
     disk_key = None if interpreting() else _tuning_cache.tuning_key(
         "attention_bwd", buf.q, buf.k, buf.mask_mod, buf.score_mod, block_mask, dq_mode=dq_mode, tma=buf.tma_ok,
-        code=[kernel.cache_key for kernel in (_attn_bwd_dkdv_kernel, _attn_bwd_dkdv_full_tiles_kernel,
-                                              _attn_bwd_dq_kernel, _preprocess_kernel)])
+        code=[kernel.cache_key for kernel in (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel,
+                                              _attn_bwd_dq_full_tiles_kernel, _preprocess_kernel)])
     config = _stored_config(_tuning_cache.lookup(disk_key), buf, block_mask)
     if config is None:
         if precompile:
@@ -946,24 +936,22 @@ def _stored_config(decision: dict | None, buf: _Buffers, block_mask) -> BwdConfi
     """A decision from the disk cache as a BwdConfig, if its configs are still candidates."""
     if not decision:
         return None
-    dkdv = _tuning_cache.by_label(_candidates(buf, block_mask, "dkdv", decision.get("dq_mode")),
-                                  decision.get("dkdv"))
+    dkdv = _tuning_cache.by_label(_candidates(buf, block_mask, "dkdv"), decision.get("dkdv"))
     if dkdv is None:
         return None
     if decision.get("dq_mode") == "atomic":
         return BwdConfig("atomic", dkdv)
-    dq = _tuning_cache.by_label(_candidates(buf, block_mask, "dq", "separate"), decision.get("dq"))
+    dq = _tuning_cache.by_label(_candidates(buf, block_mask, "dq"), decision.get("dq"))
     return BwdConfig("separate", dkdv, dq) if decision.get("dq_mode") == "separate" and dq is not None else None
 
 
-def _candidates(buf: _Buffers, block_mask, kernel: str, dq_mode: str) -> list:
-    """The configs the tuner times for ``kernel`` on these inputs in ``dq_mode``: the table's, plus
-    the split dK/dV where it can run."""
+def _candidates(buf: _Buffers, block_mask, kernel: str) -> list:
+    """The configs the tuner times for ``kernel`` on these inputs: the table's, plus the split dQ
+    where it can run."""
     configs = candidate_configs(kernel, buf.q.shape[-1], buf.q.device)
     configs = _fitting([c for c in configs if buf.tma_ok or not c.use_tma], block_mask)
-    if kernel == "dkdv" and warp_specialize_problem(buf.q, buf.k, buf.v, buf.dout, buf.score_mod, block_mask,
-                                                    dq_mode) is None:
-        configs.append(WARP_SPECIALIZED_DKDV_CONFIG)
+    if kernel == "dq" and warp_specialize_problem(buf.q, buf.k, buf.v, buf.dout, buf.score_mod, block_mask) is None:
+        configs.append(WARP_SPECIALIZED_DQ_CONFIG)
     return configs
 
 
@@ -974,24 +962,24 @@ def _compile_candidates(buf: _Buffers, block_mask, dq_modes: tuple) -> None:
     dq_acc = torch.empty(buf.q.shape, dtype=torch.float32, device=buf.q.device) if "atomic" in dq_modes else None
     with parallel_compiles():
         for mode in dq_modes:
-            for config in _candidates(buf, block_mask, "dkdv", mode):
+            for config in _candidates(buf, block_mask, "dkdv"):
                 buf.dkdv(config, dq_acc if mode == "atomic" else None, DQ_ATOMIC if mode == "atomic" else DQ_NONE,
                          warmup=True)
         if "separate" in dq_modes:
             dq = torch.empty_like(buf.q, memory_format=torch.contiguous_format)
-            for config in _candidates(buf, block_mask, "dq", "separate"):
+            for config in _candidates(buf, block_mask, "dq"):
                 buf.dq(config, dq, warmup=True)
 
 
 def _tune_mode(buf: _Buffers, block_mask, dq_mode: str) -> BwdConfig:
-    dkdv_candidates = _candidates(buf, block_mask, "dkdv", dq_mode)
+    dkdv_candidates = _candidates(buf, block_mask, "dkdv")
     what = "attention backward"
     if dq_mode == "atomic":
         dq_acc = torch.zeros(buf.q.shape, dtype=torch.float32, device=buf.q.device)
         _launch_preprocess(buf.out, buf.dout, buf.delta, buf.dlse, None)
         return BwdConfig("atomic", fastest(dkdv_candidates, lambda c: buf.dkdv(c, dq_acc, DQ_ATOMIC), what))
     dq = torch.empty_like(buf.q, memory_format=torch.contiguous_format)   # as _run allocates it
-    best_dq = fastest(_candidates(buf, block_mask, "dq", dq_mode), lambda c: buf.dq(c, dq), what)
+    best_dq = fastest(_candidates(buf, block_mask, "dq"), lambda c: buf.dq(c, dq), what)
     return BwdConfig("separate", fastest(dkdv_candidates, lambda c: buf.dkdv(c, None, DQ_NONE), what), best_dq)
 
 
@@ -1013,9 +1001,12 @@ def compile_spec(kernel: str, dtype: torch.dtype, head_dim: int, config: KernelC
     """``(fn, signature, constexprs, attrs)`` of the ``"dkdv"`` or ``"dq"`` kernel for compile-only use:
     contiguous last dims, and ``attrs`` marking what a launch on ``[B, H, S, D]`` tensors with S a
     multiple of 16 specializes as 16-divisible (pointers, row/head/batch strides, lengths), which is
-    what lets ``tl.atomic_add`` vectorize. ``mask_tile``: the block mask's ``(block_m, block_n)``."""
+    what lets ``tl.atomic_add`` vectorize. ``mask_tile``: the block mask's ``(block_m, block_n)``.
+    For a ``warp_specialize`` dQ config: the split's specialized full-tile kernel (no modifiers)."""
     mask_m, mask_n = mask_tile or (config.block_m, config.block_n)
     elem = _ELEMENT[dtype]
+    if kernel == "dq" and config.warp_specialize:
+        return _dq_full_tiles_compile_spec(elem, head_dim, config, mask_m, mask_n)
     if kernel == "dkdv":
         fn = _attn_bwd_dkdv_kernel
         pointers = {"Q": elem, "K": elem, "V": elem, "DO": elem, "DK": elem, "DV": elem, "DQ_ACC": "fp32",
@@ -1025,11 +1016,12 @@ def compile_spec(kernel: str, dtype: torch.dtype, head_dim: int, config: KernelC
         specific = {"DQ_WRITE": DQ_WRITE_NAMES[dq_write], "MASK_BLOCK_N": mask_n, "SUB_M": mask_m // config.block_m}
     elif kernel == "dq":
         fn = _attn_bwd_dq_kernel
-        pointers = {"Q": elem, "K": elem, "V": elem, "O": elem, "DO": elem, "DQ": elem, "LSE": "fp32",
-                    "DELTA": "fp32", "DLSE": "fp32"}
+        pointers = {"Q": elem, "K": elem, "V": elem, "O": elem, "DO": elem, "DQ": elem, "DQ_PARTIAL": "fp32",
+                    "LSE": "fp32", "DELTA": "fp32", "DLSE": "fp32"}
         groups = ["q", "k", "v", "o", "do", "dq"]
         extra = ["stride_iq"]
-        specific = {"HAS_DLSE": False, "MASK_BLOCK_M": mask_m, "SUB_N": mask_n // config.block_n}
+        specific = {"HAS_DLSE": False, "MASK_BLOCK_M": mask_m, "SUB_N": mask_n // config.block_n,
+                    "TILES": ALL_TILES}
     else:
         raise ValueError(f"kernel must be 'dkdv' or 'dq', got {kernel!r}")
     signature = {name: "*" + t for name, t in pointers.items()}
@@ -1061,3 +1053,18 @@ def compile_spec(kernel: str, dtype: torch.dtype, head_dim: int, config: KernelC
                or name in ("q_len", "kv_len")]
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
     return fn, signature, constexprs, attrs
+
+
+def _dq_full_tiles_compile_spec(elem: str, head_dim: int, config: KernelConfig, mask_m: int, mask_n: int):
+    """compile_spec's answer for the split dQ's specialized kernel."""
+    fn = _attn_bwd_dq_full_tiles_kernel
+    signature = {name: "*" + elem for name in ("Q", "K", "V", "DO", "DQ")}
+    signature.update({name: "*fp32" for name in ("DQ_PARTIAL", "LSE", "DELTA")}, full_num="*i32", full_ids="*i32",
+                     sm_scale="fp32", qk_scale="fp32")
+    constexprs = dict(MASK_BLOCK_M=mask_m, SUB_N=mask_n // config.block_n, BLOCK_M=config.block_m,
+                      BLOCK_N=config.block_n, HEAD_DIM=head_dim)
+    signature.update({name: "constexpr" for name in constexprs})
+    signature.update({name: "i32" for name in fn.arg_names if name not in signature})   # strides, sizes
+    aligned = [i for i, name in enumerate(fn.arg_names) if signature[name].startswith("*")
+               or (name.startswith("stride_") and name[-1] in "bhmn") or name in ("q_len", "kv_len")]
+    return fn, signature, constexprs, {(i,): [["tt.divisibility", 16]] for i in aligned}

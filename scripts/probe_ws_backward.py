@@ -122,19 +122,50 @@ def _dkdv_sums(Q, K, V, DO, DK, DV, LSE, DELTA, seq_len, qk_scale, BLOCK_M: tl.c
         dv = tl.dot(p.to(do.dtype), do, dv)
         dk = tl.dot((p * (tl.dot(v, tl.trans(do)) - delta[None, :])).to(q.dtype), q, dk)
     if STORE_BY_DESCRIPTOR:
-        tl.make_tensor_descriptor(DK + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).store([start_n, 0], dk)
-        tl.make_tensor_descriptor(DV + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).store([start_n, 0], dv)
+        tl.make_tensor_descriptor(DK + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).store(
+            [start_n, 0], dk)
+        tl.make_tensor_descriptor(DV + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).store(
+            [start_n, 0], dv)
     else:
         offsets = base + (start_n + tl.arange(0, BLOCK_N))[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
         tl.store(DK + offsets, dk)
         tl.store(DV + offsets, dv)
 
 
-# (BLOCK_M, num_warps, num_stages, warp_specialize, store_by_descriptor); BLOCK_N = 128, D = 128
+@triton.jit
+def _dq_sums(Q, K, V, DO, DQ, LSE, DELTA, seq_len, qk_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             HEAD_DIM: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """dQ of one q tile over all kv tiles of one (batch, head), the dQ kernel's loop: Q, dO and the
+    row statistics through descriptors before the loop (with pointer loads there the pass fails), K
+    and V through descriptors in it; dQ stored (bf16) through a descriptor."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    base = bh * seq_len * HEAD_DIM
+    k_desc = tl.make_tensor_descriptor(K + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(V + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
+    q = tl.make_tensor_descriptor(Q + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM]).load([start_m, 0])
+    do = tl.make_tensor_descriptor(DO + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM]).load(
+        [start_m, 0])
+    lse2 = tl.make_tensor_descriptor(LSE + bh * seq_len, [seq_len], [1], [BLOCK_M]).load([start_m]) * 1.4426950408889634
+    delta = tl.make_tensor_descriptor(DELTA + bh * seq_len, [seq_len], [1], [BLOCK_M]).load([start_m])
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    for j in tl.range(0, seq_len // BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+        k = k_desc.load([j * BLOCK_N, 0])
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        ds = p * (tl.dot(do, tl.trans(v_desc.load([j * BLOCK_N, 0]))) - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+    tl.make_tensor_descriptor(DQ + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM]).store(
+        [start_m, 0], dq.to(q.dtype))
+
+
+# dK/dV: (BLOCK_M, num_warps, num_stages, warp_specialize, store_by_descriptor); BLOCK_N = 128, D = 128
 GPU_VARIANTS = [(64, 8, 3, False, False), (64, 8, 2, False, False),     # our dK/dV kernel's tiles, unspecialized
                 (64, 4, 2, True, False), (32, 4, 2, True, False),       # specialized, pointer stores
                 (32, 4, 2, True, True), (64, 4, 1, True, True),         # specialized, descriptor stores
                 (64, 4, 2, True, True)]
+# dQ: (BLOCK_M, BLOCK_N, num_warps, num_stages, warp_specialize); D = 128
+GPU_DQ_VARIANTS = [(128, 128, 8, 2, False), (128, 64, 8, 3, False),      # our dQ kernel's first two candidates
+                   (128, 128, 4, 2, True), (128, 64, 4, 2, True), (128, 64, 4, 3, True)]
 
 
 def gpu_main(heads: int = 64, seq_len: int = 8192, head_dim: int = 128) -> None:
@@ -174,6 +205,28 @@ def gpu_main(heads: int = 64, seq_len: int = 8192, head_dim: int = 128) -> None:
             diff = max(((a - b).abs().max() / b.abs().max()).item() for a, b in ((dk, ref_dk), (dv, ref_dv)))
             verdict = f"differs from the unspecialized build (max |diff| / max |ref| = {diff:.3g})"
         print(f"{name:55s} | {ms:7.3f} ms ({baseline_ms / ms:4.2f}x the first row) | {verdict}", flush=True)
+
+    print("dQ loop")
+    baseline_ms, reference = None, None
+    for block_m, block_n, warps, stages, warp_specialize in GPU_DQ_VARIANTS:
+        name = f"BM{block_m} BN{block_n} w{warps} s{stages} {'specialized' if warp_specialize else 'plain'}"
+        dq = torch.full_like(q, float("nan"))
+        launch = lambda: _dq_sums[(seq_len // block_m, heads)](  # noqa: E731
+            q, k, v, do, dq, lse, delta, seq_len, head_dim ** -0.5 * 1.4426950408889634, BLOCK_M=block_m,
+            BLOCK_N=block_n, HEAD_DIM=head_dim, WARP_SPECIALIZE=warp_specialize, num_warps=warps, num_stages=stages)
+        try:
+            launch()
+            torch.cuda.synchronize()
+            ms = triton.testing.do_bench(launch, warmup=25, rep=100, return_mode="median")
+        except Exception as error:
+            print(f"{name:55s} | FAILED ({type(error).__name__}: {str(error).splitlines()[0][:90]})", flush=True)
+            continue
+        baseline_ms = baseline_ms or ms
+        if reference is None:
+            reference = dq.clone()
+        diff = ((dq.float() - reference.float()).abs().max() / reference.float().abs().max()).item()
+        print(f"{name:55s} | {ms:7.3f} ms ({baseline_ms / ms:4.2f}x the first row) | max |diff| / max |first row's| "
+              f"= {diff:.3g}", flush=True)
 
 
 if __name__ == "__main__":

@@ -208,29 +208,27 @@ def test_auto_mode_resolves_and_is_cached():
     assert B.tuned_config(q, k, mask_mod=mask_mod, dq_mode="atomic").dq_mode == "atomic"
 
 
-@pytest.mark.parametrize("sub_m", [1, 2])
+@pytest.mark.parametrize("sub_n", [1, 2])
 @pytest.mark.parametrize("mask", ["causal", "prefix_lm", "none"])
-def test_split_dkdv_full_tile_pass_then_partial_tile_pass(mask, sub_m, monkeypatch):
-    """The split dK/dV's arithmetic: the full-tile kernel's fp32 sums per query head, then the
-    partial-tile pass that adds them (reducing GQA groups), give the reference gradients; without the
-    second pass they do not. On Hopper the first pass is warp-specialized (the interpreter ignores
-    that); here both use interpreter tiles. ``sub_m=2``: a block mask twice as tall as the q step."""
-    seq = 64   # the split needs lengths that are multiples of its kv tile
-    q, k, v, dout = inputs(1, 4, 2, seq, seq, 16, torch.float32, seed=6)
+def test_split_dq_partial_tile_pass_then_full_tile_pass(mask, sub_n, monkeypatch):
+    """The split dQ's arithmetic: the dQ kernel over the partial tiles only (which also stores delta)
+    into an fp32 buffer, then the full-tile kernel starting from it, give the reference dQ, with GQA;
+    the full-tile pass matters. On Hopper the second pass is warp-specialized (the interpreter ignores
+    that). ``sub_n=2``: a block mask twice as wide as the kv step."""
+    seq = 64   # the split needs lengths that are multiples of its tiles
+    q, k, v, dout = inputs(1, 4, 2, seq, seq, 16, torch.float32, seed=7)
     mask_mod = MASKS[mask]() or K.allow_all()
-    split = B.KernelConfig(16, 32, 4, 1, use_tma=True, warp_specialize=True)
-    monkeypatch.setattr(B, "SPLIT_PARTIAL_CONFIG", B.KernelConfig(16, 32, 4, 1))
+    split = B.KernelConfig(32, 16, 4, 1, use_tma=True, warp_specialize=True)
+    monkeypatch.setattr(B, "SPLIT_PARTIAL_DQ_CONFIG", B.KernelConfig(32, 16, 4, 1))
     out, lse = A.attention_forward(q, k, v, mask_mod=mask_mod, enable_gqa=True)
-    block_mask = K.build_block_mask(mask_mod, 1, 4, seq, seq, block_m=16 * sub_m, block_n=32, device="cpu")
-    tmask = B.transpose_block_mask(block_mask)
-    delta = (out * dout).sum(-1)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    B._launch_dkdv(q, k, v, dout, dk, dv, None, lse, delta, tmask, mask_mod, None, 0.25, split, B.DQ_NONE)
-    _, want_dk, want_dv = reference_grads(q, k, v, dout, mask_mod=mask_mod, scale=0.25, enable_gqa=True)
-    for got, want in ((dk, want_dk), (dv, want_dv)):
-        assert (got.double() - want).abs().max() <= TOL[torch.float32] * want.abs().max()
-    full_sums = torch.zeros((2,) + tuple(q.shape[:2]) + tuple(k.shape[2:]))
-    B._launch_dkdv_full_tiles(q, k, v, dout, full_sums, lse, delta, tmask, 0.25, split, False, None)
-    full_only = full_sums[1].view(1, 2, 2, seq, 16).sum(2)   # dV over the full tiles alone
-    assert tmask.full_q_num_blocks.sum() > 0
-    assert not torch.allclose(full_only.double(), want_dv, atol=1e-3) or mask == "none"
+    block_mask = K.build_block_mask(mask_mod, 1, 4, seq, seq, block_m=32, block_n=16 * sub_n, device="cpu")
+    assert block_mask.full_kv_num_blocks.sum() > 0
+    dq, delta = torch.empty_like(q), torch.empty(q.shape[:3])
+    B._launch_dq(q, k, v, out, dout, dq, lse, delta, None, block_mask, mask_mod, None, 0.25, split)
+    want_dq = reference_grads(q, k, v, dout, mask_mod=mask_mod, scale=0.25, enable_gqa=True)[0]
+    assert (dq.double() - want_dq).abs().max() <= TOL[torch.float32] * want_dq.abs().max()
+    torch.testing.assert_close(delta, (out * dout).sum(-1))
+    partial_only = torch.empty_like(q)
+    B._launch_dq_pass(q, k, v, out, dout, dq, partial_only, lse, delta, None, block_mask, mask_mod, None, 0.25,
+                      B.SPLIT_PARTIAL_DQ_CONFIG, A.PARTIAL_TILES, False, None)
+    assert not torch.allclose(partial_only.double() * 0.25, want_dq, atol=1e-3)
