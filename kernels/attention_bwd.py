@@ -30,10 +30,9 @@ import triton
 import triton.language as tl
 
 from . import _tuning_cache
-from ._launch import (LaunchPlans, LRUCache, device_allocator, fastest, interpreting, parallel_compiles,
-                      pipeline_scope, pipeline_variants, replay_key)
-from .attention_fwd import (ALL_TILES, FULL_TILES, PARTIAL_TILES, load_kv_tile, tile_descriptor, tma_compatible,
-                            validate_inputs)
+from ._launch import (LaunchPlans, LRUCache, fastest, interpreting, parallel_compiles, pipeline_scope,
+                      pipeline_variants, replay_key)
+from .attention_fwd import load_kv_tile, tile_descriptor, tma_compatible, validate_inputs
 from .block_mask import BlockMask, block_mask_from_classes, build_block_mask
 from .masks import MaskMod, ScoreMod, allow_all, alibi, launch_key, softcap
 
@@ -337,7 +336,7 @@ def _dq_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride
 
 
 @triton.jit
-def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, DQ_PARTIAL, LSE, DELTA, DLSE,
+def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, LSE, DELTA, DLSE,
                         stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_kb, stride_kh, stride_kn, stride_kd,
                         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -351,12 +350,10 @@ def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, DQ_PARTIAL, LSE, DELTA, DLSE,
                         MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, SCORE_GRAD_FN: tl.constexpr,
                         HAS_SCORE: tl.constexpr, HAS_DLSE: tl.constexpr, USE_TMA: tl.constexpr,
                         MASK_BLOCK_M: tl.constexpr, SUB_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        HEAD_DIM: tl.constexpr, TILES: tl.constexpr):
+                        HEAD_DIM: tl.constexpr):
     """One program per (q tile, batch * head). Computes delta = rowsum(dO * O) (- dlse) itself and
     stores it for the dK/dV kernel that runs next (the fused preprocessing). With USE_TMA, K and V
-    are 4-D tensor descriptors (``[1, 1, BLOCK_N, HEAD_DIM]`` blocks). TILES: ``ALL_TILES``, or
-    ``PARTIAL_TILES`` (the first pass of the split dQ: only the partial tiles, their fp32 sum stored
-    unscaled in DQ_PARTIAL for :func:`_attn_bwd_dq_full_tiles_kernel`)."""
+    are 4-D tensor descriptors (``[1, 1, BLOCK_N, HEAD_DIM]`` blocks)."""
     m_tile = tl.num_programs(0) - 1 - tl.program_id(0)   # causal-like masks: heaviest tiles first
     bh = tl.program_id(1)
     b = bh // num_heads
@@ -388,71 +385,16 @@ def _attn_bwd_dq_kernel(Q, K, V, O, DO, DQ, DQ_PARTIAL, LSE, DELTA, DLSE,
     num_off = b * stride_nb + h * stride_nh + mask_block
     ids_off = b * stride_ib + h * stride_ih + mask_block * stride_iq
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    if TILES != 2:
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
-                       tl.load(full_num + num_off), full_ids + ids_off, b, h, kv_h, q_idx, kv_len, sm_scale, qk_scale,
-                       mask_args, score_args, MASK_FN, SCORE_FN, SCORE_GRAD_FN, False, HAS_SCORE, USE_TMA, SUB_N,
-                       BLOCK_N, HEAD_DIM)
+    dq = _dq_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                   tl.load(full_num + num_off), full_ids + ids_off, b, h, kv_h, q_idx, kv_len, sm_scale, qk_scale,
+                   mask_args, score_args, MASK_FN, SCORE_FN, SCORE_GRAD_FN, False, HAS_SCORE, USE_TMA, SUB_N, BLOCK_N,
+                   HEAD_DIM)
     dq = _dq_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                    tl.load(partial_num + num_off), partial_ids + ids_off, b, h, kv_h, q_idx, kv_len, sm_scale,
                    qk_scale, mask_args, score_args, MASK_FN, SCORE_FN, SCORE_GRAD_FN, True, HAS_SCORE, USE_TMA, SUB_N,
                    BLOCK_N, HEAD_DIM)
-    dq_off = b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
-    if TILES == 2:   # PARTIAL_TILES: DQ_PARTIAL has DQ's (contiguous) strides
-        tl.store(DQ_PARTIAL + dq_off, dq, mask=row_ok[:, None])
-    else:
-        tl.store(DQ + dq_off, (dq * sm_scale).to(q.dtype), mask=row_ok[:, None])
-
-
-@triton.jit
-def _attn_bwd_dq_full_tiles_kernel(Q, K, V, DO, DQ, DQ_PARTIAL, LSE, DELTA,
-                                   stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-                                   stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
-                                   stride_dqb, stride_dqh, stride_dqm, stride_lb, stride_lh,
-                                   full_num, full_ids, stride_nb, stride_nh, stride_ib, stride_ih, stride_iq,
-                                   num_heads, group_size, q_len, kv_len, sm_scale, qk_scale,
-                                   MASK_BLOCK_M: tl.constexpr, SUB_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """The second pass of the split dQ (``KernelConfig.warp_specialize``): one program per (q tile,
-    batch * head) starts from the first pass's partial-tile sum (DQ_PARTIAL, fp32, DQ's strides) and
-    walks the *full* kv tiles (no mask work, so any mask) in one loop that Triton 3.6 warp-specializes
-    on Hopper: a TMA producer warp and two consumer warpgroups, 1.15-1.19x the plain loop on the H200
-    (scripts/probe_ws_backward.py --gpu). Triton specializes it only when Q, dO and the row
-    statistics before the loop and K, V in it come through device-side descriptors; the first pass's
-    sum comes in and dQ leaves through descriptors too (on the H200, a pointer-loaded start value gave
-    wrong, run-to-run different dQ, and pointer stores of such a loop's results are wrong). Lengths are multiples
-    of the tiles (see :func:`warp_specialize_problem`)."""
-    m_tile = tl.num_programs(0) - 1 - tl.program_id(0)   # causal-like masks: heaviest tiles first
-    bh = tl.program_id(1)
-    b = bh // num_heads
-    h = bh % num_heads
-    kv_h = h // group_size
-    start_m = m_tile * BLOCK_M
-    k_desc = tl.make_tensor_descriptor(K + b * stride_kb + kv_h * stride_kh, [kv_len, HEAD_DIM], [stride_kn, 1],
-                                       [BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V + b * stride_vb + kv_h * stride_vh, [kv_len, HEAD_DIM], [stride_vn, 1],
-                                       [BLOCK_N, HEAD_DIM])
-    q = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, [q_len, HEAD_DIM], [stride_qm, 1],
-                                  [BLOCK_M, HEAD_DIM]).load([start_m, 0])
-    do = tl.make_tensor_descriptor(DO + b * stride_dob + h * stride_doh, [q_len, HEAD_DIM], [stride_dom, 1],
-                                   [BLOCK_M, HEAD_DIM]).load([start_m, 0])
-    row_stats = b * stride_lb + h * stride_lh
-    lse2 = tl.make_tensor_descriptor(LSE + row_stats, [q_len], [1], [BLOCK_M]).load([start_m]) * 1.4426950408889634
-    delta = tl.make_tensor_descriptor(DELTA + row_stats, [q_len], [1], [BLOCK_M]).load([start_m])
-    dq_rows = b * stride_dqb + h * stride_dqh
-    dq = tl.make_tensor_descriptor(DQ_PARTIAL + dq_rows, [q_len, HEAD_DIM], [stride_dqm, 1],
-                                   [BLOCK_M, HEAD_DIM]).load([start_m, 0])
-    mask_block = start_m // MASK_BLOCK_M
-    num_tiles = tl.load(full_num + b * stride_nb + h * stride_nh + mask_block)
-    tile_ids = full_ids + b * stride_ib + h * stride_ih + mask_block * stride_iq
-    for t in tl.range(0, num_tiles * SUB_N, warp_specialize=True):
-        start_n = tl.load(tile_ids + t // SUB_N) * (SUB_N * BLOCK_N) + (t % SUB_N) * BLOCK_N
-        k = k_desc.load([start_n, 0])
-        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
-        ds = p * (tl.dot(do, tl.trans(v_desc.load([start_n, 0]))) - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq)
-    tl.make_tensor_descriptor(DQ + dq_rows, [q_len, HEAD_DIM], [stride_dqm, 1], [BLOCK_M, HEAD_DIM]).store(
-        [start_m, 0], (dq * sm_scale).to(q.dtype))
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+             (dq * sm_scale).to(q.dtype), mask=row_ok[:, None])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,15 +412,9 @@ class KernelConfig:
     use_tma: bool = False   # the looped-over tiles (dK/dV: Q, dO; dQ: K, V) through TMA descriptors (Hopper+)
     pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
     pipeline_label: str = ""
-    warp_specialize: bool = False   # dQ only: the split (SPLIT_PARTIAL_DQ_CONFIG, then the specialized full tiles)
-
-    def __post_init__(self):
-        if self.warp_specialize and not (self.use_tma and self.num_warps == 4):
-            raise ValueError("KernelConfig: warp_specialize needs use_tma=True and num_warps=4 (Triton adds the "
-                             "producer warp and the second consumer warpgroup itself)")
 
     def label(self) -> str:
-        tma = ("-tma" if self.use_tma else "") + ("-ws-split" if self.warp_specialize else "")
+        tma = "-tma" if self.use_tma else ""
         pipe = f"+{self.pipeline_label}" if self.pipeline is not None else ""
         return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{tma}{pipe}"
 
@@ -498,34 +434,9 @@ _DQ_CONFIGS = {
     128: [KernelConfig(128, 128, 8, 2, use_tma=True), KernelConfig(128, 64, 8, 3, use_tma=True),
           KernelConfig(128, 64, 8, 2, use_tma=True)],
 }
-# The split dQ: the dQ kernel over the partial tiles (also computes delta), then the warp-specialized
-# full-tile kernel. BN64: with BN128 the specialized kernel needs 264 KB of shared memory (limit 227 KB).
-WARP_SPECIALIZED_DQ_CONFIG = KernelConfig(128, 64, 4, 2, use_tma=True, warp_specialize=True)
-SPLIT_PARTIAL_DQ_CONFIG = KernelConfig(128, 64, 8, 3, use_tma=True)
 _INTERPRETER_DKDV = KernelConfig(16, 32, 4, 1)
 _INTERPRETER_DQ = KernelConfig(32, 16, 4, 1)
 _PREPROCESS_BLOCK_M = 64
-
-
-def warp_specialize_problem(q, k, v, dout, score_mod, block_mask) -> str | None:
-    """Why the split dQ (:data:`WARP_SPECIALIZED_DQ_CONFIG`) cannot run this call (None: it can).
-    Verified on Hopper with Triton 3.6 at D=128; its full-tile loop has no mask or score_mod work."""
-    config = WARP_SPECIALIZED_DQ_CONFIG
-    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
-        return "needs a Hopper GPU (sm_90)"
-    if not triton.__version__.startswith("3.6."):
-        return f"verified with Triton 3.6 only (this is {triton.__version__})"
-    if q.shape[-1] != 128:
-        return "only head dim 128 is specialized"
-    if score_mod is not None:
-        return "does not take a score_mod"
-    if q.shape[2] % config.block_m or k.shape[2] % config.block_m:
-        return f"sequence lengths must be multiples of {config.block_m}"
-    if not tma_compatible(q, k, v, dout):
-        return "needs TMA-compatible tensors (unit stride in D, 16-byte aligned strides and base)"
-    if block_mask is not None and (block_mask.block_m % config.block_m or block_mask.block_n % config.block_n):
-        return f"needs block-mask tiles that are multiples of {config.block_m}x{config.block_n}"
-    return None
 
 
 def candidate_configs(kernel: str, head_dim: int, device: torch.device) -> list:
@@ -659,64 +570,24 @@ def _launch_dkdv(q, k, v, dout, dk, dv, dq_acc, lse, delta, tmask: TransposedBlo
 
 def _launch_dq(q, k, v, out, dout, dq, lse, delta, dlse, block_mask: BlockMask, mask_mod, score_mod, scale,
                config: KernelConfig, warmup: bool = False, plan_key=None):
-    """dQ (and delta); with ``config.warp_specialize`` the split: :data:`SPLIT_PARTIAL_DQ_CONFIG`'s
-    kernel over the partial tiles into an fp32 buffer, then the warp-specialized full-tile pass."""
-    if not config.warp_specialize:
-        _launch_dq_pass(q, k, v, out, dout, dq, None, lse, delta, dlse, block_mask, mask_mod, score_mod, scale, config,
-                        ALL_TILES, warmup, plan_key)
-        return
-    dq_partial = torch.empty(q.shape, dtype=torch.float32, device=q.device)   # dq's (contiguous) strides
-    _launch_dq_pass(q, k, v, out, dout, dq, dq_partial, lse, delta, dlse, block_mask, mask_mod, score_mod, scale,
-                    SPLIT_PARTIAL_DQ_CONFIG, PARTIAL_TILES, warmup, plan_key)
-    _launch_dq_full_tiles(q, k, v, dout, dq, dq_partial, lse, delta, block_mask, scale, config, warmup, plan_key)
-
-
-def _launch_dq_pass(q, k, v, out, dout, dq, dq_partial, lse, delta, dlse, block_mask: BlockMask, mask_mod, score_mod,
-                    scale, config: KernelConfig, tiles: int, warmup: bool, plan_key):
-    """One launch of ``_attn_bwd_dq_kernel`` over ``tiles`` (``dq_partial``: the split's fp32 buffer)."""
-    tensors = (q, k, v, out, dout, dq, dq_partial, lse, delta, dlse)
-    key = None if plan_key is None else (plan_key, "dq", config, tiles)
+    tensors = (q, k, v, out, dout, dq, lse, delta, dlse)
+    key = None if plan_key is None else (plan_key, "dq", config)
     if not warmup and _PLANS.replay(key, tensors):
         return
     k_in, v_in = ((tile_descriptor(k, config.block_n), tile_descriptor(v, config.block_n)) if config.use_tma
                   else (k, v))
-    args = (q, k_in, v_in, out, dout, dq, dq_partial if dq_partial is not None else dq, lse, delta,
-            dlse if dlse is not None else delta,
+    args = (q, k_in, v_in, out, dout, dq, lse, delta, dlse if dlse is not None else delta,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
             lse.stride(0), lse.stride(1),
             *_tile_list_args(block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
                              block_mask.full_kv_indices, q, k, mask_mod, score_mod, scale))
     kwargs = dict(_modifier_constexprs(mask_mod, score_mod), HAS_DLSE=dlse is not None, USE_TMA=config.use_tma,
                   MASK_BLOCK_M=block_mask.block_m, SUB_N=block_mask.block_n // config.block_n,
-                  BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=q.shape[-1], TILES=tiles,
-                  num_warps=config.num_warps, num_stages=config.num_stages)
+                  BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=q.shape[-1], num_warps=config.num_warps,
+                  num_stages=config.num_stages)
     grid = (triton.cdiv(q.shape[2], config.block_m), q.shape[0] * q.shape[1])
     with pipeline_scope(config.pipeline):
         _PLANS.launch(key, _attn_bwd_dq_kernel, grid, args, kwargs, tensors, warmup)
-
-
-def _launch_dq_full_tiles(q, k, v, dout, dq, dq_partial, lse, delta, block_mask: BlockMask, scale,
-                          config: KernelConfig, warmup: bool, plan_key):
-    """The split's second pass: ``_attn_bwd_dq_full_tiles_kernel`` from ``dq_partial`` into ``dq``."""
-    tensors = (q, k, v, dout, dq, dq_partial, lse, delta)
-    key = None if plan_key is None else (plan_key, "dq", config, FULL_TILES)
-    with device_allocator(True):
-        if not warmup and _PLANS.replay(key, tensors):
-            return
-        batch, heads, q_len = q.shape[:3]
-        kv_heads, kv_len = k.shape[1], k.shape[2]
-        full_num, full_ids = _expanded(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, batch, heads)
-        args = (q, k, v, dout, dq, dq_partial, lse, delta,
-                *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
-                lse.stride(0), lse.stride(1),
-                full_num, full_ids, full_num.stride(0), full_num.stride(1), *full_ids.stride()[:3],
-                heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E)
-        kwargs = dict(MASK_BLOCK_M=block_mask.block_m, SUB_N=block_mask.block_n // config.block_n,
-                      BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=q.shape[-1],
-                      num_warps=config.num_warps, num_stages=config.num_stages)
-        grid = (q_len // config.block_m, batch * heads)
-        with pipeline_scope(config.pipeline):
-            _PLANS.launch(key, _attn_bwd_dq_full_tiles_kernel, grid, args, kwargs, tensors, warmup)
 
 
 @dataclass(frozen=True)
@@ -843,10 +714,6 @@ def _resolve(q, k, v, out, lse, dout, dlse, mask_mod, score_mod, block_mask, sca
     if uses_tma and not tma_compatible(*(_contiguous(t) for t in (q, k, v, dout))):
         raise ValueError(f"attention backward: config {config.label()} loads tiles through TMA, which needs "
                          "16-byte aligned base addresses and strides; use a config without use_tma")
-    if config is not None and config.dq is not None and config.dq.warp_specialize and (
-            problem := warp_specialize_problem(q, k, v, dout, score_mod, block_mask)) is not None:
-        raise ValueError(f"attention backward: config {config.label()} runs the warp-specialized dQ, which "
-                         f"{problem}; use a dq config without warp_specialize")
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     masks = {}
 
@@ -915,8 +782,7 @@ def _tune(buf: _Buffers, block_mask, dq_mode: str, precompile: bool = True) -> B
         return _tuned[key]
     disk_key = None if interpreting() else _tuning_cache.tuning_key(
         "attention_bwd", buf.q, buf.k, buf.mask_mod, buf.score_mod, block_mask, dq_mode=dq_mode, tma=buf.tma_ok,
-        code=[kernel.cache_key for kernel in (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel,
-                                              _attn_bwd_dq_full_tiles_kernel, _preprocess_kernel)])
+        code=[kernel.cache_key for kernel in (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _preprocess_kernel)])
     config = _stored_config(_tuning_cache.lookup(disk_key), buf, block_mask)
     if config is None:
         if precompile:
@@ -946,13 +812,9 @@ def _stored_config(decision: dict | None, buf: _Buffers, block_mask) -> BwdConfi
 
 
 def _candidates(buf: _Buffers, block_mask, kernel: str) -> list:
-    """The configs the tuner times for ``kernel`` on these inputs: the table's, plus the split dQ
-    where it can run."""
+    """The configs the tuner times for ``kernel`` on these inputs."""
     configs = candidate_configs(kernel, buf.q.shape[-1], buf.q.device)
-    configs = _fitting([c for c in configs if buf.tma_ok or not c.use_tma], block_mask)
-    if kernel == "dq" and warp_specialize_problem(buf.q, buf.k, buf.v, buf.dout, buf.score_mod, block_mask) is None:
-        configs.append(WARP_SPECIALIZED_DQ_CONFIG)
-    return configs
+    return _fitting([c for c in configs if buf.tma_ok or not c.use_tma], block_mask)
 
 
 def _compile_candidates(buf: _Buffers, block_mask, dq_modes: tuple) -> None:
@@ -1001,12 +863,9 @@ def compile_spec(kernel: str, dtype: torch.dtype, head_dim: int, config: KernelC
     """``(fn, signature, constexprs, attrs)`` of the ``"dkdv"`` or ``"dq"`` kernel for compile-only use:
     contiguous last dims, and ``attrs`` marking what a launch on ``[B, H, S, D]`` tensors with S a
     multiple of 16 specializes as 16-divisible (pointers, row/head/batch strides, lengths), which is
-    what lets ``tl.atomic_add`` vectorize. ``mask_tile``: the block mask's ``(block_m, block_n)``.
-    For a ``warp_specialize`` dQ config: the split's specialized full-tile kernel (no modifiers)."""
+    what lets ``tl.atomic_add`` vectorize. ``mask_tile``: the block mask's ``(block_m, block_n)``."""
     mask_m, mask_n = mask_tile or (config.block_m, config.block_n)
     elem = _ELEMENT[dtype]
-    if kernel == "dq" and config.warp_specialize:
-        return _dq_full_tiles_compile_spec(elem, head_dim, config, mask_m, mask_n)
     if kernel == "dkdv":
         fn = _attn_bwd_dkdv_kernel
         pointers = {"Q": elem, "K": elem, "V": elem, "DO": elem, "DK": elem, "DV": elem, "DQ_ACC": "fp32",
@@ -1016,12 +875,11 @@ def compile_spec(kernel: str, dtype: torch.dtype, head_dim: int, config: KernelC
         specific = {"DQ_WRITE": DQ_WRITE_NAMES[dq_write], "MASK_BLOCK_N": mask_n, "SUB_M": mask_m // config.block_m}
     elif kernel == "dq":
         fn = _attn_bwd_dq_kernel
-        pointers = {"Q": elem, "K": elem, "V": elem, "O": elem, "DO": elem, "DQ": elem, "DQ_PARTIAL": "fp32",
-                    "LSE": "fp32", "DELTA": "fp32", "DLSE": "fp32"}
+        pointers = {"Q": elem, "K": elem, "V": elem, "O": elem, "DO": elem, "DQ": elem, "LSE": "fp32",
+                    "DELTA": "fp32", "DLSE": "fp32"}
         groups = ["q", "k", "v", "o", "do", "dq"]
         extra = ["stride_iq"]
-        specific = {"HAS_DLSE": False, "MASK_BLOCK_M": mask_m, "SUB_N": mask_n // config.block_n,
-                    "TILES": ALL_TILES}
+        specific = {"HAS_DLSE": False, "MASK_BLOCK_M": mask_m, "SUB_N": mask_n // config.block_n}
     else:
         raise ValueError(f"kernel must be 'dkdv' or 'dq', got {kernel!r}")
     signature = {name: "*" + t for name, t in pointers.items()}
@@ -1053,18 +911,3 @@ def compile_spec(kernel: str, dtype: torch.dtype, head_dim: int, config: KernelC
                or name in ("q_len", "kv_len")]
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
     return fn, signature, constexprs, attrs
-
-
-def _dq_full_tiles_compile_spec(elem: str, head_dim: int, config: KernelConfig, mask_m: int, mask_n: int):
-    """compile_spec's answer for the split dQ's specialized kernel."""
-    fn = _attn_bwd_dq_full_tiles_kernel
-    signature = {name: "*" + elem for name in ("Q", "K", "V", "DO", "DQ")}
-    signature.update({name: "*fp32" for name in ("DQ_PARTIAL", "LSE", "DELTA")}, full_num="*i32", full_ids="*i32",
-                     sm_scale="fp32", qk_scale="fp32")
-    constexprs = dict(MASK_BLOCK_M=mask_m, SUB_N=mask_n // config.block_n, BLOCK_M=config.block_m,
-                      BLOCK_N=config.block_n, HEAD_DIM=head_dim)
-    signature.update({name: "constexpr" for name in constexprs})
-    signature.update({name: "i32" for name in fn.arg_names if name not in signature})   # strides, sizes
-    aligned = [i for i, name in enumerate(fn.arg_names) if signature[name].startswith("*")
-               or (name.startswith("stride_") and name[-1] in "bhmn") or name in ("q_len", "kv_len")]
-    return fn, signature, constexprs, {(i,): [["tt.divisibility", 16]] for i in aligned}

@@ -8,10 +8,11 @@ Q and dO through device-side TMA descriptors as in the forward's variant) with a
 the per-row statistics and the operands, and reports whether the compile succeeds and how many warps
 and ``ttg.warp_specialize`` regions it produces.
 
-``--gpu`` (a Hopper GPU): the loop as a kernel's only work (no mask: every q tile is walked),
-fp32 dK/dV sums stored through pointers or descriptors. For each variant: whether the warp-specialized
-build's sums equal the same kernel built without specialization bit for bit, and the ``do_bench``
-median at B*H=64, S=8192, D=128 against the unspecialized 8-warp kernel (our dK/dV kernel's tiles).
+``--gpu`` (a Hopper GPU): the dK/dV loop as a kernel's only work (no mask: every q tile is walked),
+fp32 dK/dV sums stored through pointers or descriptors, and the dQ kernel's loop likewise. For each
+variant: whether the warp-specialized build's results equal the unspecialized build's, and the
+``do_bench`` median at B*H=64, S=8192, D=128 against the unspecialized kernel with our tiles.
+Findings: docs/benchmarks/warp_specialization.md ("The backward on the H200").
 
 Usage: python scripts/probe_ws_backward.py         (compile-only; one line per variant)
        python scripts/probe_ws_backward.py --gpu   (correctness and time of the specialized loop)

@@ -75,24 +75,6 @@ def test_tuned_candidates_compile_for_sm90_within_spill_budget(kernel, head_dim,
         assert not ops, ops   # the separate dQ kernel writes plain stores
 
 
-@pytest.mark.parametrize("mask_tile", [None, (128, 128)])
-def test_split_dq_is_warp_specialized_for_sm90(mask_tile):
-    """The split dQ's full-tile kernel: Triton 3.6 specializes its loop (a producer warp and two
-    consumer warpgroups: 12 warps, one warp_specialize region) without spills, in the shared memory
-    of an sm_90 block. Triton falls back to the plain loop silently when something in the kernel
-    defeats the pass, so this is what keeps the variant the tuner times specialized."""
-    from tritonpatch.inspect import measure_resources
-
-    if not triton.__version__.startswith("3.6."):
-        pytest.skip("the split dQ is verified (and offered by the tuner) with Triton 3.6 only")
-    config = B.WARP_SPECIALIZED_DQ_CONFIG
-    compiled = compile_sm90("dq", torch.bfloat16, 128, config, K.causal(), mask_tile=mask_tile)
-    assert compiled.metadata.num_warps == 12 and compiled.asm["ttgir"].count("ttg.warp_specialize(") == 1
-    resources = measure_resources(compiled.asm["cubin"], compiled.asm["ptx"], 90, (), compiled.metadata.shared)
-    assert resources.spill_stores == 0 and resources.spill_loads == 0, resources
-    assert resources.dynamic_shared + resources.static_shared <= 232448, resources   # sm_90's per-block limit
-
-
 def test_dq_write_variants_compile():
     config = B._DKDV_CONFIGS[64][0]
     compiled = {w: compile_sm90("dkdv", torch.float16, 64, config, K.causal(), dq_write=w)

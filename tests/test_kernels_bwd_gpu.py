@@ -106,38 +106,3 @@ def test_separate_is_bitwise_deterministic():
     finally:
         torch.use_deterministic_algorithms(previous)
     assert all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
-
-
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)])
-@pytest.mark.parametrize("name", list(MASKS))
-def test_warp_specialized_split_dq_matches_reference(name, heads, kv_heads):
-    """The split dQ (partial tiles into fp32, then the warp-specialized full tiles) against the fp32
-    reference, and against the one-kernel dQ with the same tiles (the same fp32 products, summed
-    partial tiles first: equal up to the order of the sum)."""
-    seq, gqa = 1024, heads != kv_heads
-    q, k, v, dout = make_inputs(2, heads, kv_heads, seq, 128, seed=5)
-    mask_mod = MASKS[name](seq, q.device)
-    assert B.warp_specialize_problem(q, k, v, dout, None, None) is None
-    out, lse = A.attention_forward(q, k, v, mask_mod=mask_mod, enable_gqa=gqa,
-                                   config=A.candidate_configs(128, q.device)[0])
-    results = {}
-    for dq_config in (B.WARP_SPECIALIZED_DQ_CONFIG, B.SPLIT_PARTIAL_DQ_CONFIG):
-        config = B.BwdConfig("separate", B._DKDV_CONFIGS[128][0], dq_config)
-        results[dq_config] = B.attention_backward(q, k, v, out, lse, dout, mask_mod=mask_mod, config=config,
-                                                  enable_gqa=gqa)
-        replayed = B.attention_backward(q, k, v, out, lse, dout, mask_mod=mask_mod, config=config, enable_gqa=gqa)
-        assert all(torch.equal(a, b) for a, b in zip(results[dq_config], replayed))   # the recorded launches
-    split, one_kernel = results[B.WARP_SPECIALIZED_DQ_CONFIG], results[B.SPLIT_PARTIAL_DQ_CONFIG]
-    assert_grads_close(split, reference_grads(q, k, v, dout, mask_mod=mask_mod, enable_gqa=gqa))
-    assert rel_err(split[0], one_kernel[0]) <= 5e-3
-    assert all(torch.equal(a, b) for a, b in zip(split[1:], one_kernel[1:]))   # dK, dV: the same kernel
-
-
-def test_warp_specialized_split_dq_rejected_where_it_cannot_run():
-    q, k, v, dout = make_inputs(1, 2, 2, 1000, 128)
-    assert "multiples" in B.warp_specialize_problem(q, k, v, dout, None, None)
-    assert "score_mod" in B.warp_specialize_problem(q, k, v, dout, K.softcap(5.0), None)
-    out, lse = A.attention_forward(q, k, v, mask_mod=K.causal())
-    config = B.BwdConfig("separate", B._DKDV_CONFIGS[128][0], B.WARP_SPECIALIZED_DQ_CONFIG)
-    with pytest.raises(ValueError, match="warp-specialized dQ"):
-        B.attention_backward(q, k, v, out, lse, dout, mask_mod=K.causal(), config=config)

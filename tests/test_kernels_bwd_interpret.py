@@ -206,29 +206,3 @@ def test_auto_mode_resolves_and_is_cached():
                  reference_grads(q, k, v, dout, mask_mod=mask_mod), torch.float32)
     assert B.tuned_config(q, k, mask_mod=mask_mod, dq_mode="auto").dq_mode == "separate"
     assert B.tuned_config(q, k, mask_mod=mask_mod, dq_mode="atomic").dq_mode == "atomic"
-
-
-@pytest.mark.parametrize("sub_n", [1, 2])
-@pytest.mark.parametrize("mask", ["causal", "prefix_lm", "none"])
-def test_split_dq_partial_tile_pass_then_full_tile_pass(mask, sub_n, monkeypatch):
-    """The split dQ's arithmetic: the dQ kernel over the partial tiles only (which also stores delta)
-    into an fp32 buffer, then the full-tile kernel starting from it, give the reference dQ, with GQA;
-    the full-tile pass matters. On Hopper the second pass is warp-specialized (the interpreter ignores
-    that). ``sub_n=2``: a block mask twice as wide as the kv step."""
-    seq = 64   # the split needs lengths that are multiples of its tiles
-    q, k, v, dout = inputs(1, 4, 2, seq, seq, 16, torch.float32, seed=7)
-    mask_mod = MASKS[mask]() or K.allow_all()
-    split = B.KernelConfig(32, 16, 4, 1, use_tma=True, warp_specialize=True)
-    monkeypatch.setattr(B, "SPLIT_PARTIAL_DQ_CONFIG", B.KernelConfig(32, 16, 4, 1))
-    out, lse = A.attention_forward(q, k, v, mask_mod=mask_mod, enable_gqa=True)
-    block_mask = K.build_block_mask(mask_mod, 1, 4, seq, seq, block_m=32, block_n=16 * sub_n, device="cpu")
-    assert block_mask.full_kv_num_blocks.sum() > 0
-    dq, delta = torch.empty_like(q), torch.empty(q.shape[:3])
-    B._launch_dq(q, k, v, out, dout, dq, lse, delta, None, block_mask, mask_mod, None, 0.25, split)
-    want_dq = reference_grads(q, k, v, dout, mask_mod=mask_mod, scale=0.25, enable_gqa=True)[0]
-    assert (dq.double() - want_dq).abs().max() <= TOL[torch.float32] * want_dq.abs().max()
-    torch.testing.assert_close(delta, (out * dout).sum(-1))
-    partial_only = torch.empty_like(q)
-    B._launch_dq_pass(q, k, v, out, dout, dq, partial_only, lse, delta, None, block_mask, mask_mod, None, 0.25,
-                      B.SPLIT_PARTIAL_DQ_CONFIG, A.PARTIAL_TILES, False, None)
-    assert not torch.allclose(partial_only.double() * 0.25, want_dq, atol=1e-3)
