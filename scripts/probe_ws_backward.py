@@ -100,6 +100,12 @@ def main() -> None:
 
 
 @triton.jit
+def _row_tiles(rows_ptr, seq_len, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """A device-side descriptor over one (batch, head)'s ``[seq_len, HEAD_DIM]`` rows, ``ROWS`` at a time."""
+    return tl.make_tensor_descriptor(rows_ptr, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [ROWS, HEAD_DIM])
+
+
+@triton.jit
 def _dkdv_sums(Q, K, V, DO, DK, DV, LSE, DELTA, seq_len, qk_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                HEAD_DIM: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, STORE_BY_DESCRIPTOR: tl.constexpr):
     """dK/dV fp32 sums of one kv tile over all q tiles of one (batch, head): every tile and the kv tile
@@ -107,10 +113,10 @@ def _dkdv_sums(Q, K, V, DO, DK, DV, LSE, DELTA, seq_len, qk_scale, BLOCK_M: tl.c
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1)
     base = bh * seq_len * HEAD_DIM
-    q_desc = tl.make_tensor_descriptor(Q + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
-    do_desc = tl.make_tensor_descriptor(DO + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
-    k = tl.make_tensor_descriptor(K + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).load([start_n, 0])
-    v = tl.make_tensor_descriptor(V + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).load([start_n, 0])
+    q_desc = _row_tiles(Q + base, seq_len, BLOCK_M, HEAD_DIM)
+    do_desc = _row_tiles(DO + base, seq_len, BLOCK_M, HEAD_DIM)
+    k = _row_tiles(K + base, seq_len, BLOCK_N, HEAD_DIM).load([start_n, 0])
+    v = _row_tiles(V + base, seq_len, BLOCK_N, HEAD_DIM).load([start_n, 0])
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     for t in tl.range(0, seq_len // BLOCK_M, warp_specialize=WARP_SPECIALIZE):
@@ -123,10 +129,8 @@ def _dkdv_sums(Q, K, V, DO, DK, DV, LSE, DELTA, seq_len, qk_scale, BLOCK_M: tl.c
         dv = tl.dot(p.to(do.dtype), do, dv)
         dk = tl.dot((p * (tl.dot(v, tl.trans(do)) - delta[None, :])).to(q.dtype), q, dk)
     if STORE_BY_DESCRIPTOR:
-        tl.make_tensor_descriptor(DK + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).store(
-            [start_n, 0], dk)
-        tl.make_tensor_descriptor(DV + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).store(
-            [start_n, 0], dv)
+        _row_tiles(DK + base, seq_len, BLOCK_N, HEAD_DIM).store([start_n, 0], dk)
+        _row_tiles(DV + base, seq_len, BLOCK_N, HEAD_DIM).store([start_n, 0], dv)
     else:
         offsets = base + (start_n + tl.arange(0, BLOCK_N))[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
         tl.store(DK + offsets, dk)
@@ -142,11 +146,10 @@ def _dq_sums(Q, K, V, DO, DQ, LSE, DELTA, seq_len, qk_scale, BLOCK_M: tl.constex
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     base = bh * seq_len * HEAD_DIM
-    k_desc = tl.make_tensor_descriptor(K + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
-    q = tl.make_tensor_descriptor(Q + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM]).load([start_m, 0])
-    do = tl.make_tensor_descriptor(DO + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM]).load(
-        [start_m, 0])
+    k_desc = _row_tiles(K + base, seq_len, BLOCK_N, HEAD_DIM)
+    v_desc = _row_tiles(V + base, seq_len, BLOCK_N, HEAD_DIM)
+    q = _row_tiles(Q + base, seq_len, BLOCK_M, HEAD_DIM).load([start_m, 0])
+    do = _row_tiles(DO + base, seq_len, BLOCK_M, HEAD_DIM).load([start_m, 0])
     lse2 = tl.make_tensor_descriptor(LSE + bh * seq_len, [seq_len], [1], [BLOCK_M]).load([start_m]) * 1.4426950408889634
     delta = tl.make_tensor_descriptor(DELTA + bh * seq_len, [seq_len], [1], [BLOCK_M]).load([start_m])
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -155,8 +158,7 @@ def _dq_sums(Q, K, V, DO, DQ, LSE, DELTA, seq_len, qk_scale, BLOCK_M: tl.constex
         p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
         ds = p * (tl.dot(do, tl.trans(v_desc.load([j * BLOCK_N, 0]))) - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq)
-    tl.make_tensor_descriptor(DQ + base, [seq_len, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM]).store(
-        [start_m, 0], dq.to(q.dtype))
+    _row_tiles(DQ + base, seq_len, BLOCK_M, HEAD_DIM).store([start_m, 0], dq.to(q.dtype))
 
 
 # dK/dV: (BLOCK_M, num_warps, num_stages, warp_specialize, store_by_descriptor); BLOCK_N = 128, D = 128
