@@ -51,52 +51,15 @@ def load_kv_tile(k_src, v_src, b, kv_h, start_n, kv_idx, kv_len, stride_kn, stri
 
 
 @triton.jit
-def _exp2_on_fma_pipes(x):
-    """2^x for finite x <= 0 without the MUFU unit, so that exponentials can run on the FMA and integer
-    pipes beside it (the D=64 forward is bound by MUFU's 16 ex2 per clock and SM). Round-to-nearest
-    by the 1.5 * 2^23 trick splits x = j + f, f in [-0.5, 0.5]; a degree-3 polynomial gives 2^f
-    (relative error 7.5e-5; P is rounded to 16 bits for the PV matmul anyway); j goes into the
-    exponent bits by an integer shift and add. Below -125 it returns tiny nonzero values, not 0:
-    full tiles only (no -inf scores)."""
-    x = tl.maximum(x, -125.0)
-    shifted = x + 12582912.0                    # 1.5 * 2^23: the low mantissa bits now hold round(x)
-    f = x - (shifted - 12582912.0)
-    p = 0.9999280727914266 + f * (0.6932609870111994 + f * (0.24261113509452598 + f * 0.05517166681468686))
-    exponent = shifted.to(tl.int32, bitcast=True) << 23   # round(x) << 23 (the constant's bits shift out)
-    return (p.to(tl.int32, bitcast=True) + exponent).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _exp2_split(x, FMA_EXP2: tl.constexpr):
-    """2^x of a score tile; with FMA_EXP2 = 2 (4) every second (fourth) column through
-    :func:`_exp2_on_fma_pipes`, the others through MUFU ``ex2``."""
-    if FMA_EXP2 == 0:
-        return tl.math.exp2(x)
-    rows: tl.constexpr = x.shape[0]
-    cols: tl.constexpr = x.shape[1]
-    if FMA_EXP2 == 2:
-        on_mufu, on_fma = tl.split(x.reshape(rows, cols // 2, 2))
-        return tl.join(tl.math.exp2(on_mufu), _exp2_on_fma_pipes(on_fma)).reshape(rows, cols)
-    # columns 16 i + 8 g + 2 t + e: a thread of an MMA accumulator holds both g and both e
-    by_group = x.reshape(rows, cols // 16, 2, 4, 2).permute(0, 1, 3, 4, 2)     # (rows, i, t, e, g)
-    group0, group1 = tl.split(by_group)
-    group1_mufu, group1_fma = tl.split(group1)
-    group1 = tl.join(tl.math.exp2(group1_mufu), _exp2_on_fma_pipes(group1_fma))
-    return tl.join(tl.math.exp2(group0), group1).permute(0, 1, 4, 2, 3).reshape(rows, cols)
-
-
-@triton.jit
-def _online_softmax_step(acc, l_i, m_i, x, v, factor, ROWS_MAY_BE_EMPTY: tl.constexpr,
-                         FMA_EXP2: tl.constexpr = 0):
+def _online_softmax_step(acc, l_i, m_i, x, v, factor, ROWS_MAY_BE_EMPTY: tl.constexpr):
     """Fold one tile of scores ``x`` (disallowed pairs -inf; base-2 units after ``* factor``) and
-    its V tile into (acc, l_i, m_i). ROWS_MAY_BE_EMPTY: a row may have seen no allowed pair yet.
-    FMA_EXP2: see :func:`_exp2_split` (for tiles without -inf scores)."""
+    its V tile into (acc, l_i, m_i). ROWS_MAY_BE_EMPTY: a row may have seen no allowed pair yet."""
     m_new = tl.maximum(m_i, tl.max(x, 1) * factor)
     if ROWS_MAY_BE_EMPTY:
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_ref = m_new
-    p = _exp2_split(x * factor - m_ref[:, None], FMA_EXP2)
+    p = tl.math.exp2(x * factor - m_ref[:, None])
     alpha = tl.math.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
@@ -130,14 +93,12 @@ def _attend_tiles_specialized(acc, l_i, m_i, q, k_src, v_src, num_full, full_ids
 def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                   num_tiles, tile_ids, b, h, kv_h, q_idx, kv_len, sm_scale, qk_scale, mask_args, score_args,
                   MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, APPLY_MASK: tl.constexpr,
-                  HAS_SCORE: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  FMA_EXP2: tl.constexpr):
+                  HAS_SCORE: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Online-softmax update of (acc, l_i, m_i) over the kv tiles listed in ``tile_ids[:num_tiles]``.
 
     APPLY_MASK selects, at compile time, the partial-tile body (mask + sequence-end checks) or the
     full-tile body (none). Scores are kept in base-2 units: ``x * factor`` with ``factor`` =
-    scale*log2(e) (or log2(e) after a score_mod), so ``exp2(x * factor - m)`` is one FMA + ex2.
-    FMA_EXP2: half of the full tiles' exponentials on the FMA pipes (:func:`_exp2_split`)."""
+    scale*log2(e) (or log2(e) after a score_mod), so ``exp2(x * factor - m)`` is one FMA + ex2."""
     offs_n = tl.arange(0, BLOCK_N)
     for j in range(0, num_tiles):
         start_n = tl.load(tile_ids + j) * BLOCK_N
@@ -154,7 +115,7 @@ def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_v
             kv_safe = tl.minimum(kv_idx, kv_len - 1)[None, :]
             keep = MASK_FN(b, h, q_idx, kv_safe, mask_args) & (kv_idx < kv_len)[None, :]
             x = tl.where(keep, x, float("-inf"))
-        acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, x, v, factor, APPLY_MASK, 0 if APPLY_MASK else FMA_EXP2)
+        acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, x, v, factor, APPLY_MASK)
     return acc, l_i, m_i
 
 
@@ -170,7 +131,7 @@ def _attn_fwd_kernel(Q, K, V, Out, LSE,
                      num_heads, group_size, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
                      MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, HAS_SCORE: tl.constexpr,
                      USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, TILES: tl.constexpr, FMA_EXP2: tl.constexpr):
+                     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, TILES: tl.constexpr):
     """One program per (q-block, batch*head). With USE_TMA, Q/K/V/Out are 4-D tensor descriptors;
     with WARP_SPECIALIZE they are pointers and the kernel makes 2-D descriptors of its (batch, head)
     (Triton 3.6 specializes Hopper loops over device-side descriptors only; see
@@ -237,11 +198,11 @@ def _attn_fwd_kernel(Q, K, V, Out, LSE,
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                                       num_full, full_ids + ids_off, b, h, kv_h, q_idx, kv_len,
                                       sm_scale, qk_scale, mask_args, score_args, MASK_FN, SCORE_FN,
-                                      False, HAS_SCORE, USE_TMA, BLOCK_N, HEAD_DIM, FMA_EXP2)
+                                      False, HAS_SCORE, USE_TMA, BLOCK_N, HEAD_DIM)
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                                       num_partial, partial_ids + ids_off, b, h, kv_h, q_idx,
                                       kv_len, sm_scale, qk_scale, mask_args, score_args, MASK_FN, SCORE_FN,
-                                      True, HAS_SCORE, USE_TMA, BLOCK_N, HEAD_DIM, False)
+                                      True, HAS_SCORE, USE_TMA, BLOCK_N, HEAD_DIM)
 
     empty_row = l_i == 0.0
     out = (acc / tl.where(empty_row, 1.0, l_i)[:, None]).to(q.dtype)
@@ -277,7 +238,6 @@ class FwdConfig:
     #                           over the partial tiles, resuming from the first pass's output: any mask
     pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
     pipeline_label: str = ""
-    fma_exp2: int = 0         # 2 / 4: a half / quarter of the full tiles' exponentials on the FMA pipes
 
     def __post_init__(self):
         if self.warp_specialize and not (self.use_tma and self.num_warps == 4):
@@ -288,7 +248,7 @@ class FwdConfig:
 
     def label(self) -> str:
         tma = ("-tma" if self.use_tma else "") + ("-ws" if self.warp_specialize else "") + \
-            ("-split" if self.split else "") + (f"-fx{self.fma_exp2}" if self.fma_exp2 else "")
+            ("-split" if self.split else "")
         pipe = f"+{self.pipeline_label}" if self.pipeline is not None else ""
         return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{tma}{pipe}"
 
@@ -298,11 +258,7 @@ class FwdConfig:
 # registers (no per-element 64-bit addresses), e.g. D=64 BM128-BN64-w8 uses 125 registers.
 _HOPPER_CONFIGS = {
     64: [FwdConfig(128, 64, 8, 3, True), FwdConfig(128, 64, 4, 3, True), FwdConfig(128, 128, 8, 3, True),
-         FwdConfig(128, 128, 4, 3, True), FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 8, 3),
-         # D=64 is bound by MUFU ex2 (16 per clock and SM, as many clocks as the two matmuls): the winners with
-         # a half / quarter of the full tiles' exponentials on the FMA pipes (_exp2_split)
-         FwdConfig(128, 128, 4, 3, True, fma_exp2=2), FwdConfig(128, 128, 4, 3, True, fma_exp2=4),
-         FwdConfig(128, 64, 4, 3, True, fma_exp2=2), FwdConfig(128, 64, 4, 3, True, fma_exp2=4)],
+         FwdConfig(128, 128, 4, 3, True), FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 8, 3)],
     128: [FwdConfig(128, 64, 8, 3, True), FwdConfig(128, 64, 8, 2, True), FwdConfig(128, 64, 8, 4, True),
           FwdConfig(128, 128, 8, 2, True), FwdConfig(128, 64, 8, 3)],
 }
@@ -431,7 +387,7 @@ def kernel_constexprs(head_dim: int, config: FwdConfig, mask_mod: MaskMod, score
             "MASK_FN": mask_mod.device_fn, "SCORE_FN": score_mod.device_fn if score_mod is not None else None,
             "HAS_SCORE": score_mod is not None, "USE_TMA": config.use_tma,
             "WARP_SPECIALIZE": config.warp_specialize, "BLOCK_M": config.block_m,
-            "BLOCK_N": config.block_n, "HEAD_DIM": head_dim, "TILES": tiles, "FMA_EXP2": config.fma_exp2}
+            "BLOCK_N": config.block_n, "HEAD_DIM": head_dim, "TILES": tiles}
 
 
 _PLANS = LaunchPlans()
@@ -486,8 +442,8 @@ def _launch_pass(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, sc
     kernel_kwargs = dict(MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod else None,
                          HAS_SCORE=score_mod is not None, USE_TMA=config.use_tma,
                          WARP_SPECIALIZE=config.warp_specialize, BLOCK_M=config.block_m,
-                         BLOCK_N=config.block_n, HEAD_DIM=head_dim, TILES=tiles, FMA_EXP2=config.fma_exp2,
-                         num_warps=config.num_warps, num_stages=config.num_stages)
+                         BLOCK_N=config.block_n, HEAD_DIM=head_dim, TILES=tiles, num_warps=config.num_warps,
+                         num_stages=config.num_stages)
     if full_ids.stride(-1) != 1 or partial_ids.stride(-1) != 1:
         raise ValueError("block_mask index tensors must be contiguous in their last dim")
     with device_allocator(config.warp_specialize), pipeline_scope(config.pipeline):

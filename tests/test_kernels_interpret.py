@@ -176,37 +176,3 @@ def test_full_tile_pass_then_partial_tile_pass_equals_one_pass(name):
     full_only = torch.empty_like(q), torch.empty(q.shape[:3])
     A._launch_pass(q, k, v, *full_only, masks, mask, None, 0.25, config, A.FULL_TILES, False, None)
     assert not torch.allclose(full_only[0], ref, atol=1e-3) or name == "none"   # the second pass matters
-
-
-@triton.jit
-def _exp2_kernel(X, Y, N: tl.constexpr):
-    offsets = tl.arange(0, N)
-    tl.store(Y + offsets, A._exp2_on_fma_pipes(tl.load(X + offsets)))
-
-
-def test_exp2_on_fma_pipes_against_float64():
-    """Relative error <= 1e-4 over the whole range the forward feeds it (finite x <= 0, down to where
-    2^x leaves fp32's normal range), integers and half-integers included (the rounding boundaries)."""
-    x = torch.cat([torch.linspace(-125.0, 0.0, 8001), -torch.arange(0, 126, dtype=torch.float32),
-                   -torch.arange(0, 125, dtype=torch.float32) - 0.5, torch.tensor([-1e-7, -0.49999997])])
-    x = torch.cat([x, torch.zeros(16384 - len(x))])
-    y = torch.empty_like(x)
-    _exp2_kernel[(1,)](x, y, N=len(x))
-    want = torch.exp2(x.double())
-    assert ((y.double() - want).abs() / want).max() <= 1e-4
-
-
-@pytest.mark.parametrize("fma_exp2", [2, 4])
-@pytest.mark.parametrize("name", ["none", "causal", "causal&document"])
-def test_full_tiles_with_exponentials_on_fma_pipes(name, fma_exp2):
-    """fma_exp2 configs (a half / quarter of the full tiles' exponentials by polynomial) match the
-    reference as closely as MUFU's (1e-4 in fp32), partial tiles and empty rows included."""
-    config = A.FwdConfig(32, 16, 4, 1, fma_exp2=fma_exp2)
-    q, k, v = qkv(1, 2, 2, 70, 70, 16, torch.float32, seed=9)
-    mask = MASKS[name](70) or K.allow_all()
-    out, lse = A.attention_forward(q, k, v, mask_mod=mask, config=config)
-    ref, ref_lse = K.reference.attention(q, k, v, mask_mod=mask, return_lse=True)
-    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(finite, torch.isfinite(lse))
-    torch.testing.assert_close(lse[finite], ref_lse[finite], atol=1e-4, rtol=1e-4)
