@@ -102,7 +102,7 @@ class TransposedBlockMask:
     block_n: int
 
 
-_transposed_cache: dict = {}
+_transposed_cache = LRUCache(64)   # id(BlockMask) -> (that BlockMask, its TransposedBlockMask)
 
 
 def transpose_block_mask(block_mask: BlockMask) -> TransposedBlockMask:
@@ -116,9 +116,7 @@ def transpose_block_mask(block_mask: BlockMask) -> TransposedBlockMask:
                                       block_mask.kv_len, block_mask.q_len)
     result = TransposedBlockMask(swapped.kv_num_blocks, swapped.kv_indices, swapped.full_kv_num_blocks,
                                  swapped.full_kv_indices, block_mask.block_m, block_mask.block_n)
-    if len(_transposed_cache) > 64:
-        _transposed_cache.clear()
-    _transposed_cache[id(block_mask)] = (block_mask, result)
+    _transposed_cache.put(id(block_mask), (block_mask, result))   # the entry keeps the object: its id stays its own
     return result
 
 
