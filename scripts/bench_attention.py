@@ -339,10 +339,17 @@ def block_mask_build_time(device, seq_len: int = 131072) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
+def run_environment(gpu: str | None = None) -> dict:
+    """Where, when and how a benchmark ran: the header of every JSON report under docs/benchmarks
+    (``gpu``: a label for runs without one; default: the current CUDA device's name)."""
+    return {"gpu": gpu or torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(),
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+            "command": "python " + " ".join(sys.argv)}
+
+
 def environment() -> dict:
-    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(), "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-            "command": "python " + " ".join(sys.argv), "batch": BATCH, "heads": HEADS, "dtype": "bfloat16"}
+    return dict(run_environment(), batch=BATCH, heads=HEADS, dtype="bfloat16")
 
 
 TITLES = {"fwd": "Attention forward", "fwd_bwd": "Attention forward + backward"}

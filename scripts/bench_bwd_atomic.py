@@ -17,10 +17,8 @@ against FlexAttention and SDPA: ``scripts/bench_attention.py --mode fwd_bwd``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
 import time
 
@@ -30,6 +28,9 @@ import triton
 import tritonpatch.kernels as K
 from tritonpatch.kernels import attention_bwd as B
 from tritonpatch.kernels import attention_fwd as A
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_attention import run_environment  # noqa: E402
 
 BATCH, HEADS, HEAD_DIM = 4, 8, 64
 SEQ_LENS = (2048, 4096, 8192, 16384, 32768)
@@ -121,12 +122,6 @@ def atomic_table(seq_lens, device, dtype, timer, deadline) -> list:
     return rows
 
 
-def environment(device) -> dict:
-    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter smoke run)"
-    return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"), "command": "python " + " ".join(sys.argv)}
-
-
 def write_markdown(path, report) -> None:
     env = report["environment"]
     lines = ["# Attention backward: dQ accumulation (the atomic_add report)", "",
@@ -214,7 +209,7 @@ def main() -> int:
     timer = Timer(args.cpu_smoke or args.warmup)
     seq_lens = [2048] if args.warmup else [int(s) for s in args.seq_lens.split(",")]
     os.makedirs(args.out, exist_ok=True)
-    report = {"environment": environment(device)}
+    report = {"environment": run_environment(None if device.type == "cuda" else "cpu (interpreter smoke run)")}
     json_path = os.path.join(args.out, "attention_bwd.json")
 
     def save(**updates):

@@ -76,11 +76,9 @@ def main() -> int:
                            caches=caches, mask=args.mask, head_dim=args.head_dim, seq_len=args.seq)
                 print(row, flush=True)
                 rows.append(row)
-    import torch
-    import triton
-    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "cpus": os.cpu_count(), "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-              "command": "python " + " ".join(sys.argv), "rows": rows}
+    from bench_attention import run_environment   # imports torch: only now, after the measured processes
+
+    report = dict(run_environment(), cpus=os.cpu_count(), rows=rows)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "first_call.json"), "w") as f:
         json.dump(report, f, indent=1)

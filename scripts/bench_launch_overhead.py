@@ -206,17 +206,14 @@ def main() -> int:
             write_markdown(json.load(f), args.out)
         return 0
     os.environ.setdefault("TRITONPATCH_TUNING_CACHE", "0")
-    import torch
-    import triton
+    from bench_attention import run_environment
 
     rows = []
     for case in args.cases.split(","):
         mask_name, head_dim, seq = case.split(":")
         rows.append(measure_case(mask_name, int(head_dim), int(seq), args.batch, args.heads, args.calls,
                                  args.profile))
-    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-              "command": "python " + " ".join(sys.argv), "rows": rows}
+    report = dict(run_environment(), rows=rows)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "launch_overhead.json"), "w") as f:
         json.dump(report, f, indent=1)
