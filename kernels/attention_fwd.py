@@ -254,13 +254,16 @@ class FwdConfig:
 
 
 # Candidates for Hopper (H100/H200), chosen from ptxas reports for sm_90a (registers, no spills, shared
-# memory within 227 KB); the tuner times them on the first call per shape. TMA variants need fewer
-# registers (no per-element 64-bit addresses), e.g. D=64 BM128-BN64-w8 uses 125 registers.
+# memory within 227 KB) and the H200 sweeps (scripts/bench_attention.py --sweep,
+# docs/benchmarks/attention_fwd_sweep.md); the tuner times them on the first call per shape. The 64-row
+# one-warpgroup tiles waste less of the partial tiles and, with 2 stages, fit 2-4 programs per SM (by
+# registers and shared memory), whose softmax and matmuls can overlap: they won at D=64 and on the
+# sparser masks at D=128 (sliding window, document).
 _HOPPER_CONFIGS = {
-    64: [FwdConfig(128, 64, 8, 3, True), FwdConfig(128, 64, 4, 3, True), FwdConfig(128, 128, 8, 3, True),
-         FwdConfig(128, 128, 4, 3, True), FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 8, 3)],
-    128: [FwdConfig(128, 64, 8, 3, True), FwdConfig(128, 64, 8, 2, True), FwdConfig(128, 64, 8, 4, True),
-          FwdConfig(128, 128, 8, 2, True), FwdConfig(128, 64, 8, 3)],
+    64: [FwdConfig(128, 128, 4, 3, True), FwdConfig(64, 128, 4, 2, True), FwdConfig(64, 64, 4, 2, True),
+         FwdConfig(128, 64, 4, 3, True), FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 8, 3)],
+    128: [FwdConfig(128, 128, 8, 2, True), FwdConfig(64, 64, 4, 2, True), FwdConfig(64, 64, 4, 3, True),
+          FwdConfig(64, 32, 4, 3, True), FwdConfig(128, 64, 8, 3, True), FwdConfig(128, 64, 8, 3)],
 }
 _INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 # Measured on H200 (docs/benchmarks/warp_specialization.md): 3 stages do not fit (D=128) or give NaN.

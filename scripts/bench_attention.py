@@ -162,54 +162,66 @@ def _compare(name, out, lse, ref, ref_lse) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
-SWEEP = {  # (block_m, block_n, num_warps, num_stages, use_tma)
-    64: [(128, 64, 4, 3, False), (128, 128, 8, 3, False), (128, 128, 4, 3, False), (128, 64, 8, 3, False),
-         (128, 64, 4, 3, True), (128, 128, 8, 3, True), (128, 128, 4, 3, True), (128, 64, 8, 3, True),
-         (128, 64, 4, 4, True), (128, 128, 8, 2, True)],
-    128: [(128, 64, 8, 3, False), (128, 128, 8, 2, False), (128, 64, 8, 2, False), (128, 128, 8, 3, False),
-          (128, 64, 8, 3, True), (128, 128, 8, 2, True), (128, 64, 8, 2, True), (128, 128, 8, 3, True),
-          (128, 64, 8, 4, True)],
+SWEEP = {  # (block_m, block_n, num_warps, num_stages, use_tma); each compiles for sm_90a within 227 KB of shared
+    # memory and without spills on the causal mask (ptxas -v). Round 2 (session 6) added 256-row q tiles at D=64
+    # (0.67-0.84x the incumbents at S=8192) and 64-row ones at D=128 (BM64-BN64-w4-s3 won sliding window and
+    # document); round 3: the incumbents, the best 256-row tile and the 64-row tiles around that winner
+    # (docs/benchmarks/attention_fwd_sweep.md).
+    64: [(128, 128, 4, 3, True), (128, 64, 4, 3, True), (256, 128, 8, 2, True), (64, 64, 4, 3, True),
+         (64, 128, 4, 3, True), (64, 64, 4, 4, True), (64, 128, 4, 2, True), (64, 64, 4, 2, True)],
+    128: [(128, 128, 8, 2, True), (128, 64, 8, 3, True), (64, 64, 4, 3, True), (64, 64, 4, 2, True),
+          (64, 32, 4, 3, True), (64, 32, 4, 4, True), (64, 64, 8, 3, True), (64, 128, 4, 3, True)],
 }
 
 
-def sweep(device) -> list:
-    """Time every config of SWEEP (plus disable-lsr on two) on the causal mask, S=8192."""
+def sweep(device, masks, head_dims, seq_lens, every_pipeline=False) -> list:
+    """Time every config of SWEEP, disable-lsr on the first (``every_pipeline``: on all), and the
+    warp-specialized configs where the call qualifies for them, per mask, head dim and length of the
+    grid (forward, bf16). With --warmup each config runs once (compiles), nothing is timed."""
     rows = []
-    seq = 8192
-    for head_dim in HEAD_DIMS:
-        configs = [A.FwdConfig(*c) for c in SWEEP[head_dim]]
-        configs += pipeline_variants([configs[0], configs[4]])
-        for mask_name in ("causal",):
-            mask, _ = make_mask(mask_name, seq, device)
-            frac = allowed_fraction(mask, seq, seq, device)
+    for seq in seq_lens:
+        for head_dim in head_dims:
             q, k, v = rand_qkv(BATCH, HEADS, seq, head_dim, device)
-            for cfg in configs:
-                try:
-                    ms = bench_ms(lambda: A.attention_forward(q, k, v, mask_mod=mask, config=cfg))
-                except Exception as exc:  # out of shared memory / registers: record and go on
-                    log(f"sweep D{head_dim} {mask_name} {cfg.label()}: {type(exc).__name__}: {str(exc)[:120]}")
-                    continue
-                tflops = 4 * BATCH * HEADS * seq * seq * head_dim * frac / ms / 1e9
-                log(f"sweep D{head_dim} {mask_name:9s} {cfg.label():28s} {ms:7.3f} ms {tflops:6.1f} TFLOP/s")
-                rows.append({"head_dim": head_dim, "mask": mask_name, "config": cfg.label(), "ms": ms,
-                             "tflops": tflops})
+            for mask_name in masks:
+                mask, _ = make_mask(mask_name, seq, device)
+                frac = allowed_fraction(mask, seq, seq, device)
+                configs = [A.FwdConfig(*c) for c in SWEEP[head_dim]]
+                configs += pipeline_variants(configs if every_pipeline else configs[:1])
+                configs += [ws for ws in (A.WARP_SPECIALIZED_CONFIG, A.SPLIT_CONFIG)
+                            if A.warp_specialize_problem(q, k, v, mask, None, None, ws.split) is None]
+                tuner_candidates = {c.label() for c in A.candidate_configs(head_dim, device)}
+                for cfg in configs:
+                    try:
+                        A.attention_forward(q, k, v, mask_mod=mask, config=cfg)
+                        if WARMUP_ONLY:
+                            continue
+                        ms = bench_ms(lambda: A.attention_forward(q, k, v, mask_mod=mask, config=cfg))
+                    except Exception as exc:  # noqa: BLE001 - out of shared memory / registers: record, go on
+                        log(f"sweep D{head_dim} {mask_name} S{seq} {cfg.label()}: {type(exc).__name__}: "
+                            f"{str(exc)[:120]}")
+                        continue
+                    tflops = 4 * BATCH * HEADS * seq * seq * head_dim * frac / ms / 1e9
+                    log(f"sweep D{head_dim} {mask_name:15s} S{seq:<6d} {cfg.label():36s} {ms:7.3f} ms "
+                        f"{tflops:6.1f} TFLOP/s")
+                    rows.append({"head_dim": head_dim, "mask": mask_name, "seq_len": seq, "config": cfg.label(),
+                                 "ms": ms, "tflops": tflops,
+                                 "tuner_candidate": cfg.label() in tuner_candidates or cfg.warp_specialize})
     return rows
 
 
 BWD_SWEEP = {  # kernel -> head_dim -> (block_m, block_n, num_warps, num_stages); each with and without TMA.
     # Round 2 (round 1: docs/benchmarks/attention_bwd_sweep.md): around the winners of round 1; spills
-    # (ptxas -v, separate mode) noted where there are any.
+    # (ptxas -v, separate mode) noted where there are any. Round 3 (session 6, D=128 only): the incumbents
+    # and one-warpgroup tiles light enough for two programs per SM, as won the forward's sweep.
     "dkdv": {64: [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 8, 2),   # the last spills 48 B
                   (128, 128, 8, 2), (32, 64, 4, 3), (64, 128, 8, 2)],                 # BM128-BN128: 200 B
-             128: [(64, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 4), (64, 128, 16, 2),  # 16, 108, 80, 336 B
-                   (32, 128, 8, 2)]},
+             128: [(64, 128, 8, 3), (16, 64, 4, 2), (16, 64, 4, 3), (32, 64, 4, 2)]},  # 136, 0, 20, 116 B
     "dq": {64: [(64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 4), (128, 64, 8, 2), (128, 64, 8, 4), (128, 128, 8, 3)],
-           128: [(128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 16, 3), (128, 128, 8, 2),    # BM128-BN128: 168 B
-                 (128, 64, 8, 2)]},
+           128: [(128, 128, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3), (64, 64, 4, 3)]},   # BM128-BN128: 28 B
 }
 
 
-def sweep_bwd(device, seq=8192) -> list:
+def sweep_bwd(device, head_dims=HEAD_DIMS, seq=8192) -> list:
     """Time each backward kernel config of BWD_SWEEP on the causal mask (bf16, separate dQ mode),
     plus disable-lsr on the first of each list and the dK/dV kernel's first two in atomic mode: each
     kernel's configs with the other kernel fixed at its first tuning candidate (the whole backward is
@@ -217,7 +229,7 @@ def sweep_bwd(device, seq=8192) -> list:
     rows = []
     mask = K.causal()
     frac = allowed_fraction(mask, seq, seq, device)
-    for head_dim in HEAD_DIMS:
+    for head_dim in head_dims:
         q, k, v = rand_qkv(BATCH, HEADS, seq, head_dim, device)
         dout = torch.randn_like(q)
         out, lse = A.attention_forward(q, k, v, mask_mod=mask)
@@ -420,6 +432,8 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="forward correctness vs the fp32 reference")
     parser.add_argument("--sweep", action="store_true", help="time a wider config space (forward or backward "
                         "kernels, by --mode)")
+    parser.add_argument("--sweep-pipelines", action="store_true", help="forward --sweep: every config also "
+                        "with the disable-lsr Pipeline (default: the first only)")
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmark grid")
     parser.add_argument("--masks", default=",".join(MASKS))
     parser.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
@@ -437,16 +451,24 @@ def main() -> int:
                 reports.append(json.load(f))
         rows = [row for r in reports for row in r.get("rows", [])]
         rows.sort(key=lambda r: (r["seq_len"], MASKS.index(r["mask"]), r["head_dim"]))
-        sweeps = [dict(row, round=i + 1) for i, r in enumerate(reports) for row in r.get("sweep", [])]
+        # a sweep row's round: as recorded in it, else the report's place in the list
+        sweeps = [dict(row, round=row.get("round", i + 1)) for i, r in enumerate(reports) for row in r.get("sweep", [])]
+        commands = {}
+        for i, r in enumerate(reports):
+            for rnd in sorted({row.get("round", i + 1) for row in r.get("sweep", [])}):
+                commands.setdefault(rnd, []).append(r["environment"]["command"])
         os.makedirs(args.out, exist_ok=True)
-        write_reports(dict(reports[0], rows=rows, sweep=sweeps), args.out)
+        write_reports(dict(reports[0], rows=rows, sweep=sweeps, sweep_commands=commands), args.out)
         return 0
     grid = (args.masks.split(","), [int(d) for d in args.head_dims.split(",")],
             [int(s) for s in args.seq_lens.split(",")])
     if args.warmup:
         WARMUP_ONLY = True
         os.environ["TRITONPATCH_TUNING_CACHE"] = "0"   # decisions made while sharing the GPU must not persist
-        bench(torch.device("cuda"), args.mode, *grid)
+        if args.sweep and args.mode == "fwd":
+            sweep(torch.device("cuda"), *grid, args.sweep_pipelines)
+        if not args.no_bench:
+            bench(torch.device("cuda"), args.mode, *grid)
         return 0
     if not torch.cuda.is_available():
         print("bench_attention.py needs a CUDA GPU", file=sys.stderr)
@@ -468,7 +490,7 @@ def main() -> int:
         save(check=check(device))
         status |= 0 if all(r["ok"] for r in report["check"]) else 1
     if args.sweep:
-        save(sweep=sweep(device) if args.mode == "fwd" else sweep_bwd(device))
+        save(sweep=sweep(device, *grid, args.sweep_pipelines) if args.mode == "fwd" else sweep_bwd(device, grid[1]))
     if not args.no_bench:
         save(block_mask_build=block_mask_build_time(device))
         bench(device, args.mode, *grid, on_row=lambda rows: save(rows=rows))
@@ -497,6 +519,31 @@ def write_sweep_markdown(path, report) -> None:
         f.write("\n".join(lines) + "\n")
 
 
+def write_fwd_sweep_markdown(path, report) -> None:
+    """The forward sweep (--sweep) as one table per mask, head dim and length, fastest first, with
+    each config's speed relative to the fastest of the tuner's current candidates."""
+    env, sweep = report["environment"], report["sweep"]
+    commands = report.get("sweep_commands") or {sweep[0].get("round", 1): [env["command"]]}
+    lines = ["# Attention forward: kernel config sweep (bf16, B=4 H=16)", ""]
+    lines += [f"- round {rnd}: " + "; ".join(f"`{c}`" for c in cmds) for rnd, cmds in sorted(commands.items())]
+    lines += [f"- GPU: {env['gpu']}; torch {env['torch']}; triton {env['triton']}; date {env['date_utc']} UTC",
+              "- TFLOP/s = 4·B·H·S²·D × allowed fraction / time (do_bench median); 'vs tuner' = the fastest of "
+              "the tuner's candidates when it ran (marked *) / this config"]
+    group_of = lambda r: (r.get("round", 1), r["mask"], r["head_dim"], r["seq_len"])
+    groups = sorted({group_of(r) for r in sweep},
+                    key=lambda g: (g[0], g[2], MASKS.index(g[1]) if g[1] in MASKS else 0, g[3]))
+    for group in groups:
+        rnd, mask_name, head_dim, seq = group
+        rows = sorted((r for r in sweep if group_of(r) == group), key=lambda r: r["ms"])
+        tuner_best = min((r["ms"] for r in rows if r.get("tuner_candidate")), default=None)
+        lines += ["", f"## Round {rnd}: {mask_name}, D={head_dim}, S={seq}", "",
+                  "| config | ms | TFLOP/s | vs tuner |", "|---|---|---|---|"]
+        lines += [f"| {r['config']}{' *' if r.get('tuner_candidate') else ''} | {r['ms']:.3f} | {r['tflops']:.1f} | "
+                  + (f"{tuner_best / r['ms']:.3f} |" if tuner_best else "— |") for r in rows]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def write_reports(report: dict, out_dir: str) -> None:
     """attention_<mode>.md and .png from a report, and the backward sweep's table if it has one
     (also usable offline: --from-json)."""
@@ -505,8 +552,11 @@ def write_reports(report: dict, out_dir: str) -> None:
     if rows:
         write_markdown(os.path.join(out_dir, f"attention_{mode}.md"), report, rows)
         write_plot(os.path.join(out_dir, f"attention_{mode}.png"), rows, mode)
-    if mode == "fwd_bwd" and report.get("sweep"):
-        write_sweep_markdown(os.path.join(out_dir, "attention_bwd_sweep.md"), report)
+    if report.get("sweep"):
+        if mode == "fwd_bwd":
+            write_sweep_markdown(os.path.join(out_dir, "attention_bwd_sweep.md"), report)
+        else:
+            write_fwd_sweep_markdown(os.path.join(out_dir, "attention_fwd_sweep.md"), report)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,23 @@ def test_masks_match_reference(name, head_dim, use_tma):
     torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
 
 
+CANDIDATES = [(d, c) for d, configs in A._HOPPER_CONFIGS.items() for c in configs]
+
+
+@pytest.mark.parametrize("head_dim, config", CANDIDATES, ids=[f"D{d}-{c.label()}" for d, c in CANDIDATES])
+def test_every_tuner_candidate_matches_reference(head_dim, config):
+    """Each config the tuner may pick, on a mask with full and partial tiles and a ragged end."""
+    if config.use_tma and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs Hopper")
+    seq, device = 1100, torch.device("cuda")
+    q, k, v = (torch.randn(2, 4, seq, head_dim, device=device, dtype=torch.bfloat16) for _ in range(3))
+    mask = MASKS["sliding|prefix"](seq, device)
+    out, lse = A.attention_forward(q, k, v, mask_mod=mask, config=config)
+    ref, ref_lse = K.reference.attention(q, k, v, mask_mod=mask, return_lse=True)
+    assert rel_err(out, ref) <= 1e-2
+    torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
+
+
 @pytest.mark.parametrize("score", ["alibi", "softcap"])
 def test_score_mods_and_gqa_tuned(score):
     device = torch.device("cuda")
