@@ -236,6 +236,7 @@ class FwdConfig:
     warp_specialize: bool = False   # one loop, TMA producer + 2 consumer warpgroups (see warp_specialize_problem)
     split: bool = False       # warp-specialized pass over the full tiles only (no mask), then SPLIT_PARTIAL_CONFIG
     #                           over the partial tiles, resuming from the first pass's output: any mask
+    max_registers: int | None = None   # ptxas register cap per thread (Triton's maxnreg), so more programs fit an SM
     pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
     pipeline_label: str = ""
 
@@ -248,19 +249,29 @@ class FwdConfig:
 
     def label(self) -> str:
         tma = ("-tma" if self.use_tma else "") + ("-ws" if self.warp_specialize else "") + \
-            ("-split" if self.split else "")
+            ("-split" if self.split else "") + (f"-r{self.max_registers}" if self.max_registers else "")
         pipe = f"+{self.pipeline_label}" if self.pipeline is not None else ""
         return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{tma}{pipe}"
 
+    def compile_options(self) -> dict:
+        """Triton compile options of this config (launch keywords, or ``compile_for_target`` options)."""
+        options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.max_registers:
+            options["maxnreg"] = self.max_registers
+        return options
 
-# Candidates for Hopper (H100/H200), chosen from ptxas reports for sm_90a (registers, no spills, shared
-# memory within 227 KB) and the H200 sweeps (scripts/bench_attention.py --sweep,
-# docs/benchmarks/attention_fwd_sweep.md); the tuner times them on the first call per shape. The 64-row
-# one-warpgroup tiles waste less of the partial tiles and, with 2 stages, fit 2-4 programs per SM (by
-# registers and shared memory), whose softmax and matmuls can overlap: they won at D=64 and on the
-# sparser masks at D=128 (sliding window, document).
+
+# Candidates for Hopper (H100/H200), chosen from ptxas reports for sm_90a (registers, spills, shared memory
+# within 227 KB; tests/test_kernels_compile.py holds each to its spill budget) and the H200 sweeps
+# (scripts/bench_attention.py --sweep, docs/benchmarks/attention_fwd_sweep.md); the tuner times them on the
+# first call per shape. The 64-row one-warpgroup tiles waste less of the partial tiles and, with 2 stages,
+# fit 2-4 programs per SM (by registers and shared memory), whose softmax and matmuls can overlap: they won
+# at D=64 and on the sparser masks at D=128 (sliding window, document). At D=64 a register cap fits one more
+# program per SM: BM64-BN64 at 96 registers (5 programs) is 1.03-1.09x on every mask, BM64-BN128 at 168 (3)
+# 1.24-1.27x on prefix-LM.
 _HOPPER_CONFIGS = {
     64: [FwdConfig(128, 128, 4, 3, True), FwdConfig(64, 128, 4, 2, True), FwdConfig(64, 64, 4, 2, True),
+         FwdConfig(64, 128, 4, 2, True, max_registers=168), FwdConfig(64, 64, 4, 2, True, max_registers=96),
          FwdConfig(128, 64, 4, 3, True), FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 8, 3)],
     128: [FwdConfig(128, 128, 8, 2, True), FwdConfig(64, 64, 4, 2, True), FwdConfig(64, 64, 4, 3, True),
           FwdConfig(64, 32, 4, 3, True), FwdConfig(128, 64, 8, 3, True), FwdConfig(128, 64, 8, 3)],
@@ -445,8 +456,7 @@ def _launch_pass(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, sc
     kernel_kwargs = dict(MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod else None,
                          HAS_SCORE=score_mod is not None, USE_TMA=config.use_tma,
                          WARP_SPECIALIZE=config.warp_specialize, BLOCK_M=config.block_m,
-                         BLOCK_N=config.block_n, HEAD_DIM=head_dim, TILES=tiles, num_warps=config.num_warps,
-                         num_stages=config.num_stages)
+                         BLOCK_N=config.block_n, HEAD_DIM=head_dim, TILES=tiles, **config.compile_options())
     if full_ids.stride(-1) != 1 or partial_ids.stride(-1) != 1:
         raise ValueError("block_mask index tensors must be contiguous in their last dim")
     with device_allocator(config.warp_specialize), pipeline_scope(config.pipeline):

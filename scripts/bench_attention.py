@@ -162,15 +162,18 @@ def _compare(name, out, lse, ref, ref_lse) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
-SWEEP = {  # (block_m, block_n, num_warps, num_stages, use_tma); each compiles for sm_90a within 227 KB of shared
-    # memory and without spills on the causal mask (ptxas -v). Round 2 (session 6) added 256-row q tiles at D=64
-    # (0.67-0.84x the incumbents at S=8192) and 64-row ones at D=128 (BM64-BN64-w4-s3 won sliding window and
-    # document); round 3: the incumbents, the best 256-row tile and the 64-row tiles around that winner
-    # (docs/benchmarks/attention_fwd_sweep.md).
-    64: [(128, 128, 4, 3, True), (128, 64, 4, 3, True), (256, 128, 8, 2, True), (64, 64, 4, 3, True),
-         (64, 128, 4, 3, True), (64, 64, 4, 4, True), (64, 128, 4, 2, True), (64, 64, 4, 2, True)],
-    128: [(128, 128, 8, 2, True), (128, 64, 8, 3, True), (64, 64, 4, 3, True), (64, 64, 4, 2, True),
-          (64, 32, 4, 3, True), (64, 32, 4, 4, True), (64, 64, 8, 3, True), (64, 128, 4, 3, True)],
+SWEEP = {  # head dim -> forward configs; each compiles for sm_90a within 227 KB of shared memory and without
+    # spills on the causal mask (ptxas -v). Round 2 (session 6) added 256-row q tiles at D=64 (0.67-0.84x the
+    # incumbents at S=8192) and 64-row ones at D=128 (BM64-BN64-w4-s3 won sliding window and document); round 3:
+    # the incumbents, the best 256-row tile and the 64-row tiles around that winner; round 5 (D=64): the
+    # 64-row winners with a register cap that fits one more program per SM (182 -> 168: 2 -> 3 by registers;
+    # 108 -> 96: 4 -> 5) (docs/benchmarks/attention_fwd_sweep.md).
+    64: [A.FwdConfig(64, 128, 4, 2, True), A.FwdConfig(64, 128, 4, 2, True, max_registers=168),
+         A.FwdConfig(64, 64, 4, 2, True), A.FwdConfig(64, 64, 4, 2, True, max_registers=96),
+         A.FwdConfig(128, 128, 4, 3, True)],
+    128: [A.FwdConfig(*c) for c in [(128, 128, 8, 2, True), (128, 64, 8, 3, True), (64, 64, 4, 3, True),
+                                    (64, 64, 4, 2, True), (64, 32, 4, 3, True), (64, 32, 4, 4, True),
+                                    (64, 64, 8, 3, True), (64, 128, 4, 3, True)]],
 }
 
 
@@ -185,7 +188,7 @@ def sweep(device, masks, head_dims, seq_lens, every_pipeline=False) -> list:
             for mask_name in masks:
                 mask, _ = make_mask(mask_name, seq, device)
                 frac = allowed_fraction(mask, seq, seq, device)
-                configs = [A.FwdConfig(*c) for c in SWEEP[head_dim]]
+                configs = list(SWEEP[head_dim])
                 configs += pipeline_variants(configs if every_pipeline else configs[:1])
                 configs += [ws for ws in (A.WARP_SPECIALIZED_CONFIG, A.SPLIT_CONFIG)
                             if A.warp_specialize_problem(q, k, v, mask, None, None, ws.split) is None]
