@@ -553,17 +553,10 @@ def _resolve(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, config
     return config, masks_for(config), mask_mod, scale
 
 
-def _tune(q, k, v, mask_mod, score_mod, block_mask, scale, masks_for, plan_key=None) -> FwdConfig:
-    """The fastest candidate for this shape (cached in memory and on disk). With ``plan_key`` (the
-    call's replay key) the candidates are timed on replayed launches, as later calls will run: on
-    small problems a full launch costs more host time than the kernel runs."""
-    key = _tuning_key(q, k, v, mask_mod, score_mod, block_mask)
-    if key in _tuned:
-        return _tuned[key]
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)   # scratch for the timed candidates
-    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+def tuning_candidates(q, k, v, mask_mod: MaskMod, score_mod, block_mask, tma_ok: bool) -> list:
+    """The configs the tuner times for this call: the head dim's candidates (those with TMA only when
+    ``tma_ok``), the warp-specialized ones where they apply, and only tiles matching ``block_mask``."""
     candidates = candidate_configs(q.shape[-1], q.device)
-    tma_ok = tma_compatible(q, k, v, out)
     if not tma_ok:
         candidates = [c for c in candidates if not c.use_tma]
     else:
@@ -573,6 +566,20 @@ def _tune(q, k, v, mask_mod, score_mod, block_mask, scale, masks_for, plan_key=N
         candidates = [c for c in candidates if (c.block_m, c.block_n) == (block_mask.block_m, block_mask.block_n)]
         if not candidates:
             candidates = [FwdConfig(block_mask.block_m, block_mask.block_n, 8 if q.shape[-1] >= 128 else 4, 2)]
+    return candidates
+
+
+def _tune(q, k, v, mask_mod, score_mod, block_mask, scale, masks_for, plan_key=None) -> FwdConfig:
+    """The fastest candidate for this shape (cached in memory and on disk). With ``plan_key`` (the
+    call's replay key) the candidates are timed on replayed launches, as later calls will run: on
+    small problems a full launch costs more host time than the kernel runs."""
+    key = _tuning_key(q, k, v, mask_mod, score_mod, block_mask)
+    if key in _tuned:
+        return _tuned[key]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)   # scratch for the timed candidates
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    tma_ok = tma_compatible(q, k, v, out)
+    candidates = tuning_candidates(q, k, v, mask_mod, score_mod, block_mask, tma_ok)
     if len(candidates) == 1 or interpreting():
         best = candidates[0]
     else:

@@ -188,11 +188,11 @@ def sweep(device, masks, head_dims, seq_lens, every_pipeline=False) -> list:
             for mask_name in masks:
                 mask, _ = make_mask(mask_name, seq, device)
                 frac = allowed_fraction(mask, seq, seq, device)
+                tuner_candidates = A.tuning_candidates(q, k, v, mask, None, None, A.tma_compatible(q, k, v))
                 configs = list(SWEEP[head_dim])
                 configs += pipeline_variants(configs if every_pipeline else configs[:1])
-                configs += [ws for ws in (A.WARP_SPECIALIZED_CONFIG, A.SPLIT_CONFIG)
-                            if A.warp_specialize_problem(q, k, v, mask, None, None, ws.split) is None]
-                tuner_candidates = {c.label() for c in A.candidate_configs(head_dim, device)}
+                configs += [c for c in tuner_candidates if c.warp_specialize]
+                tuner_labels = {c.label() for c in tuner_candidates}
                 for cfg in configs:
                     try:
                         A.attention_forward(q, k, v, mask_mod=mask, config=cfg)
@@ -208,7 +208,7 @@ def sweep(device, masks, head_dims, seq_lens, every_pipeline=False) -> list:
                         f"{tflops:6.1f} TFLOP/s")
                     rows.append({"head_dim": head_dim, "mask": mask_name, "seq_len": seq, "config": cfg.label(),
                                  "ms": ms, "tflops": tflops,
-                                 "tuner_candidate": cfg.label() in tuner_candidates or cfg.warp_specialize})
+                                 "tuner_candidate": cfg.label() in tuner_labels})
     return rows
 
 
