@@ -31,6 +31,23 @@ MASKS = {
 }
 
 
+def spill_allowance(bytes_on_triton_36: int) -> int:
+    """Spill bytes a tuning candidate may show: as measured on Triton 3.6 (the candidate tables were
+    tuned there); later versions allocate differently (3.9 spills more on some tiles), which the
+    run-time tuner then weighs by timing."""
+    import triton
+
+    return bytes_on_triton_36 if triton.__version__.startswith("3.6.") else 2 * bytes_on_triton_36 + 64
+
+
+def forward_candidates():
+    """(head dim, config) of every forward config the Hopper tuner may pick, and their test ids."""
+    from tritonpatch.kernels import attention_fwd as A
+
+    cases = [(d, c) for d, configs in A._HOPPER_CONFIGS.items() for c in configs]
+    return cases, [f"D{d}-{c.label()}" for d, c in cases]
+
+
 def rel_err(got, ref):
     """‖got − ref‖ / ‖ref‖ in fp32."""
     return ((got.float() - ref.float()).norm() / ref.float().norm()).item()

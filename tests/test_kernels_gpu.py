@@ -7,7 +7,7 @@ import torch
 
 import tritonpatch.kernels as K
 from tritonpatch.kernels import attention_fwd as A
-from attention_cases import MASKS, rel_err
+from attention_cases import MASKS, forward_candidates, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -26,10 +26,10 @@ def test_masks_match_reference(name, head_dim, use_tma):
     torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
 
 
-CANDIDATES = [(d, c) for d, configs in A._HOPPER_CONFIGS.items() for c in configs]
+CANDIDATES, CANDIDATE_IDS = forward_candidates()
 
 
-@pytest.mark.parametrize("head_dim, config", CANDIDATES, ids=[f"D{d}-{c.label()}" for d, c in CANDIDATES])
+@pytest.mark.parametrize("head_dim, config", CANDIDATES, ids=CANDIDATE_IDS)
 def test_every_tuner_candidate_matches_reference(head_dim, config):
     """Each config the tuner may pick, on a mask with full and partial tiles and a ragged end."""
     if config.use_tma and torch.cuda.get_device_capability()[0] < 9:
