@@ -454,12 +454,13 @@ def main() -> int:
                 reports.append(json.load(f))
         rows = [row for r in reports for row in r.get("rows", [])]
         rows.sort(key=lambda r: (r["seq_len"], MASKS.index(r["mask"]), r["head_dim"]))
-        # a sweep row's round: as recorded in it, else the report's place in the list
-        sweeps = [dict(row, round=row.get("round", i + 1)) for i, r in enumerate(reports) for row in r.get("sweep", [])]
-        commands = {}
+        sweeps, commands = [], {}   # sweep rows and, per round, the commands that measured it
         for i, r in enumerate(reports):
-            for rnd in sorted({row.get("round", i + 1) for row in r.get("sweep", [])}):
-                commands.setdefault(rnd, []).append(r["environment"]["command"])
+            for row in r.get("sweep", []):
+                rnd = row.get("round", i + 1)   # as recorded in the row, else the report's place in the list
+                sweeps.append(dict(row, round=rnd))
+                if r["environment"]["command"] not in commands.setdefault(rnd, []):
+                    commands[rnd].append(r["environment"]["command"])
         os.makedirs(args.out, exist_ok=True)
         write_reports(dict(reports[0], rows=rows, sweep=sweeps, sweep_commands=commands), args.out)
         return 0
