@@ -1,0 +1,1 @@
+"""The golden IR corpus: kernels, capture and comparison (see README.md here)."""
