@@ -102,22 +102,24 @@ class TransposedBlockMask:
     block_n: int
 
 
-_transposed_cache = LRUCache(64)   # id(BlockMask) -> (that BlockMask, its TransposedBlockMask)
+_transposed_cache = LRUCache(64)   # BlockMask.launch_key() -> its TransposedBlockMask
 
 
 def transpose_block_mask(block_mask: BlockMask) -> TransposedBlockMask:
     """Swap the roles of q and kv blocks. Tiles crossing the end of the queries are demoted to
-    partial (the dK/dV kernel's full-tile loop has no bounds checks). Cached per BlockMask object."""
-    cached = _transposed_cache.get(id(block_mask))
-    if cached is not None and cached[0] is block_mask:
-        return cached[1]
-    classes = block_mask.tile_classes().transpose(-1, -2)
-    swapped = block_mask_from_classes(classes, block_mask.block_n, block_mask.block_m,
-                                      block_mask.kv_len, block_mask.q_len)
-    result = TransposedBlockMask(swapped.kv_num_blocks, swapped.kv_indices, swapped.full_kv_num_blocks,
-                                 swapped.full_kv_indices, block_mask.block_m, block_mask.block_n)
-    _transposed_cache.put(id(block_mask), (block_mask, result))   # the entry keeps the object: its id stays its own
-    return result
+    partial (the dK/dV kernel's full-tile loop has no bounds checks). Cached per index tensors (by
+    object and version: a custom op's per-call BlockMask over the same tensors hits, tensors written
+    in place miss)."""
+    key = block_mask.launch_key()
+    cached = _transposed_cache.get(key)
+    if cached is None:
+        classes = block_mask.tile_classes().transpose(-1, -2)
+        swapped = block_mask_from_classes(classes, block_mask.block_n, block_mask.block_m,
+                                          block_mask.kv_len, block_mask.q_len)
+        cached = TransposedBlockMask(swapped.kv_num_blocks, swapped.kv_indices, swapped.full_kv_num_blocks,
+                                     swapped.full_kv_indices, block_mask.block_m, block_mask.block_n)
+        _transposed_cache.put(key, cached)
+    return cached
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ ever built.
 
 Classification uses the mask's ``tile_rule`` when it has one (closed form, exact for the affine
 factories), otherwise a Triton kernel that evaluates the mask on every tile (CUDA, or CPU tensors
-under ``TRITON_INTERPRET=1``). Results are cached per (mask values, shape, block sizes, device).
+under ``TRITON_INTERPRET=1``). Results are cached per (mask structure and runtime arguments, shape,
+block sizes, device); tensor arguments count by object and version (``masks.TensorIdentity``), never
+by address, so a new ``doc_ids`` tensor at a freed one's address is classified anew.
 """
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ from ._launch import LRUCache, check_device
 from .masks import MaskMod, argument_key
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
-_cache = LRUCache(64)        # (mask values, shape, tiles, device, method) -> BlockMask
-_flex_cache = LRUCache(64)   # Flex BlockMask tensors' identities -> (those tensors, the converted BlockMask)
+_cache = LRUCache(64)        # (mask structure and argument identities, shape, tiles, device, method) -> BlockMask
+_flex_cache = LRUCache(64)   # Flex BlockMask tensors' identities and geometry -> the converted BlockMask
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,9 +47,10 @@ class BlockMask:
         return tuple(self.kv_indices.shape)
 
     def launch_key(self) -> tuple:
-        """What the kernels receive from this block mask (for replay keys, kernels/_launch.py): its
-        index tensors' identities and its geometry, so that two objects over the same tensors (a
-        custom op rebuilds one per call) share replays and tensors written in place do not."""
+        """What the kernels receive from this block mask (for replay keys, kernels/_launch.py, and the
+        transposed-mask cache): its index tensors' identities (``masks.TensorIdentity``) and its
+        geometry, so that two objects over the same tensors (a custom op rebuilds one per call) share
+        entries, and tensors written in place or new tensors at old addresses do not."""
         return (tuple(argument_key(t) for t in (self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks,
                                                self.full_kv_indices)),
                 self.block_m, self.block_n, self.q_len, self.kv_len)
@@ -189,17 +192,16 @@ def from_flex_block_mask(flex_mask) -> BlockMask:
     """Convert a ``torch.nn.attention.flex_attention.BlockMask`` (e.g. from ``create_block_mask``).
 
     Its partial tiles still need a mask on the device: pass one of ours as ``mask_mod`` to
-    :func:`tritonpatch.kernels.attention` alongside it. Cached per Flex mask tensors (address,
-    version), so a mask passed on every call is converted once."""
+    :func:`tritonpatch.kernels.attention` alongside it. Cached per Flex mask tensors (by object and
+    version, ``masks.TensorIdentity``), so a mask passed on every call is converted once."""
     tensors = (flex_mask.kv_num_blocks, flex_mask.kv_indices, flex_mask.full_kv_num_blocks,
                flex_mask.full_kv_indices)
     key = (tuple(argument_key(t) for t in tensors), tuple(flex_mask.BLOCK_SIZE), tuple(flex_mask.seq_lengths))
     cached = _flex_cache.get(key)
-    if cached is not None:
-        return cached[1]
-    result = _convert_flex_block_mask(flex_mask)
-    _flex_cache.put(key, (tensors, result))   # the entry keeps the tensors, so their addresses are not reused
-    return result
+    if cached is None:
+        cached = _convert_flex_block_mask(flex_mask)
+        _flex_cache.put(key, cached)
+    return cached
 
 
 def _convert_flex_block_mask(flex_mask) -> BlockMask:

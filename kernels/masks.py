@@ -78,7 +78,7 @@ class MaskMod:
         return self.torch_fn(b, h, q_idx, kv_idx, *self.args)
 
     def cache_key(self) -> tuple:
-        """Hashable identity of the mask *values* (structure and runtime arguments)."""
+        """Hashable identity of the mask: its structure and its runtime arguments (:func:`argument_key`)."""
         return (self.structure, tuple(argument_key(a) for a in self.args))
 
     def portable_key(self) -> str | None:
@@ -127,11 +127,48 @@ def launch_key(modifier) -> tuple | None:
 
 
 def argument_key(arg):
-    """Hashable identity of a runtime argument: a tensor by address, shape, dtype, device and version
-    (written in place: a new key), anything else by value."""
+    """Hashable identity of a runtime argument for cache keys: a tensor by :class:`TensorIdentity`,
+    a float by its exact value and sign (``repr``), anything else by type and value (``1``, ``1.0``
+    and ``True`` specialize kernels differently)."""
     if isinstance(arg, torch.Tensor):
-        return ("tensor", arg.data_ptr(), tuple(arg.shape), str(arg.dtype), str(arg.device), arg._version)
-    return ("scalar", arg)
+        return TensorIdentity(arg)
+    return ("scalar", type(arg), repr(arg) if isinstance(arg, float) else arg)
+
+
+class TensorIdentity:
+    """A tensor in a cache key: equal only to the key of the *same live tensor object*, unchanged.
+
+    An address is not an identity: a tensor freed after its key was made leaves its address to the
+    next allocation of that size (a packed-sequence loop makes a new ``doc_ids`` of one shape every
+    step), and live tensors share addresses too (views, ``torch.from_numpy`` of one buffer). So the
+    key holds a weak reference and compares objects with ``is`` (a key whose tensor died equals
+    nothing: its entry only misses until the LRU drops it), plus the tensor's version counter,
+    which torch bumps on every in-place write (``add_``, ``copy_``, index assignment), and its
+    address, shape, strides, dtype and device (in-place ``set_``/``resize_``/``as_strided_``).
+    Writes that bypass the version counter (through ``.numpy()``, DLPack, or another kernel's raw
+    pointer) are not seen: make a new modifier after such a write. The key keeps nothing alive.
+    O(1) host work, no device synchronization."""
+
+    __slots__ = ("_ref", "_state", "_hash")
+
+    def __init__(self, tensor: torch.Tensor):
+        self._ref = weakref.ref(tensor)
+        self._state = (tensor._version, tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
+        self._hash = hash((id(tensor), self._state[0], self._state[1]))   # the rest is compared on lookup
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, TensorIdentity):
+            return NotImplemented
+        tensor = self._ref()
+        return tensor is not None and tensor is other._ref() and self._state == other._state
+
+    def __repr__(self) -> str:
+        tensor = self._ref()
+        state = "dead" if tensor is None else f"version {self._state[0]}"
+        return f"TensorIdentity({tuple(self._state[2])}, {self._state[4]}, {self._state[5]}, {state})"
 
 
 # ---------------------------------------------------------------------------------------------

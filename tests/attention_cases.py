@@ -2,11 +2,14 @@
 and running an interpreter-only test file in its own ``TRITON_INTERPRET=1`` process."""
 from __future__ import annotations
 
+import gc
 import os
 import re
 import subprocess
 import sys
 
+import numpy
+import pytest
 import torch
 
 import tritonpatch.kernels as K
@@ -64,3 +67,33 @@ def run_interpreter_suite(test_file: str) -> tuple[int, int]:
     summary = proc.stdout.splitlines()[-1]
     counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|skipped)", summary)}
     return counts.get("passed", 0), counts.get("skipped", 0)
+
+
+def new_tensor_at_old_address(how: str, first_values, second_values, dtype, use, attempts: int = 20):
+    """``(use(first), use(second))`` for two distinct tensors of one shape and dtype, both at version 0,
+    where ``second`` lies at the address ``first`` had when ``use`` saw it: the case a cache keyed by
+    address mistakes for a hit. ``how``: ``"freed"``, ``first`` is freed before ``second`` is made
+    and the allocator hands its block out again (tried ``attempts`` times, then skipped: small blocks
+    are usually reused at once, but not always); ``"shared"``, both are ``torch.from_numpy`` views of
+    one buffer, rewritten in between through numpy (which bypasses the version counter), so this case
+    never depends on the allocator. ``use`` must keep no reference to its tensor."""
+    if how == "shared":
+        buffer = torch.tensor(first_values, dtype=dtype).numpy()
+        first = torch.from_numpy(buffer)
+        first_result = use(first)
+        buffer[...] = numpy.asarray(second_values)
+        second = torch.from_numpy(buffer)
+        assert second is not first and second.data_ptr() == first.data_ptr()
+        assert second._version == first._version == 0
+        return first_result, use(second)
+    for _ in range(attempts):
+        first = torch.tensor(first_values, dtype=dtype)
+        address = first.data_ptr()
+        source = torch.tensor(second_values, dtype=dtype)
+        first_result = use(first)
+        del first
+        gc.collect()
+        second = source.clone()   # the only allocation since first was freed
+        if second.data_ptr() == address:
+            return first_result, use(second)
+    pytest.skip("the allocator did not hand a freed block out again (the 'shared' case covers this)")

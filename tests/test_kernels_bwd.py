@@ -165,3 +165,18 @@ def test_tma_config_on_unaligned_rows_is_rejected():
     with pytest.raises(ValueError, match="loads tiles through TMA"):
         B.attention_backward(q, k, v, torch.zeros_like(q), torch.zeros(1, 2, 8, device="meta"), torch.zeros_like(q),
                              config=B.BwdConfig("separate", tma, tma))
+
+
+def test_transposed_block_mask_follows_the_index_tensors():
+    """Cached per index tensors by object and version: the custom op's per-call BlockMask over the same
+    tensors hits; tensors written in place are transposed anew."""
+    built = K.build_block_mask(K.sliding_window(20), 1, 1, 64, 64, block_m=16, block_n=16, device="cpu")
+    first = B.transpose_block_mask(built)
+    rewrapped = K.BlockMask(built.kv_num_blocks, built.kv_indices, built.full_kv_num_blocks, built.full_kv_indices,
+                            16, 16, 64, 64)
+    assert B.transpose_block_mask(rewrapped) is first
+    built.full_kv_num_blocks.zero_()                                  # every full tile dropped, in place
+    again = B.transpose_block_mask(built)
+    classes = K.BlockMask(again.q_num_blocks, again.q_indices, again.full_q_num_blocks, again.full_q_indices,
+                          16, 16, 64, 64).tile_classes()
+    assert torch.equal(classes, built.tile_classes().transpose(-1, -2))

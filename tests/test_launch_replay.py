@@ -4,7 +4,8 @@ Kernel launches are replaced by a fake compiled kernel. The central check: for a
 an earlier call's launch, the argument values the replay passes equal, position by position, the
 values the full launcher builds for the same call's tensors (the fake plans report the replay and
 then let the launcher run as if there were no plan). Also: replay keys separate every call property
-that reaches a kernel, and plans keep no tensor of the call that recorded them.
+that reaches a kernel, modifier tensors count by object and version (never by address), and plans
+keep no tensor of the call that recorded them.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from tritonpatch import env
 from tritonpatch.kernels import _launch
 from tritonpatch.kernels import attention_bwd as B
 from tritonpatch.kernels import attention_fwd as A
+from attention_cases import new_tensor_at_old_address
 
 
 class FakeCompiled:
@@ -177,6 +179,42 @@ def test_replay_keys_separate_what_reaches_the_kernel(fake_cuda):
     ids.add_(0)                                                       # written in place: a new version
     assert key(mask=doc) != doc_key
     assert key(mask="not a mask") is None                             # left to the checks, which raise
+
+
+@pytest.mark.parametrize("how", ["freed", "shared"])
+@pytest.mark.parametrize("modifier", ["alibi", "document"])
+def test_replay_keys_are_not_fooled_by_new_modifier_tensors_at_old_addresses(fake_cuda, modifier, how):
+    """A new slopes / doc_ids tensor where an earlier call's (now freed, or rewritten behind the version
+    counter) lay: same address, shape, dtype and version, other values. A replay would pass the
+    recorded call's tensor, so the keys must differ, forward and backward."""
+    q, k, v, dout = qkv(0)
+    out, lse = torch.randn_like(q), torch.randn(q.shape[:3])
+
+    def keys(tensor):
+        mask, score = (None, K.alibi(tensor)) if modifier == "alibi" else (K.document(tensor), None)
+        return (A._call_key(q, k, v, mask, score, None, None, False, None),
+                B._call_key(q, k, v, out, lse, dout, None, mask, score, None, None, False, "auto", None, "atomic"))
+
+    if modifier == "alibi":
+        values = ([0.5] * 128, [0.25] * 128), torch.float32
+    else:
+        values = ([0] * 32 + [1] * 32, [0] * 8 + [1] * 56), torch.int32
+    first, second = new_tensor_at_old_address(how, *values[0], values[1], keys)
+    assert None not in first + second
+    assert first[0] != second[0] and first[1] != second[1]
+
+
+def test_custom_op_calls_replay(fake_cuda):
+    """The custom op (torch.compile's path) rebuilds the BlockMask from its index tensors on every call
+    and finds the mask by its key: the second call replays the first's launch."""
+    q, k, v, _ = qkv(0)
+    mask = K.and_masks(K.causal(), K.document(torch.tensor([0] * 20 + [1] * 44, dtype=torch.int32)))
+    built = K.build_block_mask(mask, 1, 2, 64, 64, block_m=32, block_n=16, device="cpu")
+    from tritonpatch.kernels.block_mask import block_mask_to_tensors
+
+    for _ in range(2):
+        torch.ops.tritonpatch.attention_fwd(q, k, v, *block_mask_to_tensors(built), mask.op_key, "", None, False)
+    assert [entry[0] for entry in fake_cuda] == ["launch", "would replay", "launch"]
 
 
 def test_fast_launch_switch(fake_cuda, monkeypatch):
