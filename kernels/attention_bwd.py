@@ -495,12 +495,6 @@ def _expanded(num: torch.Tensor, ids: torch.Tensor, batch: int, heads: int):
     return num.expand(expand), ids.expand(expand + (ids.shape[-1],))
 
 
-def _device_args(modifier, device) -> tuple:
-    if modifier is None:
-        return ()
-    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in modifier.args)
-
-
 def _tile_list_args(partial_num, partial_ids, full_num, full_ids, q, k, mask_mod, score_mod, scale) -> tuple:
     """The arguments both backward kernels take after their tensors' strides: the tile lists (expanded
     to ``[B, H, ...]``) and their strides, sizes, scales and the modifiers' runtime arguments."""
@@ -512,7 +506,7 @@ def _tile_list_args(partial_num, partial_ids, full_num, full_ids, q, k, mask_mod
             partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
             partial_ids.stride(2),
             heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
-            _device_args(mask_mod, q.device), _device_args(score_mod, q.device))
+            mask_mod.args, score_mod.args if score_mod is not None else ())
 
 
 def _modifier_constexprs(mask_mod: MaskMod, score_mod: ScoreMod | None) -> dict:
@@ -695,6 +689,9 @@ def _resolve(q, k, v, out, lse, dout, dlse, mask_mod, score_mod, block_mask, sca
     if not isinstance(mask_mod, MaskMod):
         raise TypeError("attention backward: mask_mod must come from tritonpatch.kernels masks (causal(), ...)")
     score_gradient(score_mod)   # rejects a score_mod without a gradient rule before any work
+    for modifier in (mask_mod, score_mod):
+        if modifier is not None:
+            modifier.check_problem(batch, heads, q_len, kv_len, q.device)
     if dq_write not in DQ_WRITE_NAMES:
         raise ValueError(f"attention backward: dq_write must be one of {sorted(DQ_WRITE_NAMES)}, got {dq_write!r}")
     for name, t, shape in (("out", out, q.shape), ("dout", dout, q.shape)):

@@ -437,9 +437,8 @@ def _launch_pass(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, sc
     full_num = block_mask.full_kv_num_blocks.expand(expand)
     partial_ids = block_mask.kv_indices.expand(expand + (block_mask.kv_indices.shape[-1],))
     full_ids = block_mask.full_kv_indices.expand(expand + (block_mask.full_kv_indices.shape[-1],))
-    mask_args = tuple(a.to(q.device) if isinstance(a, torch.Tensor) else a for a in mask_mod.args)
-    score_args = tuple(a.to(q.device) if isinstance(a, torch.Tensor) else a for a in score_mod.args) \
-        if score_mod is not None else ()
+    mask_args = mask_mod.args
+    score_args = score_mod.args if score_mod is not None else ()
     grid = (triton.cdiv(q_len, config.block_m), batch * heads)
     if config.use_tma and not config.warp_specialize:
         q_t, k_t, v_t, out_t = (tile_descriptor(q, config.block_m), tile_descriptor(k, config.block_n),
@@ -531,6 +530,9 @@ def _resolve(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, config
     batch, heads, q_len, head_dim = q.shape
     kv_len = k.shape[2]
     mask_mod = allow_all() if mask_mod is None else mask_mod
+    for modifier in (mask_mod, score_mod):
+        if modifier is not None:
+            modifier.check_problem(batch, heads, q_len, kv_len, q.device)
     if block_mask is not None:
         _check_block_mask(block_mask, batch, heads, q_len, kv_len)
     check_device(q, "attention")

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ._launch import LRUCache, check_device
-from .masks import MaskMod, argument_key
+from .masks import MaskMod, argument_key, normalized_device
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 _cache = LRUCache(64)        # (mask structure and argument identities, shape, tiles, device, method) -> BlockMask
@@ -94,7 +94,8 @@ def build_block_mask(mask_mod: MaskMod, batch: int, heads: int, q_len: int, kv_l
                         ("block_m", block_m), ("block_n", block_n)):
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"build_block_mask: {name} must be a positive int, got {value!r}")
-    device = torch.device(device)
+    device = normalized_device(device)
+    mask_mod.check_problem(batch, heads, q_len, kv_len, device)
     mask_batch = batch if mask_mod.batch_dependent else 1
     mask_heads = heads if mask_mod.head_dependent else 1
     use_rule = mask_mod.tile_rule is not None and method != "kernel"
@@ -119,8 +120,8 @@ def _tile_bounds(length: int, block: int, device):
 def _classify_by_rule(mask_mod, mask_batch, mask_heads, q_len, kv_len, block_m, block_n, device):
     q_lo, q_hi = _tile_bounds(q_len, block_m, device)
     kv_lo, kv_hi = _tile_bounds(kv_len, block_n, device)
-    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in mask_mod.args)
-    all_true, any_true = mask_mod.tile_rule(q_lo[:, None], q_hi[:, None], kv_lo[None, :], kv_hi[None, :], *args)
+    all_true, any_true = mask_mod.tile_rule(q_lo[:, None], q_hi[:, None], kv_lo[None, :], kv_hi[None, :],
+                                            *mask_mod.args)
     shape = (mask_batch, mask_heads, q_lo.numel(), kv_lo.numel())
     all_true = torch.as_tensor(all_true, device=device)
     any_true = torch.as_tensor(any_true, device=device)
@@ -158,10 +159,9 @@ def _classify_tiles_kernel(classes, stride_cb, stride_ch, stride_cq, mask_args, 
 def _classify_by_kernel(mask_mod, mask_batch, mask_heads, q_len, kv_len, block_m, block_n, device):
     num_q, num_kv = triton.cdiv(q_len, block_m), triton.cdiv(kv_len, block_n)
     classes = torch.empty((mask_batch, mask_heads, num_q, num_kv), dtype=torch.int8, device=device)
-    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in mask_mod.args)
     check_device(classes, "build_block_mask(method='kernel')")
     _classify_tiles_kernel[(num_q, mask_batch * mask_heads)](
-        classes, classes.stride(0), classes.stride(1), classes.stride(2), args, q_len, kv_len, num_kv,
+        classes, classes.stride(0), classes.stride(1), classes.stride(2), mask_mod.args, q_len, kv_len, num_kv,
         mask_heads, mask_mod.device_fn, block_m, block_n)
     return classes
 

@@ -68,6 +68,7 @@ class MaskMod:
     structure: tuple = field(default=(), repr=False)
     shift_invariant: bool = False   # depends on q_idx - kv_idx only (and b, h): the device function may be
     #                                 called with both indices shifted by the same amount
+    check: Optional[Callable] = field(default=None, repr=False)   # see check_problem
     op_key: str = field(default="", init=False, repr=False)
 
     def __post_init__(self):
@@ -80,6 +81,14 @@ class MaskMod:
     def cache_key(self) -> tuple:
         """Hashable identity of the mask: its structure and its runtime arguments (:func:`argument_key`)."""
         return (self.structure, tuple(argument_key(a) for a in self.args))
+
+    def check_problem(self, batch: int, heads: int, q_len: int, kv_len: int, device) -> None:
+        """Raise a ValueError naming the modifier, what it needs and what it got when its runtime
+        arguments do not fit an attention of ``[batch, heads, q_len, kv_len]`` on ``device`` (a
+        tensor argument on another device, ``document`` ids of another length); the kernels would
+        read out of bounds otherwise."""
+        if self.check is not None:
+            self.check(batch, heads, q_len, kv_len, device)
 
     def portable_key(self) -> str | None:
         """The mask's code by factory names, the same in every process (for tuning decisions kept on
@@ -96,6 +105,7 @@ class ScoreMod:
     torch_fn: Callable
     args: tuple = ()
     from_factory: bool = False   # made by alibi() / softcap(): its code is known by name
+    check: Optional[Callable] = field(default=None, repr=False)   # see MaskMod.check_problem
     op_key: str = field(default="", init=False, repr=False)
 
     def __post_init__(self):
@@ -104,6 +114,8 @@ class ScoreMod:
     def __call__(self, score, b, h, q_idx, kv_idx):
         """Evaluate on torch tensors (broadcasting), like a FlexAttention ``score_mod``."""
         return self.torch_fn(score, b, h, q_idx, kv_idx, *self.args)
+
+    check_problem = MaskMod.check_problem
 
     def portable_key(self) -> str | None:
         """Like :meth:`MaskMod.portable_key`: the factory's name, None for a ``custom_score``."""
@@ -238,12 +250,35 @@ def _call_expr(leaf_index: int, fixed: str, first_arg: int, nargs: int) -> str:
     return f"_leaf{leaf_index}({fixed}{arg_list})"
 
 
-def _leaf_mask(name, leaf_fn, torch_fn, args=(), tile_rule=None, batch_dependent=False, shift_invariant=False):
+def _leaf_mask(name, leaf_fn, torch_fn, args=(), tile_rule=None, batch_dependent=False, shift_invariant=False,
+               check=None):
     structure = ("mask-leaf", name, len(args))
     device_fn = _generate(structure, [leaf_fn], _call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
                           "b, h, q_idx, kv_idx, args")
     return MaskMod(name, device_fn, torch_fn, tuple(args), tile_rule, batch_dependent, False, structure,
-                   shift_invariant)
+                   shift_invariant, check)
+
+
+def _argument_check(label: str, args: tuple, specific: Optional[Callable] = None) -> Callable:
+    """A leaf modifier's ``check``: every tensor argument on the attention's device (the kernels
+    read it there), then ``specific(batch, heads, q_len, kv_len)`` for what the leaf's rule needs."""
+    def check(batch, heads, q_len, kv_len, device):
+        expected = normalized_device(device)
+        for arg in args:
+            if isinstance(arg, torch.Tensor) and normalized_device(arg.device) != expected:
+                raise ValueError(f"{label}: a tensor argument is on {arg.device}, the attention runs on {expected}; "
+                                 f"create it on {expected} (e.g. tensor.to(q.device)) before making the modifier")
+        if specific is not None:
+            specific(batch, heads, q_len, kv_len)
+    return check
+
+
+def normalized_device(device) -> torch.device:
+    """``device`` as a torch.device with its index (``"cuda"`` is the current CUDA device)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def custom_mask(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | None = None,
@@ -261,21 +296,24 @@ def custom_mask(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | 
     structure = ("mask-leaf", "custom", id(device_fn), len(args))
     wrapper = _generate(structure, [device_fn], _call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
                         "b, h, q_idx, kv_idx, args")
-    return MaskMod(name, wrapper, torch_fn, tuple(args), tile_rule, batch_dependent, head_dependent, structure,
-                   shift_invariant)
+    args = tuple(args)
+    return MaskMod(name, wrapper, torch_fn, args, tile_rule, batch_dependent, head_dependent, structure,
+                   shift_invariant, _argument_check(f"custom_mask {name!r}", args))
 
 
 def custom_score(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | None = None) -> ScoreMod:
     """A score modifier from ``device_fn(score, b, h, q_idx, kv_idx, *args)`` (``@triton.jit``, fp32
     score tile in, new score out) and the same rule in torch."""
     name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
-    return _score_mod(device_fn, torch_fn, args, name, from_factory=False)
+    args = tuple(args)
+    return _score_mod(device_fn, torch_fn, args, name, False, _argument_check(f"custom_score {name!r}", args))
 
 
-def _score_mod(device_fn, torch_fn: Callable, args: tuple, name: str, from_factory: bool) -> ScoreMod:
+def _score_mod(device_fn, torch_fn: Callable, args: tuple, name: str, from_factory: bool,
+               check: Optional[Callable] = None) -> ScoreMod:
     wrapper = _generate(("score-leaf", "custom", id(device_fn), len(args)), [device_fn],
                         _call_expr(0, "score, b, h, q_idx, kv_idx", 0, len(args)), "score, b, h, q_idx, kv_idx, args")
-    return ScoreMod(name, wrapper, torch_fn, tuple(args), from_factory)
+    return ScoreMod(name, wrapper, torch_fn, tuple(args), from_factory, check)
 
 
 def _combine(kind: str, masks: tuple) -> MaskMod:
@@ -306,9 +344,14 @@ def _combine(kind: str, masks: tuple) -> MaskMod:
     if all(m.tile_rule is not None for m in masks):
         rule = _and_rule(masks, spans) if kind == "and" else _or_rule(masks, spans)
     name = f"{kind}_masks(" + ", ".join(m.name for m in masks) + ")"
+
+    def check(*problem):
+        for m in masks:
+            m.check_problem(*problem)
+
     return MaskMod(name, device_fn, torch_fn, args, rule,
                    any(m.batch_dependent for m in masks), any(m.head_dependent for m in masks), structure,
-                   all(m.shift_invariant for m in masks))
+                   all(m.shift_invariant for m in masks), check)
 
 
 def _offsets(masks):
@@ -397,13 +440,16 @@ def sliding_window(window: int) -> MaskMod:
 def document(doc_ids: torch.Tensor) -> MaskMod:
     """Document (packed sequences) mask: a query sees keys of its own document.
 
-    ``doc_ids`` is an integer tensor of shape ``[S]`` (same packing for every batch) or ``[B, S]``.
-    Queries and keys share the packing, so Sq must equal Skv. Combine with :func:`causal` through
-    :func:`and_masks` for causal packed sequences."""
+    ``doc_ids`` is an integer tensor of shape ``[S]`` (same packing for every batch) or ``[B, S]``,
+    on the attention's device, with one id per position: queries and keys share the packing, so
+    Sq must equal Skv (the attention checks both, and the batch dim). Combine with :func:`causal`
+    through :func:`and_masks` for causal packed sequences. int32 and int64 ids are used as they are
+    (no narrowing); a non-contiguous tensor is copied."""
     if not isinstance(doc_ids, torch.Tensor) or doc_ids.dtype not in (torch.int32, torch.int64) \
             or doc_ids.dim() not in (1, 2):
-        raise TypeError("document(doc_ids) needs an int32/int64 tensor of shape [S] or [B, S]")
-    ids = doc_ids.to(torch.int32).contiguous()
+        raise TypeError(f"document(doc_ids) needs an int32/int64 tensor of shape [S] or [B, S], got "
+                        f"{_described(doc_ids)}")
+    ids = doc_ids.contiguous()
     batched = ids.dim() == 2
     batch_stride = ids.shape[-1] if batched else 0
 
@@ -412,13 +458,17 @@ def document(doc_ids: torch.Tensor) -> MaskMod:
         bb = b if ids_arg.dim() == 2 else torch.zeros_like(b)
         return table[bb, q] == table[bb, kv]
 
-    mask = _leaf_mask("document", _document_dev, torch_fn, (ids, batch_stride), batch_dependent=batched)
-    return _with_rule(mask, _document_rule(ids))
+    def fits(batch, heads, q_len, kv_len):
+        expected = f"[{q_len}] or [{batch}, {q_len}]"
+        if q_len != kv_len:
+            raise ValueError(f"document(doc_ids) needs Sq == Skv (queries and keys share one packing); the "
+                             f"attention has Sq = {q_len}, Skv = {kv_len}")
+        if ids.shape[-1] != q_len or (batched and ids.shape[0] != batch):
+            raise ValueError(f"document(doc_ids): doc_ids has shape {tuple(ids.shape)}, the attention of B = {batch}, "
+                             f"Sq = Skv = {q_len} needs one id per position: shape {expected}")
 
-
-def _with_rule(mask: MaskMod, rule) -> MaskMod:
-    return MaskMod(mask.name, mask.device_fn, mask.torch_fn, mask.args, rule,
-                   mask.batch_dependent, mask.head_dependent, mask.structure, mask.shift_invariant)
+    return _leaf_mask("document", _document_dev, torch_fn, (ids, batch_stride), _document_rule(ids),
+                      batch_dependent=batched, check=_argument_check("document(doc_ids)", (ids,), fits))
 
 
 def _document_rule(ids: torch.Tensor):
@@ -432,8 +482,9 @@ def _document_rule(ids: torch.Tensor):
         pos = torch.arange(n, device=table.device)
         tile_of = torch.searchsorted(lo.flatten().contiguous(), pos, right=True) - 1
         count = lo.numel()
-        mins = torch.full((table.shape[0], count), torch.iinfo(torch.int32).max, dtype=torch.int32, device=table.device)
-        maxs = torch.full((table.shape[0], count), torch.iinfo(torch.int32).min, dtype=torch.int32, device=table.device)
+        limits = torch.iinfo(table.dtype)
+        mins = torch.full((table.shape[0], count), limits.max, dtype=table.dtype, device=table.device)
+        maxs = torch.full((table.shape[0], count), limits.min, dtype=table.dtype, device=table.device)
         idx = tile_of.expand(table.shape[0], n)
         mins.scatter_reduce_(1, idx, table, "amin")
         maxs.scatter_reduce_(1, idx, table, "amax")
@@ -465,17 +516,26 @@ def or_masks(*masks: MaskMod) -> MaskMod:
 def alibi(slopes: torch.Tensor) -> ScoreMod:
     """ALiBi bias: ``score + slopes[h] * (kv_idx - q_idx)``; ``slopes`` is a float tensor [H]."""
     if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1 or not slopes.is_floating_point():
-        raise TypeError("alibi(slopes) needs a 1-D float tensor with one slope per query head")
+        raise TypeError(f"alibi(slopes) needs a 1-D float tensor with one slope per query head, got "
+                        f"{_described(slopes)}")
     slopes = slopes.to(torch.float32).contiguous()
+
     def torch_fn(score, b, h, q, kv, s):
         return score + s[h] * (kv - q).to(score.dtype)
 
-    return _score_mod(_alibi_dev, torch_fn, (slopes,), "alibi", from_factory=True)
+    def fits(batch, heads, q_len, kv_len):
+        if slopes.shape[0] != heads:
+            raise ValueError(f"alibi(slopes): slopes has shape {tuple(slopes.shape)}, the attention has H = {heads} "
+                             f"query heads and needs one slope per head: shape [{heads}] (e.g. alibi_slopes({heads}))")
+
+    return _score_mod(_alibi_dev, torch_fn, (slopes,), "alibi", True, _argument_check("alibi(slopes)", (slopes,), fits))
 
 
-def alibi_slopes(num_heads: int) -> torch.Tensor:
-    """The ALiBi paper's geometric slopes ``2^(-8 i / H)`` for ``i = 1..H``."""
-    return torch.tensor([2.0 ** (-8.0 * (i + 1) / num_heads) for i in range(num_heads)], dtype=torch.float32)
+def alibi_slopes(num_heads: int, device=None) -> torch.Tensor:
+    """The ALiBi paper's geometric slopes ``2^(-8 i / H)`` for ``i = 1..H``, on ``device`` (the
+    attention's: ``alibi_slopes(H, q.device)``; default the CPU)."""
+    return torch.tensor([2.0 ** (-8.0 * (i + 1) / num_heads) for i in range(num_heads)], dtype=torch.float32,
+                        device=device)
 
 
 def softcap(cap: float) -> ScoreMod:
@@ -484,6 +544,13 @@ def softcap(cap: float) -> ScoreMod:
         raise ValueError(f"softcap(cap) needs a positive finite number, got {cap!r}")
     return _score_mod(_softcap_dev, lambda score, b, h, q, kv, c: c * torch.tanh(score / c), (float(cap),),
                       "softcap", from_factory=True)
+
+
+def _described(value) -> str:
+    """``value`` for an error message: a tensor by dtype and shape, anything else by type."""
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
 
 
 def _nonnegative_int(factory: str, name: str, value) -> int:

@@ -31,6 +31,18 @@ def t(*shape, dtype=torch.float16):
     ((t(1, 4, 8, 16), t(1, 2, 8, 16), t(1, 2, 8, 16)), {}, ValueError, "enable_gqa=True"),
     ((t(1, 4, 8, 16), t(1, 3, 8, 16), t(1, 3, 8, 16)), {"enable_gqa": True}, ValueError, "multiple of Hkv"),
     ((t(1, 2, 8, 16),) * 3, {"mask_mod": lambda b, h, q, kv: q >= kv}, TypeError, "mask_mod must come from"),
+    # modifier tensors that do not fit the call: the kernels would read past their ends
+    ((t(1, 2, 8, 16),) * 3, {"mask_mod": K.and_masks(K.causal(), K.document(torch.zeros(6, dtype=torch.int32)))},
+     ValueError, r"document\(doc_ids\): doc_ids has shape \(6,\), the attention of B = 1, Sq = Skv = 8 needs one "
+                 r"id per position: shape \[8\] or \[1, 8\]"),
+    ((t(2, 2, 8, 16),) * 3, {"mask_mod": K.document(torch.zeros(3, 8, dtype=torch.int32))}, ValueError,
+     r"doc_ids has shape \(3, 8\).*shape \[8\] or \[2, 8\]"),
+    ((t(1, 2, 8, 16), t(1, 2, 12, 16), t(1, 2, 12, 16)), {"mask_mod": K.document(torch.zeros(8, dtype=torch.int32))},
+     ValueError, "needs Sq == Skv"),
+    ((t(1, 4, 8, 16),) * 3, {"score_mod": K.alibi(torch.ones(2))}, ValueError,
+     r"alibi\(slopes\): slopes has shape \(2,\), the attention has H = 4 query heads and needs one slope per head"),
+    ((t(1, 2, 8, 16),) * 3, {"mask_mod": K.document(torch.zeros(8, dtype=torch.int32, device="meta"))}, ValueError,
+     r"document\(doc_ids\): a tensor argument is on meta, the attention runs on cpu"),
 ])
 def test_input_errors(args, kwargs, error, message):
     with pytest.raises(error, match=message):

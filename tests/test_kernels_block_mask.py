@@ -194,6 +194,13 @@ def test_block_mask_follows_ids_written_in_place():
     assert torch.equal(again.tile_classes(), brute_force_classes(mask, 1, 1, 64, 64, 16, 16))
 
 
+def test_int64_document_ids_are_not_narrowed():
+    """Ids 0 and 2**32 are different documents (narrowed to int32 they would both be 0)."""
+    ids = torch.tensor([0] * 32 + [2 ** 32] * 32)
+    classes = K.build_block_mask(K.document(ids), 1, 1, 64, 64, block_m=32, block_n=32, device="cpu").tile_classes()
+    assert classes[0, 0].tolist() == [[FULL, EMPTY], [EMPTY, FULL]]
+
+
 def test_tensor_identity_keys():
     """Cache keys of tensor arguments: equal only for the same live tensor object at the same version."""
     ids = torch.arange(16, dtype=torch.int32)
@@ -216,12 +223,30 @@ def test_tensor_identity_keys():
     assert argument_key(0.0) != argument_key(-0.0) and argument_key(2.5) == argument_key(2.5)
 
 
+@pytest.mark.parametrize("mask, problem, message", [
+    (lambda: K.document(torch.zeros(60, dtype=torch.int32)), (1, 1, 64, 64),
+     r"doc_ids has shape \(60,\).*B = 1, Sq = Skv = 64 needs one id per position: shape \[64\] or \[1, 64\]"),
+    (lambda: K.document(torch.zeros(70, dtype=torch.int32)), (1, 1, 64, 64), r"doc_ids has shape \(70,\)"),
+    (lambda: K.and_masks(K.causal(), K.document(torch.zeros(3, 64, dtype=torch.int32))), (2, 1, 64, 64),
+     r"document\(doc_ids\): doc_ids has shape \(3, 64\).*shape \[64\] or \[2, 64\]"),
+    (lambda: K.document(torch.zeros(64, dtype=torch.int32)), (1, 1, 64, 32), r"needs Sq == Skv"),
+    (lambda: K.or_masks(K.prefix_lm(3), K.document(torch.zeros(64, dtype=torch.int32, device="meta"))),
+     (1, 1, 64, 64), r"document\(doc_ids\): a tensor argument is on meta, the attention runs on cpu"),
+])
+def test_builder_checks_the_masks_tensors(mask, problem, message):
+    """Ids that do not cover the positions (the kernels would read out of bounds), another batch size,
+    Sq != Skv, another device: a clear error naming the modifier, what it needs and what it got."""
+    with pytest.raises(ValueError, match=message):
+        K.build_block_mask(mask(), *problem, block_m=16, block_n=16, device="cpu")
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: K.prefix_lm(-1), "non-negative int"),
     (lambda: K.sliding_window(2.5), "non-negative int"),
-    (lambda: K.document(torch.zeros(3, dtype=torch.float32)), "int32/int64"),
+    (lambda: K.document(torch.zeros(3, dtype=torch.float32)), r"int32/int64 .*got a torch.float32 tensor of shape \(3,\)"),
+    (lambda: K.document(torch.zeros(3, dtype=torch.int16)), "int32/int64"),
     (lambda: K.softcap(0.0), "positive"),
-    (lambda: K.alibi(torch.ones(2, 2)), "1-D float"),
+    (lambda: K.alibi(torch.ones(2, 2)), r"1-D float.*got a torch.float32 tensor of shape \(2, 2\)"),
     (lambda: K.and_masks(), "at least one"),
     (lambda: K.or_masks(K.causal(), lambda b, h, q, kv: q >= kv), "MaskMod"),
     (lambda: K.build_block_mask(K.causal(), 1, 1, 0, 8, device="cpu"), "q_len"),

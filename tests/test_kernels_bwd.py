@@ -142,6 +142,11 @@ def test_determinism_error_at_call_time(deterministic):
     ({"lse": torch.zeros(1, 2, 8, dtype=torch.float16)}, "lse must be float32"),
     ({"dq_write": "plain"}, "dq_write must be one of"),
     ({"dq_mode": "quick"}, "dq_mode must be one of"),
+    ({"mask_mod": K.document(torch.zeros(6, dtype=torch.int32, device="meta"))},
+     r"document\(doc_ids\): doc_ids has shape \(6,\), the attention of B = 1, Sq = Skv = 8 needs"),
+    ({"score_mod": K.alibi(torch.ones(3, device="meta"))}, r"alibi\(slopes\): slopes has shape \(3,\).*H = 2"),
+    ({"mask_mod": K.document(torch.zeros(8, dtype=torch.int32))},
+     r"document\(doc_ids\): a tensor argument is on cpu, the attention runs on meta"),
 ])
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="checks run before the device check")
 def test_backward_input_errors(change, message):
