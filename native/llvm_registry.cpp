@@ -1,7 +1,6 @@
 #include "llvm_registry.h"
 
 #include <dlfcn.h>
-#include <link.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -156,28 +155,22 @@ const char *kind_name(Kind kind) {
 
 Registry::Registry(const std::string &libtriton_path) : path_(libtriton_path) {
   std::lock_guard<std::mutex> guard(mutex_);
-  void *handle = dlopen(path_.c_str(), RTLD_LAZY | RTLD_NOLOAD);
-  if (handle == nullptr)
-    throw std::runtime_error(path_ + " is not loaded in this process (import triton._C.libtriton first)");
-  link_map *map = nullptr;
-  int status = dlinfo(handle, RTLD_DI_LINKMAP, &map);
-  dlclose(handle);  // drops the reference RTLD_NOLOAD added; the library stays loaded
-  if (status != 0 || map == nullptr) throw std::runtime_error("dlinfo failed on " + path_);
-  load_bias_ = map->l_addr;
-  if (map->l_name != nullptr && map->l_name[0] != '\0') path_ = map->l_name;  // the file the loader mapped
+  LoadedLibrary lib = find_loaded_library(libtriton_path);
+  path_ = lib.path;
+  symbols_from_ = lib.elf_path;
+  load_bias_ = lib.load_bias;
 
-  ElfSymbols symbols = read_elf_symbols(
-      path_, {kParseSymbol, kRegisteredOptionsSymbol, kTopLevelSymbol, kResetSymbol});
-  for (const char *name : {kParseSymbol, kRegisteredOptionsSymbol, kTopLevelSymbol, kResetSymbol})
+  const char *const wanted[] = {kParseSymbol, kRegisteredOptionsSymbol, kTopLevelSymbol, kResetSymbol};
+  ElfSymbols symbols = read_elf_symbols(lib.elf_path, path_, {std::begin(wanted), std::end(wanted)});
+  check_file_is_loaded_image(lib, symbols.build_id);
+  for (const char *name : wanted)
     if (!symbols.named.count(name))
       throw std::runtime_error(std::string("symbol ") + name + " is not in " + path_ + "'s .symtab");
   for (const auto &[value, name] : symbols.vtables) vtables_.emplace(load_bias_ + value, name);
 
   auto address_of = [&](const char *name) { return load_bias_ + symbols.named.at(name).value; };
   // Cross-check the load bias: the loader must attribute the resolved address to libtriton.
-  Dl_info where{};
-  if (!dladdr(reinterpret_cast<void *>(address_of(kParseSymbol)), &where) || where.dli_fname == nullptr ||
-      std::string(where.dli_fname).find("libtriton") == std::string::npos)
+  if (!in_library(address_of(kParseSymbol)))
     throw std::runtime_error("the load address of " + path_ + " could not be confirmed with dladdr");
 
   parse_fn_ = reinterpret_cast<void (*)(int, const char *const *, const char *)>(address_of(kParseSymbol));
@@ -294,6 +287,11 @@ bool Registry::validate(const RegistryEntries &raw, std::string *why) {
   if (raw.size() < 100 || named * 10 < raw.size() * 9)
     return *why = "too few entries carry their own name", false;
   return true;
+}
+
+bool Registry::in_library(uintptr_t address) const {
+  Dl_info where{};
+  return dladdr(reinterpret_cast<void *>(address), &where) && where.dli_fname != nullptr && path_ == where.dli_fname;
 }
 
 std::string Registry::vtable_name(uint64_t vptr) const {
@@ -605,6 +603,7 @@ std::map<std::string, std::string> Registry::info() {
       {"value_offset", std::to_string(value_offset_)},
       {"occurrences_offset", std::to_string(occurrences_offset_)},
       {"calibrated_with", calibrated_with_},
+      {"symbols_from", symbols_from_},
   };
 }
 

@@ -84,6 +84,7 @@ class Registry {
   void parse_argument(const std::string &argument);
   void reset_option(const Entry &e);
   void restore_unlocked(const OptionState &state);
+  bool in_library(uintptr_t address) const;
   std::string vtable_name(uint64_t vptr) const;
   bool is_option_value_vtable(uint64_t vptr) const;
 
@@ -96,6 +97,7 @@ class Registry {
 
   std::mutex mutex_;
   std::string path_;
+  std::string symbols_from_;
   uintptr_t load_bias_ = 0;
   std::map<uint64_t, std::string> vtables_;  // runtime address of the vtable symbol -> name
   void (*parse_fn_)(int, const char *const *, const char *) = nullptr;
