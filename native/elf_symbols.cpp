@@ -100,6 +100,8 @@ ElfSymbols read_elf_symbols(const std::string &path, const std::string &label,
   }
   for (const auto &symbol : symbols) {
     if (symbol.st_name == 0 || symbol.st_value == 0 || symbol.st_name >= strtab.size()) continue;
+    if (ELF64_ST_TYPE(symbol.st_info) == STT_OBJECT && symbol.st_size > 0)
+      out.object_sizes.emplace(symbol.st_value, symbol.st_size);
     const char *name = strtab.data() + symbol.st_name;
     if (std::strncmp(name, "_ZTV", 4) == 0) {
       out.vtables.emplace(symbol.st_value, name);

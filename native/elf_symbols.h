@@ -1,6 +1,6 @@
 // Reads what tritonpatch needs from an ELF64 shared object with plain file reads (an mmap of
-// libtriton.so would add a second offset-0 mapping of the library): named symbols, vtables and
-// the GNU build ID.
+// libtriton.so would add a second offset-0 mapping of the library): named symbols, vtables, the
+// sizes of data objects and the GNU build ID.
 //
 // The path a library was loaded from can name a different file later (`pip install -U triton`
 // under a running process replaces it), so the symbols of a loaded library are read from the
@@ -27,6 +27,9 @@ struct ElfSymbols {
   std::unordered_map<std::string, ElfSymbol> named;
   // Every vtable (`_ZTV...`) in .symtab: st_value -> name. Used to recognise option types.
   std::map<uint64_t, std::string> vtables;
+  // Every sized data object (STT_OBJECT) in .symtab: st_value -> st_size. Gives sizeof of the
+  // option objects, whose last member is the callback.
+  std::unordered_map<uint64_t, uint64_t> object_sizes;
   // The NT_GNU_BUILD_ID note's bytes; empty when the file has none.
   std::string build_id;
 };

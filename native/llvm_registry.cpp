@@ -28,6 +28,9 @@ constexpr size_t kArgStrOffset = 16;
 constexpr size_t kHelpStrOffset = 32;
 constexpr size_t kVtableAddressPoint = 16;  // vptr = &_ZTV... + 16 (offset-to-top, typeinfo)
 constexpr size_t kCalibrationWindow = 256;
+// libstdc++'s std::function: {_Any_data functor (16 bytes); manager; invoker}. It is the last
+// member of cl::opt (Callback), so it fills the last 32 bytes of the option object.
+constexpr size_t kStdFunctionSize = 32;
 constexpr size_t kMaxName = 4096;
 constexpr size_t kMaxString = 1 << 20;
 
@@ -82,6 +85,17 @@ std::optional<std::string> load_std_string(uintptr_t address) {
   return text;
 }
 
+// Whether the machine code at `address` returns at once: `ret` or `rep ret`, after an optional
+// `endbr64`. That is the invoker of cl::opt's default callback, an empty lambda.
+bool returns_at_once(uintptr_t address) {
+  auto code = load<std::array<uint8_t, 6>>(address);
+  if (!code) return false;
+  size_t at = 0;
+  const uint8_t endbr64[] = {0xf3, 0x0f, 0x1e, 0xfa};
+  if (std::memcmp(code->data(), endbr64, 4) == 0) at = 4;
+  return (*code)[at] == 0xc3 || ((*code)[at] == 0xf3 && (*code)[at + 1] == 0xc3);
+}
+
 bool is_power_of_two(uint32_t n) { return n != 0 && (n & (n - 1)) == 0; }
 
 bool starts_with(const std::string &s, const char *prefix) { return s.rfind(prefix, 0) == 0; }
@@ -131,6 +145,15 @@ Classified classify_vtable(const std::string &name) {
 }
 
 }  // namespace
+
+const char *callback_name(Callback callback) {
+  switch (callback) {
+    case Callback::None: return "none";
+    case Callback::Custom: return "custom";
+    case Callback::Unknown: return "unknown";
+  }
+  return "unknown";
+}
 
 const char *kind_name(Kind kind) {
   switch (kind) {
@@ -201,11 +224,12 @@ Registry::Registry(const std::string &libtriton_path) : path_(libtriton_path) {
     auto arg = load_string_ref(address + kArgStrOffset);
     if (arg && *arg == key) {  // entries registered under a value name (enum flags) are not options
       by_name_.emplace(key, entries_.size());
-      entries_.push_back(Entry{key, address, Kind::Other, false, 0, {}, false});
+      entries_.push_back(Entry{key, address, Kind::Other, false, 0, {}, false, Callback::Unknown});
     }
   }
   classify_all();
   calibrate();
+  find_callbacks(symbols.object_sizes);
 }
 
 std::optional<Registry::RegistryEntries> Registry::walk_string_map(uintptr_t map, std::string *why) {
@@ -350,7 +374,7 @@ void Registry::calibrate() {
     throw std::runtime_error("calibration found no unique value slot in option '" + probe->name + "'");
   value_offset_ = value_offsets[0];
   occurrences_offset_ = occurrence_offsets[0];
-  calibrated_with_ = probe->name;
+  calibrated_with_ = {probe->name};
 
   // Every other scalar must have an OptionValue (its default) right after the slot; options whose
   // layout does not match are listed with unreadable values and cannot be set.
@@ -378,8 +402,47 @@ void Registry::calibrate() {
     }
     if (hits.size() != 1 || hits[0] != value_offset_)
       throw std::runtime_error("calibration with 'unroll-threshold' disagrees with '" + probe->name + "'");
-    calibrated_with_ += ", " + e.name;
+    calibrated_with_.push_back(e.name);
   }
+}
+
+void Registry::find_callbacks(const std::unordered_map<uint64_t, uint64_t> &object_sizes) {
+  // sizeof of each option class (one vtable per class): the size most of its options that are
+  // symbols of their own have. An option inside a larger object (or first in one, whose symbol
+  // gives the larger size) has its callback at the same offset as the others of its class.
+  std::map<uint64_t, std::map<uint64_t, size_t>> sizes_seen;  // vptr -> size -> how many
+  for (const auto &e : entries_) {
+    auto size = object_sizes.find(e.address - load_bias_);
+    if (size != object_sizes.end()) ++sizes_seen[*load<uint64_t>(e.address)][size->second];
+  }
+  std::map<uint64_t, uint64_t> class_size;
+  for (const auto &[vptr, counts] : sizes_seen) {
+    auto most = counts.begin();
+    for (auto it = counts.begin(); it != counts.end(); ++it)
+      if (it->second > most->second) most = it;
+    class_size[vptr] = most->first;
+  }
+  for (auto &e : entries_) {
+    auto size = class_size.find(*load<uint64_t>(e.address));
+    e.callback = size == class_size.end() ? Callback::Unknown : read_callback(e.address, size->second);
+  }
+  // The calibration options are plain cl::opts without a callback: if they do not read so, this
+  // LLVM's layout is not the one expected and no option counts as callback-free.
+  for (const auto &name : calibrated_with_)
+    if (entries_[by_name_.at(name)].callback != Callback::None) {
+      for (auto &e : entries_) e.callback = Callback::Unknown;
+      return;
+    }
+}
+
+Callback Registry::read_callback(uintptr_t option, uint64_t size) const {
+  if (size < kHelpStrOffset + kStdFunctionSize) return Callback::Unknown;
+  auto function = load<std::array<uint64_t, 4>>(option + size - kStdFunctionSize);
+  if (!function) return Callback::Unknown;
+  uint64_t manager = (*function)[2], invoker = (*function)[3];
+  if (manager == 0) return Callback::None;  // an empty std::function: nothing is called
+  if (!in_library(manager) || !in_library(invoker)) return Callback::Unknown;
+  return returns_at_once(invoker) ? Callback::None : Callback::Custom;
 }
 
 void Registry::read_enum_choices(Entry &e) {
@@ -496,7 +559,7 @@ unsigned Registry::read_occurrences(const Entry &e) const {
 
 OptionView Registry::view(const Entry &e) const {
   OptionView v{e.name, e.kind, e.external, read_value(e, value_slot(e)), read_default(e), read_occurrences(e),
-               load_string_ref(e.address + kHelpStrOffset, kMaxString).value_or(""), std::nullopt};
+               load_string_ref(e.address + kHelpStrOffset, kMaxString).value_or(""), std::nullopt, e.callback};
   if (e.choices_readable) {
     std::vector<std::string> names;
     for (const auto &c : e.choices) names.push_back(c.name);
@@ -550,10 +613,18 @@ std::optional<OptionView> Registry::option(const std::string &name) {
   return view(entries_[it->second]);
 }
 
+void Registry::check_settable(const Entry &e) const {
+  if (!settable(e))
+    throw std::invalid_argument("LLVM option '" + e.name + "' of type " + kind_name(e.kind) + " cannot be set");
+  if (e.callback != Callback::None)
+    throw std::invalid_argument("LLVM option '" + e.name + "' cannot be set: setting it runs a callback (" +
+                                callback_name(e.callback) + ") whose effects cannot be restored");
+}
+
 void Registry::parse(const std::string &name, const std::string &text) {
   std::lock_guard<std::mutex> guard(mutex_);
   const Entry &e = entry(name);
-  if (!settable(e)) throw std::invalid_argument("LLVM option '" + name + "' of type " + kind_name(e.kind) + " cannot be set");
+  check_settable(e);
   if (text.find('\0') != std::string::npos) throw std::invalid_argument("value contains a NUL character");
   parse_argument("-" + name + "=" + text);
 }
@@ -581,7 +652,12 @@ void Registry::restore_unlocked(const OptionState &state) {
   if (occurrences == 0) reset_option(e);  // never specified: LLVM's own reset, one option only
   OptionState now = capture(e);
   if (e.kind == Kind::String) {
-    if (now.string_value != state.string_value) parse_argument("-" + e.name + "=" + state.string_value);
+    if (now.string_value != state.string_value) {
+      // LLVM's parser is the only safe writer of a std::string; it must not run a callback here.
+      if (e.callback != Callback::None)
+        throw std::runtime_error("LLVM option '" + e.name + "' has a callback; its string value cannot be restored");
+      parse_argument("-" + e.name + "=" + state.string_value);
+    }
   } else if (now.pod_value != state.pod_value) {
     // A value set without an occurrence (as Triton does for its own flags) is put back byte for byte.
     std::memcpy(reinterpret_cast<void *>(value_slot(e)), state.pod_value.data(), state.pod_value.size());
@@ -592,6 +668,8 @@ void Registry::restore_unlocked(const OptionState &state) {
 
 std::map<std::string, std::string> Registry::info() {
   std::lock_guard<std::mutex> guard(mutex_);
+  std::string calibrated_with;
+  for (const auto &name : calibrated_with_) calibrated_with += (calibrated_with.empty() ? "" : ", ") + name;
   char bias[32];
   std::snprintf(bias, sizeof(bias), "0x%llx", static_cast<unsigned long long>(load_bias_));
   return {
@@ -602,7 +680,7 @@ std::map<std::string, std::string> Registry::info() {
       {"options", std::to_string(entries_.size())},
       {"value_offset", std::to_string(value_offset_)},
       {"occurrences_offset", std::to_string(occurrences_offset_)},
-      {"calibrated_with", calibrated_with_},
+      {"calibrated_with", calibrated_with},
       {"symbols_from", symbols_from_},
   };
 }

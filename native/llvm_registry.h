@@ -22,6 +22,12 @@ enum class Kind {
 };
 const char *kind_name(Kind kind);
 
+// Whether setting an option runs a callback (cl::cb) besides storing the value. A callback can
+// change LLVM state outside the option (opt-bisect-limit sets the pass bisector), which no
+// restore of the option undoes.
+enum class Callback { None, Custom, Unknown };
+const char *callback_name(Callback callback);
+
 // None (std::monostate) means "no value", or "cannot be read safely".
 using Value = std::variant<std::monostate, bool, int64_t, uint64_t, double, std::string>;
 
@@ -34,6 +40,7 @@ struct OptionView {
   unsigned occurrences;
   std::string help;
   std::optional<std::vector<std::string>> choices;  // enum names, when readable
+  Callback callback;
 };
 
 // Everything restore() needs to put an option back exactly as it was.
@@ -70,11 +77,13 @@ class Registry {
     int width;  // bytes of the value for non-string scalar kinds; 0 when unknown
     std::vector<Choice> choices;
     bool choices_readable = false;
+    Callback callback = Callback::Unknown;
   };
   using RegistryEntries = std::vector<std::pair<std::string, uintptr_t>>;
 
   const Entry &entry(const std::string &name) const;
   bool settable(const Entry &e) const;
+  void check_settable(const Entry &e) const;
   uintptr_t value_slot(const Entry &e) const;
   Value read_value(const Entry &e, uintptr_t slot) const;
   Value read_default(const Entry &e) const;
@@ -94,6 +103,8 @@ class Registry {
   void classify_all();
   void read_enum_choices(Entry &e);
   void calibrate();
+  void find_callbacks(const std::unordered_map<uint64_t, uint64_t> &object_sizes);
+  Callback read_callback(uintptr_t option, uint64_t size) const;
 
   std::mutex mutex_;
   std::string path_;
@@ -108,7 +119,7 @@ class Registry {
   std::unordered_map<std::string, size_t> by_name_;
   size_t value_offset_ = 0;
   size_t occurrences_offset_ = 0;
-  std::string calibrated_with_;
+  std::vector<std::string> calibrated_with_;
 };
 
 }  // namespace tritonpatch

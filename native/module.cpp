@@ -32,6 +32,7 @@ py::dict to_dict(const OptionView &v) {
   d["occurrences"] = v.occurrences;
   d["help"] = py::bytes(v.help).attr("decode")("utf-8", "replace");
   d["choices"] = v.choices ? py::cast(*v.choices) : py::none();
+  d["callback"] = tritonpatch::callback_name(v.callback);
   return d;
 }
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+import tritonpatch
+import tritonpatch.llvm as llvm
 from compile_helpers import compile_ptx, digest, fresh_process_ptx_digest
-from tritonpatch.llvm import llvm_options
+from test_llvm_options import llvm_state_unchanged, state, triton_initialized  # noqa: F401 (fixtures)
+from tritonpatch.errors import OptionTypeError
 
 
 @pytest.mark.parametrize("kernel,settings", [
@@ -15,9 +18,33 @@ from tritonpatch.llvm import llvm_options
 ])
 def test_scoped_option_leaves_no_trace(fresh_compiles, kernel, settings):
     default = compile_ptx(kernel)
-    with llvm_options(settings):
+    saved = llvm.apply_options(settings)
+    try:
         patched = compile_ptx(kernel)
+    finally:
+        llvm.restore_options(saved)
     after = compile_ptx(kernel)
     assert patched != default, f"{settings} should change the PTX of {kernel}"
     assert after == default
     assert digest(after) == fresh_process_ptx_digest(kernel, {"TRITON_ALWAYS_COMPILE": "1"})
+
+
+@pytest.mark.parametrize("settings", [
+    {"opt-bisect-limit": 20},        # its callback sets the pass bisector's limit
+    {"time-passes-per-run": True},   # its callback switches time-passes on
+])
+def test_option_with_a_callback_leaves_no_trace(fresh_compiles, settings):
+    """Setting these runs a ``cl::cb`` callback that changes LLVM state outside the option, which
+    restoring the option does not undo. Whatever tritonpatch does with them (it refuses them), the
+    plain compile after the block must match a fresh process's, and every option (``time-passes``
+    included) must read as before."""
+    before = state()
+    try:
+        with tritonpatch.options(llvm=settings):
+            compile_ptx("masked_attention")
+    except OptionTypeError as exc:
+        assert "callback" in str(exc)
+    after = compile_ptx("masked_attention")
+    assert digest(after) == fresh_process_ptx_digest("masked_attention", {"TRITON_ALWAYS_COMPILE": "1"}), (
+        f"{settings} leaked into the next plain compile")
+    assert state() == before

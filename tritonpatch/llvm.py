@@ -52,6 +52,8 @@ class LLVMOption:
     float, double, string, boolOrDefault, enum`` (settable) or ``list, bits, other`` (listed only).
     ``boolOrDefault`` values are ``True``, ``False`` or ``None`` (unset); enum values are the choice
     names. ``value``/``default`` are ``None`` where LLVM holds none or it cannot be read safely.
+    ``callback`` is ``"none"``, ``"custom"`` (setting it runs a ``cl::cb`` callback) or
+    ``"unknown"`` (it could not be checked); only ``"none"`` can be set.
     """
 
     name: str
@@ -62,10 +64,12 @@ class LLVMOption:
     help: str
     choices: tuple[str, ...] | None = None
     external: bool = False
+    callback: str = "none"
 
     @property
     def settable(self) -> bool:
-        return self.type in SETTABLE_TYPES and (self.type != "enum" or bool(self.choices))
+        return (self.type in SETTABLE_TYPES and (self.type != "enum" or bool(self.choices))
+                and self.callback == "none")
 
     @property
     def changed(self) -> bool:
@@ -132,7 +136,8 @@ def _to_option(raw: Mapping[str, Any]) -> LLVMOption:
     return LLVMOption(
         name=raw["name"], type=raw["type"], value=raw["value"], default=raw["default"],
         specified=raw["occurrences"] > 0, help=raw["help"],
-        choices=tuple(choices) if choices is not None else None, external=raw["external"])
+        choices=tuple(choices) if choices is not None else None, external=raw["external"],
+        callback=raw.get("callback", "none"))
 
 
 def _unknown(name: str) -> UnknownOptionError:
@@ -178,8 +183,7 @@ def normalize_value(name: str, value: Any) -> Any:
 def _normalize(opt: LLVMOption, value: Any) -> Any:
     kind = opt.type
     if not opt.settable:
-        why = "enum choices could not be read" if kind == "enum" else f"type {kind!r} is read-only here"
-        raise OptionTypeError(f"LLVM option {opt.name!r} cannot be set: {why}")
+        raise OptionTypeError(f"LLVM option {opt.name!r} cannot be set: {_not_settable_reason(opt)}")
 
     def bad(expected: str) -> OptionTypeError:
         return OptionTypeError(f"LLVM option {opt.name!r} ({kind}) expects {expected}, got {value!r}")
@@ -223,6 +227,17 @@ def _normalize(opt: LLVMOption, value: Any) -> Any:
             raise bad(f"one of {', '.join(repr(c) for c in opt.choices)}")
         return value
     raise bad("a settable type")  # pragma: no cover - SETTABLE_TYPES covers every branch above
+
+
+def _not_settable_reason(opt: LLVMOption) -> str:
+    if opt.callback == "custom":
+        return ("setting it runs a callback (cl::cb) that changes LLVM state outside the option, which no "
+                "restore can undo: later compiles would inherit it")
+    if opt.callback != "none":
+        return "whether setting it runs a callback (cl::cb) could not be checked, and a callback's effects cannot be undone"
+    if opt.type == "enum":
+        return "enum choices could not be read"
+    return f"type {opt.type!r} is read-only here"
 
 
 def _as_argument(kind: str, value: Any) -> str:
