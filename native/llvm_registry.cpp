@@ -559,10 +559,13 @@ unsigned Registry::read_occurrences(const Entry &e) const {
 
 OptionView Registry::view(const Entry &e) const {
   OptionView v{e.name, e.kind, e.external, read_value(e, value_slot(e)), read_default(e), read_occurrences(e),
-               load_string_ref(e.address + kHelpStrOffset, kMaxString).value_or(""), std::nullopt, e.callback};
+               load_string_ref(e.address + kHelpStrOffset, kMaxString).value_or(""), std::nullopt, {}, e.callback};
   if (e.choices_readable) {
     std::vector<std::string> names;
-    for (const auto &c : e.choices) names.push_back(c.name);
+    for (const auto &c : e.choices) {
+      names.push_back(c.name);
+      v.choice_values.push_back(c.value);
+    }
     v.choices = std::move(names);
   }
   return v;
@@ -627,6 +630,16 @@ void Registry::parse(const std::string &name, const std::string &text) {
   check_settable(e);
   if (text.find('\0') != std::string::npos) throw std::invalid_argument("value contains a NUL character");
   parse_argument("-" + name + "=" + text);
+}
+
+void Registry::unset(const std::string &name) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  const Entry &e = entry(name);
+  check_settable(e);
+  if (e.kind != Kind::BoolOrDefault) throw std::invalid_argument("LLVM option '" + name + "' is not a boolOrDefault");
+  reset_option(e);
+  const uint8_t unset_value[4] = {0, 0, 0, 0};  // cl::BOU_UNSET
+  std::memcpy(reinterpret_cast<void *>(value_slot(e)), unset_value, e.width);
 }
 
 OptionState Registry::snapshot(const std::string &name) {

@@ -40,6 +40,7 @@ struct OptionView {
   unsigned occurrences;
   std::string help;
   std::optional<std::vector<std::string>> choices;  // enum names, when readable
+  std::vector<int64_t> choice_values;               // the value LLVM stores for each name
   Callback callback;
 };
 
@@ -60,6 +61,9 @@ class Registry {
   std::optional<OptionView> option(const std::string &name);
   // Runs LLVM's own parser on "-name=text". The caller validates text; set() reads back.
   void parse(const std::string &name, const std::string &text);
+  // Puts a boolOrDefault option back to "unset", as never given: LLVM's parser has no word for
+  // that, so this is Option::reset() (occurrences 0) and, if its default is not unset, BOU_UNSET.
+  void unset(const std::string &name);
   OptionState snapshot(const std::string &name);
   void restore(const OptionState &state);
   std::map<std::string, std::string> info();

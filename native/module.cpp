@@ -32,6 +32,7 @@ py::dict to_dict(const OptionView &v) {
   d["occurrences"] = v.occurrences;
   d["help"] = py::bytes(v.help).attr("decode")("utf-8", "replace");
   d["choices"] = v.choices ? py::cast(*v.choices) : py::none();
+  d["choice_values"] = v.choices ? py::cast(v.choice_values) : py::none();
   d["callback"] = tritonpatch::callback_name(v.callback);
   return d;
 }
@@ -60,6 +61,8 @@ PYBIND11_MODULE(_native, m) {
       })
       .def("parse", &Registry::parse, py::arg("name"), py::arg("text"),
            "Run LLVM's parser on -name=text (validate text first).")
+      .def("unset", &Registry::unset, py::arg("name"),
+           "Put a boolOrDefault option back to unset (never given, BOU_UNSET).")
       .def("snapshot", &Registry::snapshot, py::arg("name"))
       .def("restore", &Registry::restore, py::arg("state"))
       .def("info", &Registry::info);

@@ -44,6 +44,7 @@ def test_lists_all_options_with_types():
     assert options["lsr-drop-solution"].type == "boolOrDefault"
     assert options["debug-pass"].type == "enum"
     assert {"Disabled", "Structure"} <= set(options["debug-pass"].choices)
+    assert len(options["debug-pass"].choice_values) == len(options["debug-pass"].choices)
     assert options["debug"].external  # cl::location(DebugFlag)
     assert options["regalloc"].type == "other" and not options["regalloc"].settable
     assert options["disable-lsr"].callback == "none"
@@ -82,7 +83,7 @@ def _other_value(o):
     if o.type == "string":
         return o.value + "-tritonpatch"
     if o.type == "enum":
-        return next(c for c in o.choices if c != o.value)
+        return next(c for c, v in zip(o.choices, o.choice_values) if v != o.choice_values[o.choices.index(o.value)])
     if o.type in ("float", "double"):
         return o.value + 0.5
     return o.value + 3
@@ -106,6 +107,44 @@ def test_round_trip_restores_exactly(kind, external):
     assert inside[option.name].value == value and inside[option.name].specified
 
 
+@pytest.mark.parametrize("value", [True, False, None])
+def test_bool_or_default_takes_true_false_and_unset(value):
+    """``None`` (or ``'unset'``) puts a boolOrDefault back to unset, as never given; restoring puts
+    back the value and occurrence count it had."""
+    outer, outer_saved = _applied({"lsr-drop-solution": not value if value is not None else True})
+    try:
+        for spelling in (value, "unset") if value is None else (value,):
+            inside, saved = _applied({"lsr-drop-solution": spelling})
+            llvm.restore_options(saved)
+            assert inside["lsr-drop-solution"].value is value
+            assert inside["lsr-drop-solution"].specified is (value is not None)
+            assert llvm.get_option("lsr-drop-solution") == outer["lsr-drop-solution"]
+    finally:
+        llvm.restore_options(outer_saved)
+
+
+def test_every_enum_choice_can_be_set_aliases_included():
+    """Two names for one value (``scalable-vectorization`` on/preferred) are aliases: both can be
+    set, and both read back as the first name."""
+    for option in llvm.list_options():
+        if option.type != "enum" or not option.settable:
+            continue
+        for choice, stored in zip(option.choices, option.choice_values):
+            canonical = option.choices[option.choice_values.index(stored)]
+            inside, saved = _applied({option.name: choice})
+            llvm.restore_options(saved)
+            assert inside[option.name].value == canonical, (option.name, choice)
+
+
+@pytest.mark.parametrize("name,alias,canonical", [
+    ("scalable-vectorization", "on", "preferred"), ("enable-machine-outliner", "", "always")])
+def test_enum_alias_is_set_as_its_canonical_name(name, alias, canonical):
+    inside, saved = _applied({name: alias})
+    llvm.restore_options(saved)
+    assert inside[name].value == canonical
+    assert llvm.normalize_value(name, alias) == canonical
+
+
 def test_restore_keeps_an_already_specified_option():
     outer, saved = _applied({"unroll-threshold": 77})
     try:
@@ -122,11 +161,14 @@ def test_restore_keeps_an_already_specified_option():
 @pytest.mark.parametrize("settings,error,message", [
     ({"disable-lsrr": True}, UnknownOptionError, "did you mean disable-lsr"),
     ({"disable-lsr": "maybe"}, OptionTypeError, "expects a bool"),
+    ({"lsr-drop-solution": "maybe"}, OptionTypeError, "or None/'unset'"),
     ({"unroll-threshold": -1}, OptionTypeError, r"integer in \[0, 4294967295\]"),
     ({"unroll-threshold": 2**32}, OptionTypeError, "integer"),
     ({"debug-pass": "Nope"}, OptionTypeError, "one of 'Disabled'"),
     ({"stop-after": "a\0b"}, OptionTypeError, "without NUL characters"),
     ({"regalloc": "fast"}, OptionTypeError, "cannot be set"),
+    ({"cold-branch-ratio": 1e39}, OptionTypeError, r"a float can hold \(magnitude at most 3.40282"),
+    ({"cold-branch-ratio": "-1e39"}, OptionTypeError, "a float can hold"),
     ({"opt-bisect-limit": 20}, OptionTypeError, r"runs a callback \(cl::cb\)"),
     ({"disable-lsr": True, "unroll-threshold": "lots"}, OptionTypeError, "integer"),  # all or nothing
 ])
@@ -139,6 +181,9 @@ def test_value_parsing_accepts_common_spellings():
     assert llvm.normalize_value("disable-lsr", "TRUE") is True
     assert llvm.normalize_value("-disable-lsr", 0) is False
     assert llvm.normalize_value("unroll-threshold", "0x10") == 16
+    assert llvm.normalize_value("lsr-drop-solution", " Unset ") is None
+    assert llvm.normalize_value("cold-branch-ratio", 0.1) == 0.10000000149011612  # the nearest float32
+    assert llvm.normalize_value("cold-branch-ratio", 3.4028235e38) == 3.4028234663852886e38  # rounds down
     with pytest.raises(OptionTypeError):
         llvm.normalize_value("unroll-threshold", True)  # a bool is not an integer here
 
@@ -160,10 +205,12 @@ def test_restores_an_option_triton_set_itself(fresh_compiles, monkeypatch):
 
 
 def test_native_refuses_what_python_refuses():
-    """The native module itself never runs a callback it cannot undo."""
+    """The native module itself never runs a callback it cannot undo, nor unsets a non-boolOrDefault."""
     registry = llvm._registry()
     with pytest.raises(ValueError, match="runs a callback"):
         registry.parse("opt-bisect-limit", "20")
+    with pytest.raises(ValueError, match="not a boolOrDefault"):
+        registry.unset("disable-lsr")
 
 
 def _loaded(path):

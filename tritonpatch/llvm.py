@@ -41,6 +41,7 @@ _INT_RANGES = {
     "unsigned long long": (0, 2**64 - 1),
 }
 _BOOL_WORDS = {"true": True, "1": True, "on": True, "false": False, "0": False, "off": False}
+_FLOAT_MAX = struct.unpack("f", bytes.fromhex("ffff7f7f"))[0]  # the largest finite float32
 SETTABLE_TYPES = frozenset({"bool", "float", "double", "string", "boolOrDefault", "enum", *_INT_RANGES})
 
 
@@ -51,7 +52,8 @@ class LLVMOption:
     ``type`` is one of ``bool, int, unsigned, long, unsigned long, long long, unsigned long long,
     float, double, string, boolOrDefault, enum`` (settable) or ``list, bits, other`` (listed only).
     ``boolOrDefault`` values are ``True``, ``False`` or ``None`` (unset); enum values are the choice
-    names. ``value``/``default`` are ``None`` where LLVM holds none or it cannot be read safely.
+    names, ``choice_values`` the integers LLVM stores for them (two names with one integer are
+    aliases). ``value``/``default`` are ``None`` where LLVM holds none or it cannot be read safely.
     ``callback`` is ``"none"``, ``"custom"`` (setting it runs a ``cl::cb`` callback) or
     ``"unknown"`` (it could not be checked); only ``"none"`` can be set.
     """
@@ -64,6 +66,7 @@ class LLVMOption:
     help: str
     choices: tuple[str, ...] | None = None
     external: bool = False
+    choice_values: tuple[int, ...] | None = None
     callback: str = "none"
 
     @property
@@ -132,11 +135,12 @@ def native_info() -> dict:
 
 
 def _to_option(raw: Mapping[str, Any]) -> LLVMOption:
-    choices = raw.get("choices")
+    choices, choice_values = raw.get("choices"), raw.get("choice_values")
     return LLVMOption(
         name=raw["name"], type=raw["type"], value=raw["value"], default=raw["default"],
         specified=raw["occurrences"] > 0, help=raw["help"],
         choices=tuple(choices) if choices is not None else None, external=raw["external"],
+        choice_values=tuple(choice_values) if choice_values is not None else None,
         callback=raw.get("callback", "none"))
 
 
@@ -189,13 +193,16 @@ def _normalize(opt: LLVMOption, value: Any) -> Any:
         return OptionTypeError(f"LLVM option {opt.name!r} ({kind}) expects {expected}, got {value!r}")
 
     if kind in ("bool", "boolOrDefault"):
+        if kind == "boolOrDefault" and (value is None or isinstance(value, str) and value.strip().lower() == "unset"):
+            return None
         if isinstance(value, bool):
             return value
         if isinstance(value, int) and value in (0, 1):
             return bool(value)
         if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
             return _BOOL_WORDS[value.strip().lower()]
-        raise bad("a bool (True/False, 1/0, 'true'/'false')")
+        unset = " or None/'unset'" if kind == "boolOrDefault" else ""
+        raise bad(f"a bool (True/False, 1/0, 'true'/'false'){unset}")
     if kind in _INT_RANGES:
         lo, hi = _INT_RANGES[kind]
         if isinstance(value, str):
@@ -217,15 +224,24 @@ def _normalize(opt: LLVMOption, value: Any) -> Any:
         value = float(value)
         if value != value or value in (float("inf"), float("-inf")):
             raise bad("a finite number")
-        return struct.unpack("f", struct.pack("f", value))[0] if kind == "float" else value
+        if kind == "double":
+            return value
+        rounded = struct.unpack("f", struct.pack("f", value))[0]  # what a float holds: the nearest float32
+        if rounded in (float("inf"), float("-inf")):
+            raise bad(f"a number a float can hold (magnitude at most {_FLOAT_MAX!r})")
+        return rounded
     if kind == "string":
-        if not isinstance(value, str) or "\0" in value:
-            raise bad("a string without NUL characters")
+        if not isinstance(value, str):
+            raise bad("a string")
+        if "\0" in value:
+            raise bad("a string without NUL characters (LLVM's parser would cut it at the first one)")
         return value
     if kind == "enum":
         if not isinstance(value, str) or value not in opt.choices:
             raise bad(f"one of {', '.join(repr(c) for c in opt.choices)}")
-        return value
+        # Names that share one stored value are aliases; LLVM reads back the first of them.
+        stored = opt.choice_values[opt.choices.index(value)]
+        return opt.choices[opt.choice_values.index(stored)]
     raise bad("a settable type")  # pragma: no cover - SETTABLE_TYPES covers every branch above
 
 
@@ -251,7 +267,10 @@ def _as_argument(kind: str, value: Any) -> str:
 
 def _set(opt: LLVMOption, value: Any) -> None:
     reg = _registry()
-    reg.parse(opt.name, _as_argument(opt.type, value))
+    if value is None:  # an unset boolOrDefault: LLVM's parser has no spelling for it
+        reg.unset(opt.name)
+    else:
+        reg.parse(opt.name, _as_argument(opt.type, value))
     now = reg.option(opt.name)["value"]
     if now != value:
         raise OptionTypeError(
