@@ -68,10 +68,78 @@ def test_log_level():
 
 def test_compile_threads():
     assert env.compile_threads({"TRITONPATCH_COMPILE_THREADS": "3"}) == 3
+    assert env.compile_threads({"TRITONPATCH_COMPILE_THREADS": " 1024 "}) == 1024
     assert env.compile_threads({}) == min(os.cpu_count() or 1, 16)
-    for bad in ("0", "-2", "four", "2.5"):
-        with pytest.raises(PipelineError, match=f"TRITONPATCH_COMPILE_THREADS={bad!r}"):
+    # '\u00b2' and '\u0663' pass str.isdigit(); int() refuses the first and reads the second as 3.
+    for bad in ("0", "-2", "four", "2.5", "\u00b2", "\u0663", "1025", "9" * 5000, "3\0"):
+        with pytest.raises(PipelineError, match="expected a positive integer") as info:
             env.compile_threads({"TRITONPATCH_COMPILE_THREADS": bad})
+        message = str(info.value)
+        assert message.startswith(f"TRITONPATCH_COMPILE_THREADS={env.quote(bad)}") and len(message) < 300
+
+
+def test_quote_bounds_long_values():
+    assert env.quote("abc") == "'abc'"
+    quoted = env.quote("x" * 100_000)
+    assert quoted == repr("x" * env.QUOTE_LIMIT) + "… (100000 characters)"
+    assert env.quote("a\0\nb") == "'a\\x00\\nb'"  # escaped: one line, NUL visible
+
+
+def test_huge_value_gives_a_bounded_message():
+    value = "unroll-threshold=1," + "x" * 100_000 + "=,"
+    with pytest.raises(PipelineError) as info:
+        env.parse_llvm_options(value)
+    assert len(str(info.value)) < 400 and "(100021 characters)" in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["1", "true", " Yes ", "ON"])
+def test_tuning_cache_refuses_boolean_words(value):
+    """`TRITONPATCH_TUNING_CACHE=1` reads as "turn it on", not as a directory named 1."""
+    with pytest.raises(PipelineError, match=r"expected a directory, or 0 .*write \./"):
+        env.tuning_cache_dir({"TRITONPATCH_TUNING_CACHE": value})
+
+
+def test_tuning_cache_values():
+    default = os.path.join(os.path.expanduser("~"), ".cache", "tritonpatch", "tuning")
+    for value in ("", "  ", "\t\n"):
+        assert env.tuning_cache_dir({"TRITONPATCH_TUNING_CACHE": value}) == default
+    assert env.tuning_cache_dir({"TRITONPATCH_TUNING_CACHE": "./1"}) == "./1"
+    assert env.tuning_cache_dir({"TRITONPATCH_TUNING_CACHE": " /tmp/t\u00fcning "}) == "/tmp/t\u00fcning"
+    with pytest.raises(PipelineError, match="no NUL characters"):
+        env.tuning_cache_dir({"TRITONPATCH_TUNING_CACHE": "/tmp/a\0b"})
+
+
+@pytest.mark.parametrize("value,message", [
+    ("-O1\0-O3", "contains a NUL character"),
+    ("--gpu-name=sm_80", "Triton sets the target"), ("-arch=sm_80", "Triton sets the target"),
+    ("-o=/tmp/x.cubin", "Triton sets the output file"), ("--input-as-string=x", "Triton sets the input"),
+    ("-optf=flags.txt", "cannot be checked"), ("--help", "compile nothing"), ("-V", "compile nothing"),
+])
+def test_ptxas_options_refusals(value, message):
+    with pytest.raises(PipelineError, match=message):
+        env.parse_ptxas_options(value)
+    with pytest.raises(PipelineError, match=message):  # the Python API takes the same path
+        Pipeline(ptxas=[value])
+
+
+@pytest.mark.parametrize("value", ["", " ", "\t \n", "\u3000"])
+def test_blank_values_mean_the_default(value):
+    environ = {name: value for name in (env.DISABLE_LSR, env.LLVM_OPTIONS, env.PASSES, env.PTXAS_OPTIONS, env.LOG,
+                                        env.STRICT, env.AUTOLOAD, env.COMPILE_THREADS, env.TUNING_CACHE,
+                                        env.FAST_LAUNCH)}
+    env.check_environment(environ)
+    assert env.pipeline_settings(environ) == {} and env.log_level(environ) is None and not env.strict(environ)
+    assert env.compile_threads(environ) == env.compile_threads({}) and env.fast_launch(environ)
+    assert env.tuning_cache_dir(environ) == env.tuning_cache_dir({})
+
+
+@pytest.mark.parametrize("variable,value", [
+    ("TRITONPATCH_TUNING_CACHE", "on"), ("TRITONPATCH_COMPILE_THREADS", "\u00b2"), ("TRITONPATCH_FAST_LAUNCH", "2"),
+    ("TRITONPATCH_LOG", "\u0131nfo"), ("TRITONPATCH_PTXAS_OPTIONS", "--version"), ("TRITONPATCH_AUTOLOAD", "maybe"),
+])
+def test_check_environment_covers_every_variable(variable, value):
+    with pytest.raises(PipelineError, match=variable):
+        env.check_environment({variable: value})
 
 
 def test_settings_without_llvm():
@@ -171,3 +239,48 @@ def test_autoload_subprocess(tmp_path):
     assert len(warnings) == 1, malformed_err
     assert "TRITONPATCH_DISABLE_LSR='sometimes': bad token 'sometimes'" in warnings[0]
     assert not malformed["hooked"] and malformed["ptx"] == reference["default"]
+
+
+_AUTOLOAD_PROBE = textwrap.dedent("""
+    import site, sys
+    if sys.argv[1]:
+        site.addsitedir(sys.argv[1])
+    import triton
+    print(triton.knobs.runtime.add_stages_inspection_hook is not None)
+""")
+
+
+@native
+def test_autoload_bad_values_warn_in_one_bounded_line(tmp_path):
+    """Each malformed variable, whether caught at start-up or when tritonpatch installs (a 100,000-character
+    LLVM option value), gives exactly one `tritonpatch warning:` line of bounded length; Triton runs unpatched."""
+    from tritonpatch import _autoload
+
+    site_dir = ""
+    if not _pth_installed():
+        site_dir = str(tmp_path / "site")
+        os.makedirs(site_dir)
+        shutil.copy(os.path.join(ROOT, "tritonpatch_autoload.pth"), site_dir)
+    cases = {
+        "tuning cache 1": ({"TRITONPATCH_TUNING_CACHE": "1"}, "TRITONPATCH_TUNING_CACHE='1'"),
+        "superscript two": ({"TRITONPATCH_COMPILE_THREADS": "\u00b2"}, "TRITONPATCH_COMPILE_THREADS='\u00b2'"),
+        "huge llvm value": ({"TRITONPATCH_LLVM_OPTIONS": "unroll-threshold=" + "9" * 100_000},
+                            "TRITONPATCH_LLVM_OPTIONS="),
+        "ptxas version": ({"TRITONPATCH_PTXAS_OPTIONS": "--version"}, "compile nothing"),
+    }
+    children = {
+        label: subprocess.Popen([sys.executable, "-c", _AUTOLOAD_PROBE, site_dir], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                env=child_environment({"TRITONPATCH_AUTOLOAD": "1", **extra,
+                                                       "TRITON_CACHE_DIR": str(tmp_path / "cache")}))
+        for label, (extra, _fragment) in cases.items()
+    }
+    for label, child in children.items():
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, (label, err[-2000:])
+        warnings = [line for line in err.splitlines() if "tritonpatch" in line]
+        assert len(warnings) == 1, (label, err[:2000])
+        assert warnings[0].startswith("tritonpatch warning: autoload disabled: "), (label, warnings[0])
+        assert len(warnings[0]) <= _autoload.WARNING_LIMIT + 30, (label, len(warnings[0]))
+        assert cases[label][1] in warnings[0], (label, warnings[0])
+        assert out.strip() == "False", (label, out)  # unpatched

@@ -5,8 +5,9 @@ The wheel ships ``tritonpatch_autoload.pth``; ``site`` runs its one line at star
 ``TRITONPATCH_AUTOLOAD`` is set it imports this module, which imports nothing heavy: it puts a
 finder on ``sys.meta_path`` that waits for ``import triton`` and installs tritonpatch right after
 Triton's own import finishes (or at once if Triton is already imported). Nothing here may break
-interpreter start-up or ``import triton``: every error becomes one warning line on stderr and
-Triton runs unpatched.
+interpreter start-up or ``import triton``: every ``TRITONPATCH_*`` variable is parsed at start-up,
+and any error, then or at install, becomes one warning line on stderr, cut to
+:data:`WARNING_LIMIT` characters (and a note of its full length), and Triton runs unpatched.
 """
 from __future__ import annotations
 
@@ -14,9 +15,15 @@ import sys
 
 from . import env
 
+WARNING_LIMIT = 400
+
 
 def _warn(message: str) -> None:
-    sys.stderr.write(f"tritonpatch warning: autoload disabled: {message}\n")
+    """One line on stderr: newlines in ``message`` become spaces, and it is cut to WARNING_LIMIT."""
+    line = " ".join(f"tritonpatch warning: autoload disabled: {message}".split())
+    if len(line) > WARNING_LIMIT:
+        line = f"{line[:WARNING_LIMIT]}… ({len(line)} characters)"
+    sys.stderr.write(line + "\n")
 
 
 def _install_quietly() -> None:
@@ -79,6 +86,7 @@ def _from_site() -> None:
     """The ``.pth`` entry point."""
     try:
         if env.parse_bool(env.AUTOLOAD):
+            env.check_environment()
             activate()
     except Exception as exc:
         _warn(f"{type(exc).__name__}: {exc}")

@@ -15,6 +15,9 @@ offending token.
     TRITONPATCH_COMPILE_THREADS=N                    threads the attention tuners compile candidates on
     TRITONPATCH_TUNING_CACHE=DIR|0                   where the attention tuners keep decisions (0: memory only)
     TRITONPATCH_FAST_LAUNCH=0                        attention kernels launch through Triton's JIT every call
+
+:func:`check_environment` parses every one of them at once (autoload does, so that any bad value
+disables it with one warning). Values quoted in messages are cut to :data:`QUOTE_LIMIT` characters.
 """
 from __future__ import annotations
 
@@ -38,13 +41,38 @@ FAST_LAUNCH = "TRITONPATCH_FAST_LAUNCH"
 PIPELINE_VARIABLES = (DISABLE_LSR, LLVM_OPTIONS, PASSES, PTXAS_OPTIONS)
 LOG_LEVELS = ("warning", "info", "debug")
 
+MAX_COMPILE_THREADS = 1024
+QUOTE_LIMIT = 80
+
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
 _LLVM_NAME = re.compile(r"^-{0,2}[A-Za-z0-9][A-Za-z0-9_.$-]*$")
+_ASCII_DIGITS = re.compile(r"^[0-9]+$")
+# ptxas flags that tritonpatch cannot pass on (long and short spelling): Triton gives ptxas the target,
+# the input and the output itself, and the others would make ptxas compile nothing or read unchecked flags.
+_PTXAS_RESERVED = {
+    name: reason
+    for names, reason in ((("gpu-name", "arch"), "Triton sets the target"),
+                          (("output-file", "o"), "Triton sets the output file"),
+                          (("input-as-string", "ias"), "Triton sets the input"),
+                          (("options-file", "optf"), "flags read from a file cannot be checked"),
+                          (("help", "h"), "ptxas would print its help and compile nothing"),
+                          (("version", "V"), "ptxas would print its version and compile nothing"))
+    for name in names
+}
+
+
+def quote(value: Any, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters: a 100,000-character
+    string shows as its first ``limit`` characters and ``… (100000 characters)``."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}… ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= limit + 2 else f"{text[:limit]}… ({len(text)} characters)"
 
 
 def _bad(variable: str, value: str, token: str, expected: str) -> PipelineError:
-    return PipelineError(f"{variable}={value!r}: bad token {token!r}; expected {expected}")
+    return PipelineError(f"{variable}={quote(value)}: bad token {quote(token)}; expected {expected}")
 
 
 def parse_bool(variable: str, environ: Mapping[str, str] | None = None) -> bool:
@@ -100,11 +128,20 @@ def split_pass_list(value: str, variable: str = PASSES) -> list[str]:
 
 
 def parse_ptxas_options(value: str, variable: str = PTXAS_OPTIONS) -> list[str]:
-    """Whitespace separated ptxas flags, each ``-flag`` or ``-flag=value``."""
+    """Whitespace separated ptxas flags, each ``-flag`` or ``-flag=value``. Refused: NUL characters
+    (a process argument ends at the first one, so ptxas would see another flag), and the flags that
+    set what Triton sets itself (target, input, output) or that make ptxas compile nothing."""
+    if "\0" in value:
+        raise PipelineError(f"{variable}={quote(value)}: contains a NUL character; ptxas flags are plain text "
+                            "such as --maxrregcount=128")
     tokens = value.split()
     for token in tokens:
         if not token.startswith("-") or token in ("-", "--"):
             raise _bad(variable, value, token, "ptxas flags such as --maxrregcount=128 (one token each, no spaces)")
+        reason = _PTXAS_RESERVED.get(token.lstrip("-").split("=", 1)[0])
+        if reason:
+            raise _bad(variable, value, token, f"a flag tritonpatch can pass on ({reason}); "
+                                                "code-generation flags such as --maxrregcount=128 or -O3")
     return tokens
 
 
@@ -154,19 +191,31 @@ def compile_threads(environ: Mapping[str, str] | None = None) -> int:
     value = environ.get(COMPILE_THREADS, "")
     if not value.strip():
         return min(os.cpu_count() or 1, 16)
-    if not value.strip().isdigit() or int(value) < 1:
-        raise _bad(COMPILE_THREADS, value, value.strip(), "a positive integer")
-    return int(value)
+    # ASCII digits only: str.isdigit() accepts '²', which int() refuses.
+    digits = value.strip()
+    if not _ASCII_DIGITS.match(digits) or len(digits) > 4 or not 1 <= int(digits) <= MAX_COMPILE_THREADS:
+        raise _bad(COMPILE_THREADS, value, digits, f"a positive integer (at most {MAX_COMPILE_THREADS})")
+    return int(digits)
 
 
 def tuning_cache_dir(environ: Mapping[str, str] | None = None) -> str | None:
     """``TRITONPATCH_TUNING_CACHE``: the directory for the attention tuners' decisions (unset:
-    ``~/.cache/tritonpatch/tuning``), or None for ``0/off/false/no`` (decisions stay in memory)."""
+    ``~/.cache/tritonpatch/tuning``), or None for ``0/off/false/no`` (decisions stay in memory).
+    ``1/true/yes/on`` are refused rather than taken as a directory of that name (write ``./1`` for
+    one); so is a NUL character, which no path can hold."""
     environ = os.environ if environ is None else environ
-    value = environ.get(TUNING_CACHE, "").strip()
+    raw = environ.get(TUNING_CACHE, "")
+    value = raw.strip()
     if not value:
         return os.path.join(os.path.expanduser("~"), ".cache", "tritonpatch", "tuning")
-    return None if value.lower() in _FALSE else value
+    if value.lower() in _FALSE:
+        return None
+    if value.lower() in _TRUE:
+        raise _bad(TUNING_CACHE, raw, value, f"a directory, or 0 to keep tuning decisions in memory only "
+                                             f"(for a directory named {value!r}, write ./{value})")
+    if "\0" in value:
+        raise _bad(TUNING_CACHE, raw, value, "a directory path (no NUL characters), or 0")
+    return value
 
 
 def fast_launch(environ: Mapping[str, str] | None = None) -> bool:
@@ -177,3 +226,17 @@ def fast_launch(environ: Mapping[str, str] | None = None) -> bool:
     if not environ.get(FAST_LAUNCH, "").strip():
         return True
     return parse_bool(FAST_LAUNCH, environ)
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Parse every ``TRITONPATCH_*`` variable now; the first malformed one raises
+    :class:`PipelineError`. (LLVM option names and pass names are checked against Triton's LLVM and
+    the pass registry later, when the Pipeline is built.)"""
+    environ = os.environ if environ is None else environ
+    pipeline_settings(environ)
+    log_level(environ)
+    strict(environ)
+    parse_bool(AUTOLOAD, environ)
+    compile_threads(environ)
+    tuning_cache_dir(environ)
+    fast_launch(environ)
