@@ -54,4 +54,4 @@ def test_bench_lists_and_rejects_unknown_names():
     scripts_dir = os.path.join(os.path.dirname(__file__), "..", "scripts")
     assert names == {f[len("bench_"):-3] for f in os.listdir(scripts_dir) if f.startswith("bench_") and f.endswith(".py")}
     result = run_cli("bench", "no-such-benchmark")
-    assert result.returncode == 2 and "unknown benchmark(s) no-such-benchmark" in result.stderr
+    assert result.returncode == 2 and "unknown benchmark(s) 'no-such-benchmark'" in result.stderr

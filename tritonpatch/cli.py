@@ -1,12 +1,30 @@
-"""The ``tritonpatch`` command line. One function per subcommand; ``main`` dispatches."""
+"""The ``tritonpatch`` command line. One function per subcommand; ``main`` dispatches.
+
+A mistake in the arguments, a spec, the environment or the kernel ends the command with one line,
+``tritonpatch COMMAND: error: ...``, and exit status 2, like argparse's own errors; ``--traceback``
+(or ``TRITONPATCH_LOG=debug``) adds the Python traceback.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import shutil
 import sys
 
+from . import env
 from .errors import TritonpatchError
+
+DEFAULT_A = "default"
+DEFAULT_B = "disable-lsr"
+DEFAULT_TARGET = "sm_90"
+TRACEBACK_HINT = "--traceback or TRITONPATCH_LOG=debug shows the full traceback"
+MESSAGE_LIMIT = 2000
+
+
+class CommandError(Exception):
+    """A failure the user can fix (bad argument, spec, kernel); its message is the error line."""
 
 
 def _format_value(value) -> str:
@@ -42,7 +60,7 @@ def cmd_llvm_options(args: argparse.Namespace) -> int:
         return 0
     if not options:
         what = "changed LLVM option" if args.changed else "LLVM option"
-        print(f"no {what} matches {args.pattern or '*'!r}", file=sys.stderr)
+        print(f"no {what} matches {env.quote(args.pattern or '*')}", file=sys.stderr)
         return 1
     rows = []
     for o in options:
@@ -54,59 +72,116 @@ def cmd_llvm_options(args: argparse.Namespace) -> int:
     return 0
 
 
-def pipeline_from_text(text: str):
+def pipeline_from_text(text: str, flag: str = "--a"):
     """A Pipeline from the CLI form: ``default`` (plain Triton), or ``;``-separated items
-    ``disable-lsr``, ``llvm:NAME[=VALUE],...``, ``passes:NAME,...``, ``ptxas:FLAGS``."""
+    ``disable-lsr``, ``llvm:NAME[=VALUE],...``, ``passes:NAME,...``, ``ptxas:FLAGS``. ``flag`` names
+    the option the text came from in errors."""
     from . import env
-    from .errors import PipelineError
-    from .pipeline import Pipeline, pipeline_from_environ
+    from .errors import NativeUnavailableError, OptionTypeError, PipelineError, UnknownOptionError
+    from .pipeline import Pipeline
 
-    environ: dict[str, str] = {}
-    sections = {"llvm": env.LLVM_OPTIONS, "passes": env.PASSES, "ptxas": env.PTXAS_OPTIONS}
+    llvm: dict = {}
+    passes: list[str] = []
+    ptxas: list[str] = []
     for item in filter(None, (part.strip() for part in text.split(";"))):
+        section, colon, value = item.partition(":")
         if item in ("default", "none"):
             continue
         if item == "disable-lsr":
-            environ[env.DISABLE_LSR] = "1"
-            continue
-        section, colon, value = item.partition(":")
-        if not colon or section not in sections:
-            raise PipelineError(f"pipeline {text!r}: bad item {item!r}; expected default, disable-lsr, "
-                                "llvm:NAME[=VALUE],..., passes:NAME,... or ptxas:FLAGS")
-        variable = sections[section]
-        environ[variable] = f"{environ[variable]},{value}" if variable in environ and section != "ptxas" else value
-    return pipeline_from_environ(environ) if environ else Pipeline()
+            llvm["disable-lsr"] = True
+        elif colon and section == "llvm":
+            llvm.update(env.parse_llvm_options(value, variable=f"{flag} llvm"))
+        elif colon and section == "passes":
+            passes.extend(env.split_pass_list(value, variable=f"{flag} passes"))
+        elif colon and section == "ptxas":
+            ptxas.extend(env.parse_ptxas_options(value, variable=f"{flag} ptxas"))
+        else:
+            raise PipelineError(f"{flag} {env.quote(text)}: bad item {env.quote(item)}; expected default, disable-lsr, "
+                                "llvm:NAME[=VALUE],..., passes:NAME,... or ptxas:FLAGS, joined with ';'")
+    try:
+        return Pipeline(llvm=llvm, passes=passes, ptxas=ptxas)
+    except (PipelineError, UnknownOptionError, OptionTypeError, NativeUnavailableError) as exc:
+        raise PipelineError(f"{flag} {env.quote(text)}: {exc}") from exc
+
+
+_SPEC_KEYS = ("kernel", "signature", "constexprs", "options", "launch")
+
+
+def _read_spec_file(path: str) -> dict:
+    """The table a TOML/JSON spec file holds."""
+    if not os.path.isfile(path):
+        raise CommandError(f"spec file {path} {'is not a file' if os.path.exists(path) else 'does not exist'}")
+    with open(path, "rb") as f:
+        raw = f.read()
+    language = "JSON" if path.endswith(".json") else "TOML"
+    try:
+        if language == "JSON":
+            spec = json.loads(raw)
+        else:
+            try:
+                import tomllib
+            except ImportError:
+                raise CommandError(f"{path}: reading TOML needs Python 3.11 or later; write the spec as JSON") from None
+            spec = tomllib.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError and TOMLDecodeError are ValueErrors
+        raise CommandError(f"{path}: not valid {language}: {exc}") from None
+    if not isinstance(spec, dict):
+        raise CommandError(f"{path}: expected a table with kernel = \"module:function\" and [signature], "
+                           f"got a {type(spec).__name__}")
+    return spec
+
+
+def _import_kernel_module(module_name: str, spec_path: str):
+    """The module a spec's ``kernel = "module:function"`` names: a module on ``sys.path``, or a
+    ``.py`` file relative to the spec."""
+    import importlib
+    import importlib.util
+
+    module_path = os.path.join(os.path.dirname(os.path.abspath(spec_path)), module_name)
+    if module_name.endswith(".py") and not os.path.isfile(module_path):
+        raise CommandError(f"{spec_path}: kernel file {module_path} does not exist")
+    try:
+        if not module_name.endswith(".py"):
+            return importlib.import_module(module_name)
+        loader = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_path)
+        module = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(module)
+        return module
+    except Exception as exc:  # the module is missing, or it raised while it was imported
+        if isinstance(exc, ModuleNotFoundError) and exc.name and exc.name.split(".")[0] == module_name.split(".")[0]:
+            raise CommandError(f"{spec_path}: no module named {exc.name!r} (a kernel is \"module:function\" with the "
+                               "module on sys.path, or \"file.py:function\" next to the spec)") from exc
+        raise CommandError(f"{spec_path}: importing the kernel module {module_name!r} failed: "
+                           f"{type(exc).__name__}: {exc} ({TRACEBACK_HINT})") from exc
 
 
 def load_kernel_spec(path: str) -> dict:
     """Read a kernel spec (TOML or JSON): ``kernel = "module:function"`` (or ``"file.py:function"``),
     ``[signature]`` argument types, optional ``[constexprs]``, ``[options]`` (num_warps, ...) and
-    ``[launch]`` (``grid``, ``outputs`` and ``[launch.args]``, used when a GPU is present)."""
-    import importlib
-    import importlib.util
-    import os
+    ``[launch]`` (``grid``, ``outputs`` and ``[launch.args]``, used when a GPU is present). A mistake
+    in the file raises :class:`CommandError` naming the file and what is wrong."""
+    import difflib
 
-    with open(path, "rb") as f:
-        raw = f.read()
-    if path.endswith(".json"):
-        spec = json.loads(raw)
-    else:
-        import tomllib
-
-        spec = tomllib.loads(raw.decode())
+    spec = _read_spec_file(path)
+    for key in spec:
+        if key not in _SPEC_KEYS:
+            close = difflib.get_close_matches(key, _SPEC_KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise CommandError(f"{path}: unknown key {env.quote(key)}{hint}; known keys: {', '.join(_SPEC_KEYS)}")
     for key in ("kernel", "signature"):
         if key not in spec:
-            raise ValueError(f"{path}: missing '{key}' (see `tritonpatch compare --help`)")
-    module_name, _, attr = spec["kernel"].partition(":")
-    if module_name.endswith(".py"):
-        module_path = os.path.join(os.path.dirname(os.path.abspath(path)), module_name)
-        loader = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_path)
-        module = importlib.util.module_from_spec(loader)
-        loader.loader.exec_module(module)
-    else:
-        module = importlib.import_module(module_name)
-    if not attr or not hasattr(module, attr):
-        raise ValueError(f"{path}: kernel {spec['kernel']!r} names no attribute of {module_name}")
+            raise CommandError(f"{path}: missing '{key}' (see `tritonpatch compare --help`)")
+    for key in ("signature", "constexprs", "options", "launch"):
+        if key in spec and not isinstance(spec[key], dict):
+            raise CommandError(f"{path}: [{key}] must be a table, got {env.quote(spec[key])}")
+    kernel = spec["kernel"]
+    module_name, colon, attr = kernel.partition(":") if isinstance(kernel, str) else ("", "", "")
+    if not (module_name and colon and attr):
+        raise CommandError(f"{path}: kernel = {env.quote(kernel)}: expected \"module:function\" or "
+                           "\"file.py:function\"")
+    module = _import_kernel_module(module_name, path)
+    if not hasattr(module, attr):
+        raise CommandError(f"{path}: kernel {env.quote(kernel)}: {module_name} has no attribute {attr!r}")
     launch = spec.get("launch")
     if launch is not None:
         from .inspect import check_launch
@@ -114,34 +189,102 @@ def load_kernel_spec(path: str) -> dict:
         try:
             check_launch(launch)
         except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from None
+            raise CommandError(f"{path}: {exc}") from None
     return {"kernel": getattr(module, attr), "signature": spec["signature"],
             "constexprs": spec.get("constexprs", {}), "options": spec.get("options", {}), "launch": launch}
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    """Compile one kernel under two pipelines and compare what came out."""
+def _check_output_path(flag: str, path: str) -> None:
+    """Fail before any work when ``path`` cannot be written (no such directory, or a directory)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise CommandError(f"{flag} {path} is a directory; give a file name")
+    if not os.path.isdir(folder):
+        raise CommandError(f"{flag} {path}: directory {folder} does not exist")
+
+
+def _compile_failure(exc: Exception) -> str:
+    """What the compiler said, without Triton's wrapping: ptxas's own log for a ptxas failure."""
+    from triton.runtime.errors import PTXASError
+
+    if isinstance(exc, PTXASError):
+        log = re.search(r"`ptxas` stderr:\n(.*?)\nRepro command", str(exc), re.S)
+        return "ptxas failed: " + (log.group(1).strip() if log else str(exc))
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
+def _cmd_compare_cache_dir(args: argparse.Namespace) -> int:
     from . import inspect
 
-    if args.cache_dir:
-        reports = inspect.cache_dir_reports(args.cache_dir)
-        if args.json:
-            print(json.dumps(reports, indent=2))
-        else:
-            rows = [[r["kernel"], r["directory"][:12], str(r["registers"]), str(r["local"]), str(r["dynamic_shared"]),
-                     str(sum(r["sass_main_loop"].values()))] for r in reports]
-            print(_table(rows, ["KERNEL", "ENTRY", "REGS", "LOCAL", "SHARED", "LOOP-SASS"]) if rows
-                  else f"no cubin in {args.cache_dir}")
+    given = [flag for flag, value in (("SPEC", args.spec), ("--a", args.a), ("--b", args.b),
+                                      ("--target", args.target), ("--html", args.html)) if value is not None]
+    if given:
+        raise CommandError(f"--cache-dir lists the kernels of a Triton cache; it takes no {', '.join(given)}")
+    if not os.path.isdir(args.cache_dir):
+        what = "is not a directory" if os.path.exists(args.cache_dir) else "does not exist"
+        raise CommandError(f"--cache-dir {args.cache_dir} {what} (Triton's default cache is ~/.triton/cache)")
+    reports = inspect.cache_dir_reports(args.cache_dir)
+    for report in reports:
+        if "error" in report:
+            print(f"tritonpatch compare: warning: skipped {report['directory']}/{report['kernel']}.cubin: "
+                  f"{report['error']}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(reports, indent=2))
         return 0
+    rows = [[r["kernel"], r["directory"][:12], str(r["registers"]), str(r["local"]), str(r["dynamic_shared"]),
+             str(sum(r["sass_main_loop"].values()))] for r in reports if "error" not in r]
+    print(_table(rows, ["KERNEL", "ENTRY", "REGS", "LOCAL", "SHARED", "LOOP-SASS"]) if rows
+          else f"no readable cubin in {args.cache_dir}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Compile one kernel under two pipelines and compare what came out. Every argument and the
+    spec are checked before the first compile."""
+    import contextlib
+    import io
+
+    from . import inspect, targets
+    from .hooks import install
+
+    if args.cache_dir is not None:
+        return _cmd_compare_cache_dir(args)
     if not args.spec:
-        raise SystemExit("tritonpatch compare: give a kernel SPEC file, or --cache-dir DIR")
+        raise CommandError("give a kernel SPEC file, or --cache-dir DIR")
+    target = args.target or DEFAULT_TARGET
+    try:
+        capability = targets.parse_target(target, where="--target").arch
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    env.check_environment()  # a malformed TRITONPATCH_* variable is reported now, as itself,
+    install()                # not as a compile failure
+    pipelines = {"A": pipeline_from_text(args.a or DEFAULT_A, "--a"),
+                 "B": pipeline_from_text(args.b or DEFAULT_B, "--b")}
+    if args.html:
+        _check_output_path("--html", args.html)
     spec = load_kernel_spec(args.spec)
+    try:
+        targets.check_kernel_arguments(spec["kernel"], spec["signature"], spec["constexprs"],
+                                       where=("[signature]", "[constexprs]"))
+        targets.check_compile_options(spec["options"], capability, where="[options]")
+    except ValueError as exc:
+        raise CommandError(f"{args.spec}: {exc}") from None
+    name = spec["kernel"].__name__
     reports = []
-    for label, text in (("A", args.a), ("B", args.b)):
-        pipeline = pipeline_from_text(text)
-        print(f"compiling {spec['kernel'].__name__} for {args.target} with {label} ...", file=sys.stderr)
-        reports.append(inspect.compile_report(spec["kernel"], spec["signature"], spec["constexprs"], pipeline,
-                                              target=args.target, **spec["options"]))
+    for label, pipeline in pipelines.items():
+        print(f"compiling {name} for {target} with {label} ...", file=sys.stderr)
+        # Triton prints the whole PTX on stdout when ptxas fails; keep stdout for the report.
+        with contextlib.redirect_stdout(io.StringIO()) as compiler_output:
+            try:
+                reports.append(inspect.compile_report(spec["kernel"], spec["signature"], spec["constexprs"], pipeline,
+                                                      target=target, **spec["options"]))
+            except Exception as exc:
+                if _wants_traceback(args):
+                    sys.stderr.write(compiler_output.getvalue())
+                raise CommandError(f"{name} does not compile for {target} with {label} "
+                                   f"({inspect.describe_pipeline(pipeline)}): {_compile_failure(exc)} "
+                                   f"({TRACEBACK_HINT})") from exc
+        sys.stderr.write(compiler_output.getvalue())
     outputs_equal = None
     if spec["launch"]:
         import torch
@@ -169,6 +312,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The seed kernel and the packaged attention under plain Triton vs tuned Pipelines."""
     from . import demo
 
+    env.check_environment()
     return demo.run()
 
 
@@ -178,29 +322,38 @@ def _benchmark_scripts() -> dict:
 
     scripts = pathlib.Path(__file__).resolve().parent.parent / "scripts"
     if not scripts.is_dir():
-        raise FileNotFoundError(f"no benchmark scripts at {scripts}: `tritonpatch bench` runs from a source "
+        raise CommandError(f"no benchmark scripts at {scripts}: `tritonpatch bench` runs from a source "
                                 "checkout installed with `pip install -e .`")
     return {path.stem[len("bench_"):]: path for path in sorted(scripts.glob("bench_*.py"))}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run benchmark scripts one after another; each writes JSON, markdown and a plot into --out."""
-    import os
     import shlex
     import subprocess
     import time
 
     scripts = _benchmark_scripts()
+    if args.list and args.names:
+        raise CommandError("--list takes no benchmark names (give names to run them)")
     if args.list or not args.names:
         print("\n".join(f"{name:<20} {path}" for name, path in scripts.items()))
         return 0
     unknown = [name for name in args.names if name not in scripts]
     if unknown:
-        raise ValueError(f"unknown benchmark(s) {', '.join(unknown)}; available: {', '.join(scripts)}")
+        raise CommandError(f"unknown benchmark(s) {', '.join(env.quote(n) for n in unknown)}; "
+                           f"available: {', '.join(scripts)}")
+    try:
+        script_args = shlex.split(args.script_args)
+    except ValueError as exc:
+        raise CommandError(f"--script-args {env.quote(args.script_args)}: {exc} (quote it like a shell command line)") \
+            from None
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise CommandError(f"--out {args.out} is not a directory")
     os.makedirs(args.out, exist_ok=True)
     failed = []
     for index, name in enumerate(args.names, 1):
-        command = [sys.executable, str(scripts[name]), "--out", args.out, *shlex.split(args.script_args)]
+        command = [sys.executable, str(scripts[name]), "--out", args.out, *script_args]
         print(f"[{index}/{len(args.names)}] {name}: {' '.join(command)}", file=sys.stderr, flush=True)
         start = time.perf_counter()
         status = subprocess.call(command)
@@ -216,9 +369,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tritonpatch", description="Patch Triton's compile pipeline: LLVM options, IR passes, inspection.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--traceback", action="store_true",
+                        help="on an error, also print the Python traceback (as TRITONPATCH_LOG=debug does)")
 
     llvm_options = commands.add_parser(
-        "llvm-options", help="list the LLVM options inside Triton (name, type, value, default, help)")
+        "llvm-options", parents=[common],
+        help="list the LLVM options inside Triton (name, type, value, default, help)")
     llvm_options.add_argument("pattern", nargs="?", help="substring, or glob with * ? [ (case-insensitive)")
     llvm_options.add_argument("--json", action="store_true", help="print JSON instead of a table")
     llvm_options.add_argument("--changed", action="store_true",
@@ -226,27 +383,31 @@ def build_parser() -> argparse.ArgumentParser:
     llvm_options.set_defaults(run=cmd_llvm_options)
 
     compare = commands.add_parser(
-        "compare", help="compile a kernel under two pipelines and compare registers, spills, SASS, IR",
+        "compare", parents=[common],
+        help="compile a kernel under two pipelines and compare registers, spills, SASS, IR",
         description="SPEC is a TOML/JSON file: kernel = \"module:function\" or \"file.py:function\", "
                     "[signature] NAME = \"*fp16\"|\"i32\"|..., optional [constexprs] and [options] "
                     "(num_warps, num_stages). PIPE: default | disable-lsr | llvm:NAME[=VALUE],... | "
                     "passes:NAME,... | ptxas:FLAGS, items joined with ';'.")
     compare.add_argument("spec", nargs="?", help="kernel spec file (TOML or JSON)")
-    compare.add_argument("--a", default="default", metavar="PIPE", help="first pipeline (default: plain Triton)")
-    compare.add_argument("--b", default="disable-lsr", metavar="PIPE", help="second pipeline (default: disable-lsr)")
-    compare.add_argument("--target", default="sm_90", help="GPU target to compile for (default: sm_90)")
+    compare.add_argument("--a", metavar="PIPE", help=f"first pipeline (default: {DEFAULT_A}, plain Triton)")
+    compare.add_argument("--b", metavar="PIPE", help=f"second pipeline (default: {DEFAULT_B})")
+    compare.add_argument("--target", help=f"GPU target to compile for (default: {DEFAULT_TARGET})")
     compare.add_argument("--json", action="store_true", help="print JSON instead of a table")
     compare.add_argument("--html", metavar="OUT", help="also write an HTML report with diffs and a chart")
-    compare.add_argument("--cache-dir", metavar="DIR", help="instead, inspect every kernel in a Triton cache dir")
+    compare.add_argument("--cache-dir", metavar="DIR",
+                         help="instead, inspect every kernel in a Triton cache dir (takes only --json)")
     compare.set_defaults(run=cmd_compare)
 
     demo = commands.add_parser(
-        "demo", help="the seed report's kernel and the packaged attention under plain vs tuned pipelines "
-                     "(compile-only on a CPU machine; timings vs FlexAttention/SDPA on a GPU)")
+        "demo", parents=[common],
+        help="the seed report's kernel and the packaged attention under plain vs tuned pipelines "
+             "(compile-only on a CPU machine; timings vs FlexAttention/SDPA on a GPU)")
     demo.set_defaults(run=cmd_demo)
 
     bench = commands.add_parser(
-        "bench", help="run benchmark scripts (scripts/bench_<name>.py) writing JSON, markdown and plots")
+        "bench", parents=[common],
+        help="run benchmark scripts (scripts/bench_<name>.py) writing JSON, markdown and plots")
     bench.add_argument("names", nargs="*", help="benchmarks to run (none: list them)")
     bench.add_argument("--list", action="store_true", help="list the available benchmarks")
     bench.add_argument("--out", default="docs/benchmarks", help="output directory (default: docs/benchmarks)")
@@ -256,12 +417,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _wants_traceback(args: argparse.Namespace) -> bool:
+    """``--traceback``, or ``TRITONPATCH_LOG=debug``."""
+    try:
+        return args.traceback or env.log_level() == "debug"
+    except TritonpatchError:  # a malformed TRITONPATCH_LOG is reported where it is read
+        return False
+
+
+def error_message(exc: BaseException) -> str:
+    """The error line's text: our own errors as they are, anything else with its type and how to see
+    the traceback; cut to MESSAGE_LIMIT characters."""
+    if isinstance(exc, (CommandError, TritonpatchError, OSError)):
+        message = str(exc)
+    else:
+        message = f"{type(exc).__name__}: {exc} ({TRACEBACK_HINT})"
+    if len(message) > MESSAGE_LIMIT:
+        message = f"{message[:MESSAGE_LIMIT]}… ({len(message)} characters; {TRACEBACK_HINT})"
+    return message
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one subcommand; its exit status (2: an error, reported on one ``error:`` line)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    prog = f"{parser.prog} {args.command}"
     try:
         return args.run(args)
-    except (TritonpatchError, ValueError, OSError) as exc:
-        print(f"tritonpatch: error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`tritonpatch llvm-options | head`): stop quietly
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 141
+    except Exception as exc:
+        if _wants_traceback(args):
+            import traceback
+
+            traceback.print_exception(exc)
+        print(f"{prog}: error: {error_message(exc)}", file=sys.stderr)
         return 2
 
 

@@ -21,7 +21,7 @@ import time
 from typing import Any, Mapping
 
 from .pipeline import Pipeline, use_pipeline
-from .targets import compile_for_target, parse_target
+from .targets import compile_for_target, parse_target, ptxas_path
 
 # SASS opcode (the part before the first '.') -> instruction class.
 SASS_CLASSES: dict[str, tuple[str, ...]] = {
@@ -58,9 +58,8 @@ def sass_class(opcode: str) -> str:
 def _tool(name: str, capability: int = 90) -> str:
     """Path of the CUDA tool Triton itself uses (``ptxas``, ``cuobjdump``, ``nvdisasm``)."""
     from triton import knobs
-    from triton.backends.nvidia.compiler import get_ptxas
 
-    path = get_ptxas(capability).path if name == "ptxas" else getattr(knobs.nvidia, name).path
+    path = ptxas_path(capability) if name == "ptxas" else getattr(knobs.nvidia, name).path
     if not path or not os.path.exists(path):
         raise FileNotFoundError(f"Triton's {name} was not found ({path!r}); reinstall triton")
     return path
@@ -493,7 +492,7 @@ def compare(a: CompileReport, b: CompileReport, max_diff_lines: int = 200,
     return Comparison(a=a, b=b, rows=rows, diffs=diffs, outputs_equal=outputs_equal)
 
 
-def _describe(pipeline: Pipeline) -> str:
+def describe_pipeline(pipeline: Pipeline) -> str:
     return "plain Triton" if pipeline.is_empty else repr(pipeline)
 
 
@@ -505,7 +504,7 @@ def format_comparison(comparison: Comparison) -> str:
     """A terminal table: metric, A, B and the change."""
     a, b = comparison.a, comparison.b
     lines = [f"kernel {a.kernel} for {a.target}",
-             f"  A: {_describe(a.pipeline)}", f"  B: {_describe(b.pipeline)}", ""]
+             f"  A: {describe_pipeline(a.pipeline)}", f"  B: {describe_pipeline(b.pipeline)}", ""]
     width = max(len(m) for m, _, _ in comparison.rows)
     lines.append(f"{'metric'.ljust(width)}  {'A':>10}  {'B':>10}  change")
     for metric, x, y in comparison.rows:
@@ -539,33 +538,46 @@ def comparison_html(comparison: Comparison) -> str:
 <style>body{{font-family:sans-serif;margin:2em}} td{{padding:2px 10px}} pre{{background:#f6f6f6;padding:1em;overflow:auto}}
 .a,.b{{color:white;font-size:11px;margin:1px}} .a{{background:#4477aa}} .b{{background:#ee6677}}</style></head><body>
 <h1>{html.escape(a.kernel)} for {html.escape(a.target)}</h1>
-<p><span class=a>&nbsp;A&nbsp;</span> {html.escape(_describe(a.pipeline))}<br>
-<span class=b>&nbsp;B&nbsp;</span> {html.escape(_describe(b.pipeline))}</p>
+<p><span class=a>&nbsp;A&nbsp;</span> {html.escape(describe_pipeline(a.pipeline))}<br>
+<span class=b>&nbsp;B&nbsp;</span> {html.escape(describe_pipeline(b.pipeline))}</p>
 <table><tr><th>metric</th><th>A</th><th>B</th></tr>{rows}</table>
 <h2>SASS instructions by class</h2><table>{bars}</table>{diffs}</body></html>"""
 
 
 # --- kernels already in a Triton cache ------------------------------------------------------------
 
-def cache_dir_reports(cache_dir: str) -> list[dict]:
-    """Resources and SASS mix of every cubin in a Triton cache directory (no recompile)."""
+def _cache_entry_report(root: str, name: str) -> dict:
+    """Resources and SASS mix of one cubin of a Triton cache, with its metadata file's launch settings."""
     import json
 
+    with open(os.path.join(root, name), "rb") as f:
+        cubin = f.read()
+    meta_path = os.path.join(root, name[:-len(".cubin")] + ".json")
+    meta = {}
+    if os.path.exists(meta_path):
+        with open(meta_path) as f:
+            meta = json.load(f)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, name)
+        with open(path, "wb") as f:
+            f.write(cubin)
+        usage = parse_resource_usage(_run([_tool("cuobjdump"), "--dump-resource-usage", path]))
+    sass = analyze_sass(disassemble(cubin))
+    return {"num_warps": meta.get("num_warps"), "num_stages": meta.get("num_stages"),
+            "dynamic_shared": meta.get("shared"), **usage, "sass_total": sass.total, "sass_main_loop": sass.main_loop}
+
+
+def cache_dir_reports(cache_dir: str) -> list[dict]:
+    """Resources and SASS mix of every cubin in a Triton cache directory (no recompile). An entry that
+    cannot be read (a truncated file, a GPU the shipped tools do not decode) is listed with ``error``
+    saying why instead of its numbers, so that one bad entry does not hide the others."""
     out = []
     for root, _dirs, files in os.walk(cache_dir):
         for name in sorted(f for f in files if f.endswith(".cubin")):
-            with open(os.path.join(root, name), "rb") as f:
-                cubin = f.read()
-            meta_path = os.path.join(root, name[:-len(".cubin")] + ".json")
-            meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
-            with tempfile.TemporaryDirectory() as tmp:
-                path = os.path.join(tmp, name)
-                with open(path, "wb") as f:
-                    f.write(cubin)
-                usage = parse_resource_usage(_run([_tool("cuobjdump"), "--dump-resource-usage", path]))
-            sass = analyze_sass(disassemble(cubin))
-            out.append({"kernel": name[:-len(".cubin")], "directory": os.path.relpath(root, cache_dir),
-                        "num_warps": meta.get("num_warps"), "num_stages": meta.get("num_stages"),
-                        "dynamic_shared": meta.get("shared"), **usage, "sass_total": sass.total,
-                        "sass_main_loop": sass.main_loop})
+            entry = {"kernel": name[:-len(".cubin")], "directory": os.path.relpath(root, cache_dir)}
+            try:
+                entry.update(_cache_entry_report(root, name))
+            except (OSError, ValueError, RuntimeError, subprocess.SubprocessError) as exc:
+                entry["error"] = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            out.append(entry)
     return out

@@ -1,20 +1,144 @@
-"""Compile a Triton kernel for a named GPU target without a GPU (Triton ships ptxas)."""
+"""Compile a Triton kernel for a named GPU target without a GPU (Triton ships ptxas).
+
+The target, the kernel's arguments and the compile options are checked before Triton sees them,
+so that a mistake is one error naming the problem, not a traceback from deep inside the compiler
+(or, for an unknown option, nothing at all: Triton ignores options it does not know).
+"""
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
+import os
 import re
+import subprocess
 from typing import Any, Mapping
 
-_TARGET_RE = re.compile(r"^sm_?(\d+)([a-z]?)$")
+from .env import quote
+
+_TARGET_RE = re.compile(r"^sm_?(\d+)a?$")
+_WARPS = (1, 2, 4, 8, 16, 32)  # a CUDA block holds at most 1024 threads
+_CTAS = (1, 2, 4, 8, 16)  # the largest cluster Hopper and Blackwell launch
+_TARGET_OPTIONS = ("arch", "backend_name")  # they belong to the target, not to the kernel
 
 
-def parse_target(target: str):
-    """``"sm_90"`` (or ``"sm90"``, ``"sm_90a"``) -> ``GPUTarget("cuda", 90, 32)``."""
+def ptxas_path(capability: int) -> str:
+    """The ptxas Triton uses for ``sm_<capability>`` (Triton ships one for older GPUs and one for newer)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return get_ptxas(capability).path
+
+
+@functools.lru_cache(maxsize=None)
+def _ptxas_capabilities(path: str) -> tuple[int, ...]:
+    """The ``sm_NN`` that ``ptxas --help`` lists for ``--gpu-name`` (empty if ptxas cannot be asked,
+    and then only the target's form is checked: the compile reports what ptxas says)."""
+    try:
+        result = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return tuple(sorted({int(n) for n in re.findall(r"'sm_(\d+)a?'", result.stdout)}))
+
+
+def parse_target(target: str, where: str = "target"):
+    """``"sm_90"`` (or ``"sm90"``, ``"sm_90a"``) -> ``GPUTarget("cuda", 90, 32)``. The capability must
+    be one the ptxas Triton uses for it compiles for; ``where`` names the target in the error."""
     from triton.backends.compiler import GPUTarget
 
     match = _TARGET_RE.match(target.strip().lower()) if isinstance(target, str) else None
     if not match:
-        raise ValueError(f"unknown target {target!r}; use a CUDA compute capability such as 'sm_90' or 'sm_80'")
-    return GPUTarget("cuda", int(match.group(1)), 32)
+        raise ValueError(f"{where} {quote(target)}: expected sm_NN, a CUDA compute capability such as sm_90 or sm_80")
+    capability = int(match.group(1))
+    supported = _ptxas_capabilities(ptxas_path(capability))
+    if supported and capability not in supported:
+        raise ValueError(f"{where} {quote(target)}: expected sm_NN with NN >= {supported[0]} that Triton's "
+                         f"{os.path.basename(ptxas_path(capability))} compiles for: "
+                         f"{', '.join(str(n) for n in supported)}")
+    return GPUTarget("cuda", capability, 32)
+
+
+def _kernel_signature(fn) -> str:
+    return f"{fn.__name__}({', '.join(fn.arg_names)})"
+
+
+def check_kernel_arguments(fn, signature: Mapping[str, Any], constexprs: Mapping[str, Any],
+                           where: tuple[str, str] = ("signature", "constexprs")) -> None:
+    """Raise ValueError unless ``fn`` is a ``@triton.jit`` function and ``signature`` (argument ->
+    Triton type such as ``"*fp16"``) and ``constexprs`` (argument -> value) cover exactly its
+    arguments, with tl.constexpr parameters among the constexprs. ``where`` names the two mappings."""
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(fn, JITFunction):
+        wrapped = getattr(fn, "fn", None)
+        hint = (" (a triton.autotune/heuristics wrapper: name the @triton.jit function inside and give "
+                "one config's values)") if wrapped is not None else ""
+        name = getattr(fn, "__name__", None) or quote(fn)
+        raise ValueError(f"{name!s} is a {type(fn).__name__}, not a @triton.jit function{hint}")
+    sig_where, const_where = where
+    for mapping, name in ((signature, sig_where), (constexprs, const_where)):
+        if not isinstance(mapping, Mapping):
+            raise ValueError(f"{name} must map argument names to values, got {quote(mapping)}")
+        unknown = [arg for arg in mapping if arg not in fn.arg_names]
+        if unknown:
+            raise ValueError(f"{quote(unknown[0])} in {name} is not an argument of {_kernel_signature(fn)}")
+    for param in fn.params:
+        name = param.name
+        if name not in signature and name not in constexprs:
+            default = f" (its default {quote(param.default)} applies only at a launch)" if param.has_default else ""
+            raise ValueError(f"argument {name!r} of {_kernel_signature(fn)} is in neither {sig_where} (a type) "
+                             f"nor {const_where} (a value){default}")
+        ty = signature.get(name, "constexpr")
+        if param.is_constexpr and name not in constexprs and ty != "constexpr":
+            raise ValueError(f"{name!r} is a tl.constexpr parameter of {fn.__name__}: give its value in "
+                             f"{const_where}, not a type in {sig_where}")
+        if ty != "constexpr":
+            try:
+                tl.str_to_ty(ty, None)
+            except Exception:
+                raise ValueError(f"{name!r} in {sig_where} has type {quote(ty)}, which Triton does not know; "
+                                 "e.g. '*fp16', '*bf16', '*i32', 'i32', 'i64', 'fp32'") from None
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_compile_options(options: Mapping[str, Any], capability: int, where: str = "the compile options") -> None:
+    """Raise ValueError for an option Triton's CUDA backend does not know (Triton itself ignores
+    those), one that belongs to the target, a value of the wrong type, or a num_warps / num_ctas /
+    num_stages / maxnreg out of range. ``where`` names the options in the error."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    backend = make_backend(GPUTarget("cuda", capability, 32))
+    defaults = backend.parse_options({})
+    known = [field.name for field in dataclasses.fields(defaults) if field.name not in _TARGET_OPTIONS]
+    for key, value in options.items():
+        if key in _TARGET_OPTIONS:
+            raise ValueError(f"{key!r} in {where} is set by the target; choose the target instead")
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown key {quote(key)} in {where}{hint}; known keys: {', '.join(known)}")
+        default = getattr(defaults, key)
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ValueError(f"{key} in {where} must be true or false, got {quote(value)}")
+        if _integer(default) and not _integer(value):
+            raise ValueError(f"{key} in {where} must be an integer, got {quote(value)}")
+    checks = (("num_warps", lambda n: n in _WARPS, "a power of two (" + ", ".join(map(str, _WARPS)) + ")"),
+              ("num_ctas", lambda n: n in _CTAS and (n == 1 or capability >= 90),
+               "a power of two (" + ", ".join(map(str, _CTAS)) + "), above 1 only for sm_90 and later"),
+              ("num_stages", lambda n: n >= 1, "a positive integer (1: no software pipelining)"),
+              ("maxnreg", lambda n: n >= 1, "a positive integer (registers per thread)"))
+    for key, valid, expected in checks:
+        value = options.get(key)
+        if value is not None and not (_integer(value) and valid(value)):
+            raise ValueError(f"{key} in {where} must be {expected}, got {quote(value)}")
+    try:
+        backend.parse_options(dict(options))
+    except (AssertionError, ValueError, TypeError) as exc:  # Triton's own checks of the values
+        raise ValueError(f"{where}: Triton refuses {quote(dict(options))}: {exc}") from None
 
 
 def compile_for_target(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any] | None = None,
@@ -22,16 +146,19 @@ def compile_for_target(fn, signature: Mapping[str, str], constexprs: Mapping[str
     """Run Triton's whole pipeline (ttir -> ... -> cubin) for ``target`` and return the
     ``CompiledKernel`` (``.asm`` holds every stage). ``signature`` maps argument names to Triton
     types (``"*fp16"``, ``"i32"``, ``"constexpr"``); ``options`` are Triton compile options
-    (``num_warps``, ``num_stages``, ...)."""
+    (``num_warps``, ``num_stages``, ...). Target, arguments and options are checked first."""
     import triton
     from triton.compiler import ASTSource
 
+    gpu_target = parse_target(target)
     constexprs = dict(constexprs or {})
+    check_kernel_arguments(fn, signature, constexprs)
+    check_compile_options(options, gpu_target.arch)
     sig = dict(signature)
     for name in constexprs:
         sig.setdefault(name, "constexpr")
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
-    return triton.compile(src, target=parse_target(target), options=dict(options))
+    return triton.compile(src, target=gpu_target, options=dict(options))
 
 
 class CompileOnlyDriver:
