@@ -18,6 +18,12 @@ class OptionTypeError(TritonpatchError, TypeError):
     """A value that does not fit the option's type, or an option whose type cannot be set."""
 
 
+class UnsafeOptionError(OptionTypeError):
+    """An LLVM option refused by default: values that fit its type can still end the process
+    inside LLVM, read or write files, start programs, or print LLVM's internals on every compile.
+    The message says why and how to allow it anyway (``tritonpatch.llvm.allow_unsafe_options``)."""
+
+
 class PipelineError(TritonpatchError, ValueError):
     """An invalid Pipeline setting (bad pass name, malformed environment variable, ...)."""
 

@@ -12,6 +12,11 @@ a typed Python face:
 Values are set only through LLVM's own command-line parser, after validation, and read back.
 Restoring is exact: an option that had never been specified goes back through
 ``Option::reset()`` (LLVM code tests ``getNumOccurrences()``), its occurrence count included.
+
+Options whose setting runs a callback (``cl::cb``) are never set: the callback changes LLVM state
+outside the option, which no restore undoes. Options whose valid values can still end the process
+inside LLVM, touch files, start programs or print LLVM's internals are refused unless allowed by
+name with ``allow_unsafe_options(name, ...)``; ``unsafe_reason(name)`` says why.
 """
 from __future__ import annotations
 
@@ -20,16 +25,18 @@ import dataclasses
 import difflib
 import fnmatch
 import os
+import re
 import struct
 import threading
+from collections import Counter
 from typing import Any, Iterator, Mapping
 
-from .errors import NativeUnavailableError, OptionTypeError, UnknownOptionError
+from .errors import NativeUnavailableError, OptionTypeError, UnknownOptionError, UnsafeOptionError
 
 __all__ = [
     "LLVMOption", "available", "native_info", "list_options", "get_option", "set_option",
-    "normalize_value", "apply_options", "restore_options", "llvm_options",
-    "NativeUnavailableError", "UnknownOptionError", "OptionTypeError",
+    "normalize_value", "apply_options", "restore_options", "llvm_options", "allow_unsafe_options",
+    "unsafe_reason", "NativeUnavailableError", "UnknownOptionError", "OptionTypeError", "UnsafeOptionError",
 ]
 
 _INT_RANGES = {
@@ -180,11 +187,22 @@ def get_option(name: str) -> LLVMOption:
 
 def normalize_value(name: str, value: Any) -> Any:
     """Validate ``value`` for option ``name`` without touching LLVM; return its canonical Python
-    form (bool, int, float, str, or None for an unset boolOrDefault)."""
+    form (bool, int, float, str, or None for an unset boolOrDefault). Raises
+    :class:`UnsafeOptionError` for an option refused by default (see :func:`unsafe_reason`)."""
     return _normalize(_to_option(_raw(name)), value)
 
 
 def _normalize(opt: LLVMOption, value: Any) -> Any:
+    value = _normalize_type(opt, value)
+    reason = _unsafe_reason(opt)
+    if reason is not None and not _allowed_unsafe[opt.name]:
+        raise UnsafeOptionError(
+            f"LLVM option {opt.name!r} is refused: {reason}. To set it anyway, accepting that, call "
+            f"tritonpatch.llvm.allow_unsafe_options({opt.name!r}) first")
+    return value
+
+
+def _normalize_type(opt: LLVMOption, value: Any) -> Any:
     kind = opt.type
     if not opt.settable:
         raise OptionTypeError(f"LLVM option {opt.name!r} cannot be set: {_not_settable_reason(opt)}")
@@ -254,6 +272,89 @@ def _not_settable_reason(opt: LLVMOption) -> str:
     if opt.type == "enum":
         return "enum choices could not be read"
     return f"type {opt.type!r} is read-only here"
+
+
+# Options refused unless allowed by name. Values that fit their types still end the process inside
+# LLVM (Triton's LLVM is built with assertions), touch the file system or start programs, or print
+# LLVM's internals during every compile. Rules are (name pattern, the types it covers, reason): the
+# first that matches gives the reason. Other string options are refused as free-form text.
+_ANY_TYPE = None
+_UNSAFE_RULES = tuple((re.compile(pattern), types, reason) for pattern, types, reason in (
+    (r"^(start|stop)-(before|after)$", {"string"},
+     "it picks the pass where code generation starts or stops: an unknown pass name ends the process, "
+     "a known one crashes LLVM or leaves the PTX unfinished"),
+    (r"^exec-on-ir-change$|(^|-)(file|files|filename|path|paths|dir|directory|csv|summary|summaries|plugin"
+     r"|replay|channel-base|vocab|json|dotcfg|list)(-|$)", {"string"},
+     "it names a file, directory or program that LLVM reads, writes or runs; a missing file ends the process"),
+    (r"(^|-)view(-|$)", _ANY_TYPE,
+     "it opens or configures a graph viewer, which writes a temporary file and starts a program during compiles"),
+    (r"(^|-)(ml|advisor|interactive|ir2vec|mir2vec)(-|$)", _ANY_TYPE,
+     "it selects or configures an ML-guided or interactive advisor, which needs models or files Triton "
+     "does not ship; LLVM ends the process without them"),
+    (r"(^|-)abort(-|$)", _ANY_TYPE, "it makes LLVM end the process when what it asks for is unavailable"),
+    (r"(^|-)verify(-|$)", _ANY_TYPE,
+     "it runs one of LLVM's internal verifiers, which end the process at the first problem they find"),
+    (r"dwarf|^accel-tables$", _ANY_TYPE,
+     "it shapes DWARF debug-info emission, which NVPTX supports only in part: some values abort LLVM, "
+     "others give PTX that ptxas rejects"),
+    (r"^non-global-value-max-name-size$", _ANY_TYPE, "a limit below the length of the names in Triton's IR aborts LLVM"),
+    (r"^stackmap-version$", _ANY_TYPE, "any version but 3 aborts LLVM"),
+    (r"^lsr-complexity-limit$", _ANY_TYPE,
+     "a low limit (0 or 1 on Triton's attention kernels) trips an assertion in loop strength reduction"),
+    (r"(^|-)(print|dump|debug|debugify|stats|remarks|verbose)(-|$)|^(aa-trace|time-passes|track-memory)$", _ANY_TYPE,
+     "it is an LLVM debugging aid: it prints LLVM's internals (to stderr or files) during every compile, "
+     "or changes debug-info emission"),
+))
+_FREE_FORM_TEXT = ("it takes free-form text (a pass, function, file or program name) that tritonpatch cannot "
+                   "check, and LLVM ends the process on many wrong values")
+_allowed_unsafe: Counter = Counter()  # option name -> allow_unsafe_options() grants in force
+
+
+def unsafe_reason(name: str) -> str | None:
+    """Why option ``name`` is refused by default (``None`` when it is not), whether or not it has
+    been allowed with :func:`allow_unsafe_options`."""
+    return _unsafe_reason(_to_option(_raw(name)))
+
+
+def _unsafe_reason(opt: LLVMOption) -> str | None:
+    for pattern, types, reason in _UNSAFE_RULES:
+        if (types is _ANY_TYPE or opt.type in types) and pattern.search(opt.name):
+            return reason
+    return _FREE_FORM_TEXT if opt.type == "string" else None
+
+
+class _UnsafeGrant:
+    """What :func:`allow_unsafe_options` returns: the grant is in force from the call on; used as a
+    context manager, it ends with the ``with`` block."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self._names = names
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info) -> None:
+        with _lock:
+            _allowed_unsafe.subtract(self._names)
+            for name in self._names:
+                if _allowed_unsafe[name] <= 0:
+                    del _allowed_unsafe[name]
+
+
+def allow_unsafe_options(*names: str) -> _UnsafeGrant:
+    """Let the named options, refused by default (:func:`unsafe_reason` says why), be set from now
+    on: process-wide, or for a ``with allow_unsafe_options(...):`` block only. Allowing accepts what
+    the refusal names: such a value may end the process inside LLVM. Options whose setting runs a
+    callback stay refused: their effects cannot be restored."""
+    canonical = []
+    for name in names:
+        opt = _to_option(_raw(name))
+        if opt.callback != "none":
+            raise OptionTypeError(f"LLVM option {opt.name!r} cannot be allowed: {_not_settable_reason(opt)}")
+        canonical.append(opt.name)
+    with _lock:
+        _allowed_unsafe.update(canonical)
+    return _UnsafeGrant(tuple(canonical))
 
 
 def _as_argument(kind: str, value: Any) -> str:
