@@ -128,6 +128,9 @@ def test_ptxas_failure_is_ptxas_message_and_stdout_stays_clean(spec_dir, capsys)
 @pytest.mark.parametrize("argv,fragments", [
     (["--target", "sm_5"], ["--target 'sm_5': expected sm_NN with NN >= 50"]),
     (["--target", "banana"], ["--target 'banana': expected sm_NN"]),
+    (["--target", ""], ["--target '': expected sm_NN"]),
+    (["--b", " "], ["--b ' ': empty; give default (plain Triton), disable-lsr"]),
+    (["--html", ""], ["--html is empty"]),
     (["--b", "frobnicate"], ["--b 'frobnicate': bad item 'frobnicate'"]),
     (["--b", "llvm:no-such-option-xyz"], ["--b 'llvm:no-such-option-xyz': unknown LLVM option"]),
     (["--b", "llvm:a,,b"], ["--b llvm='a,,b': bad token ''"]),

@@ -153,6 +153,10 @@ def run_cli_env(env, *args):
     ({"grid": [1], "args": {"X": {"shape": [4], "dtype": "float17"}}}, "launch argument 'X'"),
     ({"grid": [1], "args": {"X": {"shape": [4], "dtype": "float16", "init": "ones"}}}, "init = randn|zeros|nan"),
     ({"grid": [1], "args": {"N": 3}, "outputs": ["N"]}, "not a tensor argument"),
+    ({"grid": ["a"], "args": {}}, "grid must be 1 to 3 positive integers"),
+    ({"grid": [0], "args": {}}, "grid must be 1 to 3 positive integers"),
+    ({"grid": [1, 1, 1, 1], "args": {}}, "grid must be 1 to 3 positive integers"),
+    ({"grid": [1], "args": {"X": {"shape": [-4], "dtype": "float16"}}}, "launch argument 'X'"),
 ])
 def test_launch_sections_are_checked(launch, message):
     with pytest.raises(ValueError, match=message):

@@ -80,6 +80,9 @@ def pipeline_from_text(text: str, flag: str = "--a"):
     from .errors import NativeUnavailableError, OptionTypeError, PipelineError, UnknownOptionError
     from .pipeline import Pipeline
 
+    if not text.strip():
+        raise PipelineError(f"{flag} {env.quote(text)}: empty; give default (plain Triton), disable-lsr, "
+                            "llvm:NAME[=VALUE],..., passes:NAME,... or ptxas:FLAGS, joined with ';'")
     llvm: dict = {}
     passes: list[str] = []
     ptxas: list[str] = []
@@ -113,7 +116,7 @@ def _read_spec_file(path: str) -> dict:
         raise CommandError(f"spec file {path} {'is not a file' if os.path.exists(path) else 'does not exist'}")
     with open(path, "rb") as f:
         raw = f.read()
-    language = "JSON" if path.endswith(".json") else "TOML"
+    language = "JSON" if path.lower().endswith(".json") else "TOML"
     try:
         if language == "JSON":
             spec = json.loads(raw)
@@ -197,6 +200,8 @@ def load_kernel_spec(path: str) -> dict:
 def _check_output_path(flag: str, path: str) -> None:
     """Fail before any work when ``path`` cannot be written (no such directory, or a directory)."""
     folder = os.path.dirname(os.path.abspath(path))
+    if not path.strip():
+        raise CommandError(f"{flag} is empty; give a file name")
     if os.path.isdir(path):
         raise CommandError(f"{flag} {path} is a directory; give a file name")
     if not os.path.isdir(folder):
@@ -251,16 +256,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return _cmd_compare_cache_dir(args)
     if not args.spec:
         raise CommandError("give a kernel SPEC file, or --cache-dir DIR")
-    target = args.target or DEFAULT_TARGET
+    target = DEFAULT_TARGET if args.target is None else args.target
     try:
         capability = targets.parse_target(target, where="--target").arch
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     env.check_environment()  # a malformed TRITONPATCH_* variable is reported now, as itself,
     install()                # not as a compile failure
-    pipelines = {"A": pipeline_from_text(args.a or DEFAULT_A, "--a"),
-                 "B": pipeline_from_text(args.b or DEFAULT_B, "--b")}
-    if args.html:
+    pipelines = {"A": pipeline_from_text(DEFAULT_A if args.a is None else args.a, "--a"),
+                 "B": pipeline_from_text(DEFAULT_B if args.b is None else args.b, "--b")}
+    if args.html is not None:
         _check_output_path("--html", args.html)
     spec = load_kernel_spec(args.spec)
     try:
@@ -301,7 +306,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             print("no CUDA GPU: the spec's [launch] section is skipped (compile-only comparison)", file=sys.stderr)
     comparison = inspect.compare(*reports, outputs_equal=outputs_equal)
     print(json.dumps(comparison.to_dict(), indent=2) if args.json else inspect.format_comparison(comparison))
-    if args.html:
+    if args.html is not None:
         with open(args.html, "w") as f:
             f.write(inspect.comparison_html(comparison))
         print(f"wrote {args.html}", file=sys.stderr)
@@ -348,8 +353,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CommandError(f"--script-args {env.quote(args.script_args)}: {exc} (quote it like a shell command line)") \
             from None
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise CommandError(f"--out {args.out} is not a directory")
+    if not args.out.strip() or (os.path.exists(args.out) and not os.path.isdir(args.out)):
+        raise CommandError(f"--out {env.quote(args.out)} is not a directory")
     os.makedirs(args.out, exist_ok=True)
     failed = []
     for index, name in enumerate(args.names, 1):

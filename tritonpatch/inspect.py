@@ -20,6 +20,7 @@ import tempfile
 import time
 from typing import Any, Mapping
 
+from .env import quote
 from .pipeline import Pipeline, use_pipeline
 from .targets import compile_for_target, parse_target, ptxas_path
 
@@ -373,14 +374,20 @@ def check_launch(launch: Mapping[str, Any]) -> None:
     zeros, or nan to poison an output) and anything else a scalar."""
     import torch
 
+    def sizes(value, most: int) -> bool:
+        return isinstance(value, list) and len(value) <= most and all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value)
+
     if not isinstance(launch.get("grid"), list) or not isinstance(launch.get("args"), Mapping):
         raise ValueError("[launch] needs grid = [...] and a [launch.args] table")
+    if not (launch["grid"] and sizes(launch["grid"], 3) and all(launch["grid"])):
+        raise ValueError(f"[launch] grid must be 1 to 3 positive integers, got {quote(launch['grid'])}")
     for name, value in launch["args"].items():
         if isinstance(value, Mapping) and not (
-                value.get("init", "randn") in _INITS and isinstance(value.get("shape"), list)
+                value.get("init", "randn") in _INITS and sizes(value.get("shape"), 8)
                 and isinstance(getattr(torch, str(value.get("dtype", "")), None), torch.dtype)):
             raise ValueError(f"launch argument {name!r}: expected {{shape = [...], dtype = \"float16\"|..., "
-                             f"init = {'|'.join(_INITS)}}}, got {dict(value)!r}")
+                             f"init = {'|'.join(_INITS)}}}, got {quote(dict(value))}")
     for name in launch.get("outputs", ()):
         if not isinstance(launch["args"].get(name), Mapping):
             raise ValueError(f"launch output {name!r} is not a tensor argument of [launch.args]")
