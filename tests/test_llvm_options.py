@@ -171,6 +171,7 @@ def test_restore_keeps_an_already_specified_option():
     ({"debug-pass": "Nope"}, OptionTypeError, "one of 'Disabled'"),
     ({"stop-after": "a\0b"}, OptionTypeError, "without NUL characters"),
     ({"regalloc": "fast"}, OptionTypeError, "cannot be set"),
+    ({"debug-only": "isel"}, OptionTypeError, "type 'other' is read-only"),  # its type, not its callback
     ({"cold-branch-ratio": 1e39}, OptionTypeError, r"a float can hold \(magnitude at most 3.40282"),
     ({"cold-branch-ratio": "-1e39"}, OptionTypeError, "a float can hold"),
     ({"opt-bisect-limit": 20}, OptionTypeError, r"runs a callback \(cl::cb\)"),

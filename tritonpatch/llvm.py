@@ -264,14 +264,14 @@ def _normalize_type(opt: LLVMOption, value: Any) -> Any:
 
 
 def _not_settable_reason(opt: LLVMOption) -> str:
+    if opt.type not in SETTABLE_TYPES:
+        return f"type {opt.type!r} is read-only here"
+    if opt.type == "enum" and not opt.choices:
+        return "enum choices could not be read"
     if opt.callback == "custom":
         return ("setting it runs a callback (cl::cb) that changes LLVM state outside the option, which no "
                 "restore can undo: later compiles would inherit it")
-    if opt.callback != "none":
-        return "whether setting it runs a callback (cl::cb) could not be checked, and a callback's effects cannot be undone"
-    if opt.type == "enum":
-        return "enum choices could not be read"
-    return f"type {opt.type!r} is read-only here"
+    return "whether setting it runs a callback (cl::cb) could not be checked, and a callback's effects cannot be undone"
 
 
 # Options refused unless allowed by name. Values that fit their types still end the process inside
