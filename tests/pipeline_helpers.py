@@ -72,3 +72,38 @@ def fresh_process_ptx(configs: dict[str, tuple[dict | None, dict]]) -> dict[str,
             assert not payload["hooked"], f"plain-Triton reference {label!r} ran with a stages hook installed"
         results[label] = payload["ptx"]
     return results
+
+
+_PLAIN_FROM_CACHE = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {here!r})
+    from triton import knobs
+    hits = []
+    knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
+    from pipeline_helpers import compile_kernel
+    kernel = compile_kernel()
+    sys.stdout.write(json.dumps({{"ptx": kernel.asm["ptx"], "cache_hit": hits[-1],
+                                 "hooked": knobs.runtime.add_stages_inspection_hook is not None}}))
+""")
+
+
+def plain_compile_from_cache(cache_dir: str) -> dict:
+    """``compile_kernel()`` in a brand-new process without tritonpatch installed, reading and
+    writing the Triton cache ``cache_dir`` (no forced recompile): ``{"ptx", "cache_hit"}``."""
+    environ = child_environment({"TRITON_CACHE_DIR": cache_dir})
+    del environ["TRITON_ALWAYS_COMPILE"]
+    return run_fresh_process(_PLAIN_FROM_CACHE.format(here=HERE), environ, plain=True)
+
+
+def run_fresh_process(code: str, environ: dict, plain: bool = False, args: tuple[str, ...] = ()) -> dict:
+    """Run ``code`` (with ``args`` as ``sys.argv[1:]``) in a brand-new Python process with ``environ``;
+    its last line on stdout is one JSON object, returned here (Triton itself may print before it,
+    e.g. the reproducer of a failed ptxas run). ``plain``: the process must not have had a stages
+    hook installed."""
+    child = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
+                           env=environ)
+    assert child.returncode == 0, f"fresh process failed:\n{child.stderr}"
+    payload = json.loads(child.stdout.strip().splitlines()[-1])
+    if plain:
+        assert not payload.pop("hooked"), "the plain-Triton process ran with a stages hook installed"
+    return payload

@@ -15,7 +15,7 @@ import tritonpatch
 import tritonpatch.llvm as tllvm
 from pipeline_helpers import BOTH, LSR, UNROLL, compile_kernel, fresh_process_ptx, strided_sum
 from tritonpatch.targets import CompileOnlyDriver
-from tritonpatch import hooks
+from tritonpatch._llvm_scope import scope
 
 pytestmark = pytest.mark.skipif(not tllvm.available(), reason="tritonpatch._native is not usable here")
 
@@ -341,13 +341,13 @@ def test_hook_installed_on_top_of_ours_survives_uninstall(reference):
 def test_fork_while_another_thread_holds_options():
     """A child forked while another thread has LLVM options applied starts from the defaults."""
     applied, release = threading.Event(), threading.Event()
-    key = (tritonpatch.Pipeline(**LSR).llvm, ())
+    settings = tritonpatch.Pipeline(**LSR).llvm
 
     def holder():
-        hooks._scope.enter(key)
+        scope.enter(settings, ())
         applied.set()
         release.wait(30)
-        hooks._scope.exit()
+        scope.exit()
 
     thread = threading.Thread(target=holder)
     thread.start()
@@ -356,7 +356,7 @@ def test_fork_while_another_thread_holds_options():
         assert tllvm.get_option("disable-lsr").value is True
         pid = os.fork()
         if pid == 0:  # child: report through the exit status only
-            ok = tllvm.get_option("disable-lsr").value is False and hooks._scope._holders == 0
+            ok = tllvm.get_option("disable-lsr").value is False and scope._holders == 0
             os._exit(0 if ok else 1)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0

@@ -5,7 +5,8 @@ the NVIDIA stages (``ttir, ttgir, llir, ptx, cubin``):
 
 - IR passes run right after ``ttir`` and ``ttgir`` (Triton-language kernels only);
 - the Pipeline's LLVM options are set just around ``llir`` (``-O3`` IR options) and ``ptx`` (code
-  generation, where LSR runs) and restored right after, exceptions included. The same scope
+  generation, where LSR runs) through the one LLVM option scope (``tritonpatch._llvm_scope``) and
+  restored right after, exceptions included. The same scope
   snapshots what Triton's own ``DISABLE_LLVM_OPT=a,b`` is about to set and restores it, so that
   stops leaking into later compiles;
 - ptxas flags reach ``cubin`` through the options' ``ptx_options``.
@@ -21,13 +22,12 @@ Cache keys: a non-empty Pipeline adds its fingerprint to the disk key and to the
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
-import warnings
 from typing import Callable
 
 from . import env
+from ._llvm_scope import scope
 from .errors import PipelineError
 from .pipeline import Pipeline, current_cache_tag, current_pipeline, environment_pipeline
 
@@ -59,119 +59,13 @@ class _StagesHook:
             _wrap_stages(backend, stages, options, language, current_pipeline(), stock_cubin)
 
 
-# --- the LLVM option scope ----------------------------------------------------------------------
-
-class _LLVMOptionScope:
-    """At most one set of LLVM options is applied at a time, process-wide.
-
-    ``enter((settings, triton_names))`` / ``exit()`` around a stage: the first holder of a set
-    snapshots the options named by ``DISABLE_LLVM_OPT`` (``triton_names``) and applies
-    ``settings``; the last holder restores everything exactly.
-    Holders asking for the same set share it; a different set waits, and while it waits newcomers
-    for the active set wait too, so no set starves.
-    """
-
-    def __init__(self):
-        self._cond = threading.Condition(threading.Lock())
-        self._active = None
-        self._holders = 0
-        self._saved: list = []
-        self._waiting = 0
-
-    def _can_join(self, key, waiting_self: int) -> bool:
-        return self._holders == 0 or (self._active == key and self._waiting == waiting_self)
-
-    def enter(self, key) -> None:
-        settings, triton_names = key
-        with self._cond:
-            if not self._can_join(key, 0):
-                self._waiting += 1
-                try:
-                    while not self._can_join(key, 1):
-                        self._cond.wait()
-                finally:
-                    self._waiting -= 1
-            if self._holders == 0:
-                try:
-                    self._saved = _snapshot(triton_names) + _apply(settings)
-                except BaseException:
-                    self._cond.notify_all()
-                    raise
-                self._active = key
-            self._holders += 1
-
-    def exit(self) -> None:
-        with self._cond:
-            if self._holders == 0:  # the scope was reset by a fork while this thread held it
-                return
-            self._holders -= 1
-            if self._holders == 0:
-                saved, self._saved, self._active = self._saved, [], None
-                try:
-                    if saved:
-                        from . import llvm
-
-                        llvm.restore_options(saved)
-                finally:
-                    self._cond.notify_all()
-
-
-    def reset_after_fork(self) -> None:
-        """In a forked child only the forking thread lives on: holders in other threads never
-        exit there, so put back what they applied and start from an empty scope."""
-        saved = self._saved
-        self.__init__()
-        if saved:
-            try:
-                from . import llvm
-
-                llvm.restore_options(saved)
-            except Exception as exc:  # noqa: BLE001 - a child must not die for this; say what is left
-                warnings.warn(f"tritonpatch: LLVM options applied in the parent at fork time stay set in "
-                              f"this child process: {exc}", RuntimeWarning, stacklevel=1)
-
-
-_scope = _LLVMOptionScope()
-os.register_at_fork(after_in_child=_scope.reset_after_fork)
-_warned_unrestorable = False
-
-
-def _apply(settings: tuple) -> list:
-    if not settings:
-        return []
-    from . import llvm
-
-    return llvm.apply_options(dict(settings))
-
-
-def _snapshot(names: tuple[str, ...]) -> list:
-    """Exact states of the options ``DISABLE_LLVM_OPT`` names (unknown names are skipped, as
-    Triton skips them)."""
-    global _warned_unrestorable
-    if not names:
-        return []
-    from . import llvm
-    from .errors import NativeUnavailableError
-
-    try:
-        registry = llvm._registry()
-    except NativeUnavailableError as exc:
-        if not _warned_unrestorable:
-            _warned_unrestorable = True
-            warnings.warn(f"DISABLE_LLVM_OPT={','.join(names)} will leak into later compiles (Triton never "
-                          f"resets it) because tritonpatch cannot restore LLVM options here: {exc}",
-                          RuntimeWarning, stacklevel=2)
-        return []
-    return [registry.snapshot(name) for name in names if registry.option(name) is not None]
-
-
 def _with_llvm_options(stage: Callable, key, after: Callable | None = None) -> Callable:
     def run_with_llvm_options(src, metadata):
-        _scope.enter(key)
+        scope.enter(*key)
         try:
             result = stage(src, metadata)
         finally:
-            _scope.exit()
+            scope.exit()
         if after is not None:
             after(metadata)
         return result

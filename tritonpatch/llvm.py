@@ -101,30 +101,41 @@ os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
 def _registry():
-    """The native registry of the LLVM inside the loaded libtriton.so (opened once)."""
+    """The native registry of the LLVM inside the loaded libtriton.so (opened once).
+
+    Opening it calibrates by flipping ``disable-lsr`` and ``unroll-threshold`` through LLVM's
+    parser, so it holds the LLVM option scope exclusively: no compile that goes through
+    tritonpatch is in its LLVM stages meanwhile (see ``tritonpatch._llvm_scope``)."""
     global _registry_instance
-    with _lock:
-        if _registry_instance is not None:
-            return _registry_instance
-        try:
-            from . import _native
-        except ImportError as exc:
-            raise NativeUnavailableError(
-                f"tritonpatch._native is not built ({exc}); reinstall tritonpatch with "
-                "`pip install -e .` (it needs a C++17 compiler, CMake and pybind11)") from exc
-        try:
-            import triton._C.libtriton as libtriton
-        except ImportError as exc:
-            raise NativeUnavailableError(f"cannot import Triton's libtriton ({exc}); install triton") from exc
-        try:
-            _registry_instance = _native.Registry(libtriton.__file__)
-        except RuntimeError as exc:
-            import triton
-            raise NativeUnavailableError(
-                f"LLVM options are unavailable with triton {triton.__version__} "
-                f"({libtriton.__file__}): {exc}. Supported: triton 3.6.0 to 3.9.0 with an unstripped "
-                "libtriton.so; the rest of tritonpatch works without this.") from exc
+    if _registry_instance is not None:
         return _registry_instance
+    from ._llvm_scope import scope
+
+    with scope.exclusive(unless=lambda: _registry_instance is not None):
+        if _registry_instance is None:
+            _registry_instance = _open_registry()
+    return _registry_instance
+
+
+def _open_registry():
+    try:
+        from . import _native
+    except ImportError as exc:
+        raise NativeUnavailableError(
+            f"tritonpatch._native is not built ({exc}); reinstall tritonpatch with "
+            "`pip install -e .` (it needs a C++17 compiler, CMake and pybind11)") from exc
+    try:
+        import triton._C.libtriton as libtriton
+    except ImportError as exc:
+        raise NativeUnavailableError(f"cannot import Triton's libtriton ({exc}); install triton") from exc
+    try:
+        return _native.Registry(libtriton.__file__)
+    except RuntimeError as exc:
+        import triton
+        raise NativeUnavailableError(
+            f"LLVM options are unavailable with triton {triton.__version__} "
+            f"({libtriton.__file__}): {exc}. Supported: triton 3.6.0 to 3.9.0 with an unstripped "
+            "libtriton.so; the rest of tritonpatch works without this.") from exc
 
 
 def available() -> bool:
