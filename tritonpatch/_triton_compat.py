@@ -112,14 +112,15 @@ def _tagged_memory_key(original: Callable, tag: Callable[[], str]) -> Callable:
     return compute_cache_key
 
 
-def patch_cache_keys(tag: Callable[[], str]) -> None:
-    """Make Triton's keys follow ``tag()`` (empty for an empty Pipeline): on 3.6 the disk key and
-    the in-memory JIT key; on every version the async-compile path (context and dedup key)."""
-    bindings = [(_async_module.AsyncCompileMode, "submit", _context_carrying_submit)]
+def patch_cache_keys(memory_tag: Callable[[], str], disk_tag: Callable[[], str]) -> None:
+    """Make Triton's keys follow the tags (empty for an empty Pipeline): on 3.6 the disk key
+    (``disk_tag``: it also marks the Pipeline of the compile about to run) and the in-memory JIT
+    key; on every version the async-compile path (context and dedup key)."""
+    bindings = [(_async_module.AsyncCompileMode, "submit", _context_carrying_submit, memory_tag)]
     if not HOOK_GIVES_CACHE_KEYS:
-        bindings += [(module, "get_cache_key", _tagged_disk_key) for module in _DISK_KEY_BINDINGS]
-        bindings.append((_jit_module, "compute_cache_key", _tagged_memory_key))
-    for module, name, wrap in bindings:
+        bindings += [(module, "get_cache_key", _tagged_disk_key, disk_tag) for module in _DISK_KEY_BINDINGS]
+        bindings.append((_jit_module, "compute_cache_key", _tagged_memory_key, memory_tag))
+    for module, name, wrap, tag in bindings:
         original = getattr(module, name)
         _originals[(module, name)] = original
         setattr(module, name, wrap(original, tag))

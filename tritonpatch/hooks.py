@@ -1,7 +1,7 @@
 """Installing tritonpatch into Triton: the stages hook, the LLVM option scope, the cache keys.
 
-For every compile the hook resolves the effective :class:`~tritonpatch.Pipeline` once and wraps
-the NVIDIA stages (``ttir, ttgir, llir, ptx, cubin``):
+For every compile the hook takes the :class:`~tritonpatch.Pipeline` its cache key was computed
+with and wraps the NVIDIA stages (``ttir, ttgir, llir, ptx, cubin``):
 
 - IR passes run right after ``ttir`` and ``ttgir`` (Triton-language kernels only);
 - the Pipeline's LLVM options are set just around ``llir`` (``-O3`` IR options) and ``ptx`` (code
@@ -29,7 +29,7 @@ from typing import Callable
 from . import env
 from ._llvm_scope import scope
 from .errors import PipelineError
-from .pipeline import Pipeline, current_cache_tag, current_pipeline, environment_pipeline
+from .pipeline import Pipeline, compile_pipeline, current_cache_tag, environment_pipeline, keyed_cache_tag
 
 __all__ = ["install", "uninstall", "installed"]
 
@@ -49,14 +49,14 @@ class _StagesHook:
     def __call__(self, *args):
         if not args:  # Triton 3.7+: (key, hash) for the disk and in-memory caches, on every launch
             key, digest = self.previous() if self.previous is not None else ("", "")
-            tag = current_cache_tag() if self.active else ""
+            tag = keyed_cache_tag() if self.active else ""
             return (key + tag, f"{digest}{tag}") if tag else (key, digest)
         backend, stages, options, language, capability = args
         stock_cubin = stages.get("cubin")
         if self.previous is not None:
             self.previous(backend, stages, options, language, capability)
         if self.active:
-            _wrap_stages(backend, stages, options, language, current_pipeline(), stock_cubin)
+            _wrap_stages(backend, stages, options, language, compile_pipeline(), stock_cubin)
 
 
 def _with_llvm_options(stage: Callable, key, after: Callable | None = None) -> Callable:
@@ -130,7 +130,8 @@ def _configure_logging() -> None:
 
 def install() -> None:
     """Hook tritonpatch into Triton (idempotent). Reads the ``TRITONPATCH_*`` variables now, so a
-    malformed value raises here. ``options()`` and ``use_pipeline()`` call this for you."""
+    malformed value raises here. ``options()``, ``use_pipeline()``, ``llvm.llvm_options()`` and
+    ``llvm.set_option()`` call this for you."""
     global _hook
     if _hook is not None:
         return
@@ -145,7 +146,7 @@ def install() -> None:
         _configure_logging()
         hook = _StagesHook(compat.get_stages_hook())
         compat.set_stages_hook(hook)
-        compat.patch_cache_keys(current_cache_tag)
+        compat.patch_cache_keys(memory_tag=current_cache_tag, disk_tag=keyed_cache_tag)
         _hook = hook
         logger.debug("installed (triton %s.%s, environment %r)", *compat.TRITON_VERSION, environment_pipeline())
 

@@ -6,8 +6,10 @@ a typed Python face:
 
     list_options(pattern)           every registered option with its type, value and default
     get_option(name)                one option
-    set_option(name, value)         process-wide, low level; returns the previous value
-    llvm_options({...})             a context manager that restores the exact previous state
+    llvm_options({...})             a block whose compiles use these options (a scoped Pipeline)
+    set_option(name, value)         every later compile uses it (a process-wide Pipeline layer)
+    apply_options / restore_options change LLVM's live values now (low level, for code that
+                                    does not compile: compiles in between are neither scoped nor keyed)
 
 Values are set only through LLVM's own command-line parser, after validation, and read back.
 Restoring is exact: an option that had never been specified goes back through
@@ -20,7 +22,6 @@ name with ``allow_unsafe_options(name, ...)``; ``unsafe_reason(name)`` says why.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
 import fnmatch
@@ -29,7 +30,7 @@ import re
 import struct
 import threading
 from collections import Counter
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from .errors import NativeUnavailableError, OptionTypeError, UnknownOptionError, UnsafeOptionError
 
@@ -390,8 +391,10 @@ def _set(opt: LLVMOption, value: Any) -> None:
 
 
 def apply_options(settings: Mapping[str, Any]) -> list:
-    """Set several options at once, all or nothing; return the saved states for
-    :func:`restore_options`. Prefer :func:`llvm_options`, which restores for you."""
+    """Set several options in LLVM now, process-wide, all or nothing; return the saved states for
+    :func:`restore_options`. Low level, for code that does not compile: a compile in any thread
+    until the restore is neither scoped nor keyed (it sees these values and is cached under plain
+    keys). To compile with options use :func:`llvm_options` or ``tritonpatch.options(llvm=...)``."""
     with _lock:
         reg = _registry()
         planned = []
@@ -410,7 +413,8 @@ def apply_options(settings: Mapping[str, Any]) -> list:
 
 
 def restore_options(saved: list) -> None:
-    """Restore states saved by :func:`apply_options` (or the native ``snapshot``), newest first."""
+    """Restore states saved by :func:`apply_options` (or the native ``snapshot``), newest first.
+    Low level, like :func:`apply_options`: compiles in between are neither scoped nor keyed."""
     with _lock:
         reg = _registry()
         errors = []
@@ -424,21 +428,31 @@ def restore_options(saved: list) -> None:
 
 
 def set_option(name: str, value: Any) -> Any:
-    """Set one option process-wide (it stays set) and return its previous value.
+    """Set option ``name`` for every later compile in every thread; return the previous setting.
 
-    Low level: prefer ``llvm_options({...})`` or ``tritonpatch.options(...)``, which restore."""
-    with _lock:
-        previous = get_option(name).value
-        apply_options({name: value})
-        return previous
+    This is a process-wide layer of the compile Pipeline, between the ``TRITONPATCH_*`` variables
+    and ``tritonpatch.options()`` blocks (a per-kernel Pipeline ignores it): the option is applied
+    only around each compile's ``llir``/``ptx`` stages and joins the cache keys, so no compile
+    without it sees it or shares its artifacts. LLVM itself is not changed here: outside a
+    compile ``get_option(name)`` still reads LLVM's own value. ``None`` takes the option out of the
+    layer (back to LLVM's unspecified state and, with nothing else set, plain Triton's cache keys);
+    any other value is given to LLVM as set, even one equal to the default, because LLVM code can
+    tell a given option from an untouched one. Returns the layer's previous value, ``None`` when
+    it had none, so ``set_option(name, previous)`` undoes the call. Installs tritonpatch into Triton."""
+    from .pipeline import set_process_llvm_option
+
+    return set_process_llvm_option(name, value)
 
 
-@contextlib.contextmanager
-def llvm_options(settings: Mapping[str, Any]) -> Iterator[None]:
-    """Set LLVM options for the duration of the block, then restore their exact previous state
-    (value and occurrence count), also when the block raises."""
-    saved = apply_options(settings)
-    try:
-        yield
-    finally:
-        restore_options(saved)
+def llvm_options(settings: Mapping[str, Any]):
+    """A block (or decorator) whose compiles use these LLVM options: ``tritonpatch.options(llvm=settings)``.
+
+    The options are validated now and held in a context variable: compiles in the block (this
+    thread or asyncio task only) get them around their ``llir``/``ptx`` stages, with the options'
+    fingerprint in their cache keys; other threads, the code after the block and other processes
+    are unaffected. LLVM itself is not changed while the block runs: inside it, outside a compile,
+    ``get_option`` reads LLVM's default. Code that must change LLVM's live values without compiling
+    uses :func:`apply_options` / :func:`restore_options`."""
+    from .pipeline import options
+
+    return options(llvm=settings)
