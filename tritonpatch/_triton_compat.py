@@ -150,6 +150,19 @@ def unpatch_cache_keys() -> None:
 
 # --- stages -------------------------------------------------------------------------------------
 
+def is_mlir_module(value) -> bool:
+    """True for the MLIR modules the ``ttir`` / ``ttgir`` stages return (every version: ``ir.module``)."""
+    from triton._C.libtriton import ir
+
+    return isinstance(value, ir.module)
+
+
+def ir_locations_from_stored_files() -> bool:
+    """Whether ``TRITON_USE_IR_LOC`` is set: Triton then rewrites a stored stage output's locations
+    in place before handing it to the next stage (every version reads ``knobs.compilation.use_ir_loc``)."""
+    return bool(knobs.compilation.use_ir_loc)
+
+
 def cubin_stage_with_ptxas_options(backend, options, flags: tuple[str, ...]) -> Callable:
     """The NVIDIA cubin stage, with ``flags`` appended to the options' own ``ptx_options``."""
     extra = " ".join(flags)

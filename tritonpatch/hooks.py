@@ -1,34 +1,39 @@
-"""Installing tritonpatch into Triton: the stages hook, the LLVM option scope, the cache keys.
+"""Installing tritonpatch into Triton: the stages hook, the cache keys, and the fallback of a
+patched compile.
 
 For every compile the hook takes the :class:`~tritonpatch.Pipeline` its cache key was computed
 with and wraps the NVIDIA stages (``ttir, ttgir, llir, ptx, cubin``):
 
-- IR passes run right after ``ttir`` and ``ttgir`` (Triton-language kernels only);
 - the Pipeline's LLVM options are set just around ``llir`` (``-O3`` IR options) and ``ptx`` (code
   generation, where LSR runs) through the one LLVM option scope (``tritonpatch._llvm_scope``) and
-  restored right after, exceptions included. The same scope
-  snapshots what Triton's own ``DISABLE_LLVM_OPT=a,b`` is about to set and restores it, so that
-  stops leaking into later compiles;
-- ptxas flags reach ``cubin`` through the options' ``ptx_options``.
+  restored right after, exceptions included. The scope also snapshots what Triton's own
+  ``DISABLE_LLVM_OPT=a,b`` is about to set and restores it, so that stops leaking into later
+  compiles. One set is active at a time: a compile in another thread never observes foreign options;
+- ptxas flags reach ``cubin`` through the options' ``ptx_options``;
+- IR passes run right after ``ttir`` and ``ttgir`` (Triton-language kernels only). When a stage's
+  passes change its module, the later stages are compiled right away from the patched module, so
+  that a failure in any of them (a later stage rejecting the pass output, LLVM, ptxas) still gives
+  the unpatched kernel: one warning naming the passes and the failure, the rest of the compile
+  without passes, and every stage output Triton stores unpatched (``PassError`` under
+  ``TRITONPATCH_STRICT=1``). The fallback is recorded in the kernel's metadata
+  (``tritonpatch_fallback``).
 
-LLVM options are process-wide, so one set is active at a time: compiles that want the same set
-(the empty one included) share the scope and run in parallel; a compile wanting another set waits
-until they are done. A compile in another thread therefore never observes foreign options.
-
-Cache keys: a non-empty Pipeline adds its fingerprint to the disk key and to the in-memory JIT key
+Cache keys: a non-empty Pipeline adds its cache tag to the disk key and to the in-memory JIT key
 (3.7+: through the hook's ``(key, hash)``; 3.6: by rebinding ``get_cache_key`` and
 ``compute_cache_key``). An empty Pipeline leaves every disk key as plain Triton computes it.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
+import warnings
 from typing import Callable
 
 from . import env
 from ._llvm_scope import scope
-from .errors import PipelineError
+from .errors import PassError, PipelineError
 from .pipeline import Pipeline, compile_pipeline, current_cache_tag, environment_pipeline, keyed_cache_tag
 
 __all__ = ["install", "uninstall", "installed"]
@@ -59,9 +64,10 @@ class _StagesHook:
             _wrap_stages(backend, stages, options, language, compile_pipeline(), stock_cubin)
 
 
-def _with_llvm_options(stage: Callable, key, after: Callable | None = None) -> Callable:
+def _with_llvm_options(stage: Callable, settings: tuple, triton_names: tuple,
+                       after: Callable | None = None) -> Callable:
     def run_with_llvm_options(src, metadata):
-        scope.enter(*key)
+        scope.enter(settings, triton_names)
         try:
             result = stage(src, metadata)
         finally:
@@ -73,15 +79,6 @@ def _with_llvm_options(stage: Callable, key, after: Callable | None = None) -> C
     return run_with_llvm_options
 
 
-def _with_passes(stage_name: str, stage: Callable, specs: tuple, strict: bool) -> Callable:
-    from .passes import run_stage_passes
-
-    def run_then_passes(src, metadata):
-        return run_stage_passes(stage_name, stage(src, metadata), specs, strict=strict)
-
-    return run_then_passes
-
-
 def _wrap_stages(backend, stages: dict, options, language, pipeline: Pipeline, stock_cubin) -> None:
     from . import _triton_compat as compat
 
@@ -90,22 +87,131 @@ def _wrap_stages(backend, stages: dict, options, language, pipeline: Pipeline, s
             return
         raise PipelineError(f"tritonpatch pipelines support the NVIDIA backend only; this compile has the "
                             f"stages {list(stages)} and the Pipeline {pipeline!r}")
-    if pipeline.passes:
-        if compat.is_triton_language(language):
-            strict = env.strict()
-            for stage_name in ("ttir", "ttgir"):
-                stages[stage_name] = _with_passes(stage_name, stages[stage_name], pipeline.passes, strict)
-        else:
-            logger.debug("IR passes skipped for a %s kernel (hand-written TTGIR)", language)
-    key = (pipeline.llvm, compat.disable_llvm_opt_names())
+    triton_names = compat.disable_llvm_opt_names()
     log = _log_compile(pipeline) if logger.isEnabledFor(logging.INFO) else None
-    stages["llir"] = _with_llvm_options(stages["llir"], key)
-    stages["ptx"] = _with_llvm_options(stages["ptx"], key, after=log)
+    stages["llir"] = _with_llvm_options(stages["llir"], pipeline.llvm, triton_names)
+    stages["ptx"] = _with_llvm_options(stages["ptx"], pipeline.llvm, triton_names, after=log)
     if pipeline.ptxas:
         if stages.get("cubin") is not stock_cubin:
             raise PipelineError("another stages hook replaced Triton's cubin stage, so tritonpatch cannot pass "
                                 f"the ptxas flags {list(pipeline.ptxas)}; drop ptxas= or that hook")
         stages["cubin"] = compat.cubin_stage_with_ptxas_options(backend, options, pipeline.ptxas)
+    if pipeline.passes:
+        if compat.is_triton_language(language):
+            _PatchedCompile(stages, pipeline.passes, env.strict(), ahead=not compat.ir_locations_from_stored_files())
+        else:
+            logger.debug("IR passes skipped for a %s kernel (hand-written TTGIR)", language)
+
+
+_PASS_STAGES = ("ttir", "ttgir")
+_MESSAGE_LIMIT = 600
+
+
+class _PatchedCompile:
+    """The stages of one compile whose Pipeline has IR passes; installs itself into ``stages``.
+
+    When a stage's passes change its module, the stages after it run at once on the patched
+    module (LLVM options, ptxas flags and later passes included), and Triton's own calls of those
+    stages get what was computed ahead: copies of the MLIR modules as they were before the next
+    stage rewrote them in place, and the LLVM IR, PTX and cubin as they are. A later call gets a
+    real run instead whenever Triton hands it anything but the output computed ahead (an override
+    file replaced it). If a stage ahead fails, the stage that ran the passes hands on its unpatched
+    output, the rest of the compile runs without passes, and nothing computed ahead is used.
+    With ``ahead=False`` (Triton rewrites stored modules' locations between stages) passes run
+    stage by stage, and a failure after them is not caught.
+    """
+
+    def __init__(self, stages: dict, specs: tuple, strict: bool, ahead: bool):
+        self.order = list(stages)
+        self.inner = dict(stages)
+        self.specs = specs
+        self.strict = strict
+        self.compile_ahead = ahead
+        self.ahead: dict = {}  # stage -> (what Triton will hand it, what it returns)
+        self.patching = True
+        for name in self.order:
+            stages[name] = functools.partial(self.run, name)
+
+    def run(self, name: str, src, metadata: dict):
+        planned = self.ahead.pop(name, None)
+        if planned is not None and planned[0] is src:
+            return planned[1]
+        self.ahead.clear()
+        output = self.inner[name](src, metadata)
+        if not self.patching or name not in _PASS_STAGES:
+            return output
+        outcome = self._passes(name, output, metadata)
+        if outcome.module is output or not self.compile_ahead:
+            return outcome.module
+        return self._run_ahead(name, output, outcome, metadata)
+
+    def _passes(self, name: str, module, metadata: dict):
+        from .passes import apply_stage_passes
+
+        outcome = apply_stage_passes(name, module, self.specs, strict=self.strict)
+        if outcome.fallback is not None:
+            _record_fallback(metadata, outcome.fallback)
+        return outcome
+
+    def _run_ahead(self, name: str, unpatched, outcome, metadata: dict):
+        """Compile the stages after ``name`` from ``outcome.module`` now (on a copy of the metadata);
+        return what stage ``name`` hands on: the patched module, or ``unpatched`` after a failure."""
+        trial = dict(metadata)
+        reports = list(outcome.reports)
+        module, shown = outcome.module, _stored_copy(outcome.module)
+        first_shown, ahead, stage = shown, {}, name
+        try:
+            for stage in self.order[self.order.index(name) + 1:]:
+                output = self.inner[stage](module, trial)
+                if stage in _PASS_STAGES:
+                    later = self._passes(stage, output, trial)
+                    reports += later.reports
+                    output = later.module
+                output_shown = _stored_copy(output)
+                ahead[stage] = (shown, output_shown)
+                module, shown = output, output_shown
+        except PassError:
+            raise  # a pass failed under strict: apply_stage_passes said why
+        except Exception as exc:  # noqa: BLE001 - any later failure of a patched compile: fall back
+            return self._fall_back(stage, exc, unpatched, reports, metadata)
+        metadata.update(trial)
+        self.ahead = ahead
+        return first_shown
+
+    def _fall_back(self, stage: str, exc: Exception, unpatched, reports: list, metadata: dict):
+        self.patching = False
+        applied = list(dict.fromkeys(report.name for report in reports if report.kept))
+        for report in reports:
+            report.kept = False
+        kernel = reports[0].kernel if reports else "?"
+        failure = f"{type(exc).__name__}: {exc}"
+        if len(failure) > _MESSAGE_LIMIT:
+            failure = failure[:_MESSAGE_LIMIT] + f"… ({len(failure)} characters)"
+        what = f"kernel {kernel!r} failed in the {stage} stage after the IR passes {applied} ({failure})"
+        if self.strict:
+            raise PassError(f"{what}; without {env.STRICT}=1 tritonpatch compiles it without the passes") from exc
+        message = f"tritonpatch: {what}; compiled it without the passes"
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        _record_fallback(metadata, message)
+        return unpatched
+
+
+def _stored_copy(module):
+    """What Triton stores and hands to the next stage for a stage output computed ahead: MLIR
+    modules are copied (the next stage already rewrote the original in place), text and binaries
+    are immutable. The compile itself always runs on the originals, so its LLVM IR, PTX and cubin
+    are those of a stage-by-stage compile; a re-parsed copy prints some SSA value names (loop
+    arguments) differently, so the stored ``ttgir`` text of a patched compile can differ in names."""
+    from . import _triton_compat as compat
+    from .passes import parse_module
+
+    return parse_module(str(module), module.context) if compat.is_mlir_module(module) else module
+
+
+def _record_fallback(metadata: dict, message: str) -> None:
+    """Note in the kernel's metadata (stored with the artifact) that passes were dropped."""
+    previous = metadata.get("tritonpatch_fallback")
+    metadata["tritonpatch_fallback"] = f"{previous}; {message}" if previous else message
 
 
 def _log_compile(pipeline: Pipeline) -> Callable:

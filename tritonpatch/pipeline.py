@@ -28,6 +28,16 @@ from .errors import NativeUnavailableError, OptionTypeError, PipelineError, Unkn
 __all__ = ["Pipeline", "options", "use_pipeline", "current_pipeline", "environment_pipeline"]
 
 _FINGERPRINT_VERSION = "tritonpatch-pipeline-1"
+# TRITONPATCH_STRICT joins the cache tag of a Pipeline with passes, read on every launch of such a
+# kernel: through os.environ's own dict (POSIX: bytes keys) it costs ~40 ns, where os.environ.get
+# of an unset variable costs ~1 us (it raises and catches KeyError).
+_ENVIRON_DATA = getattr(os.environ, "_data", None)
+_STRICT_KEY = os.environ.encodekey(env.STRICT) if _ENVIRON_DATA is not None else None
+
+
+def _strict_setting():
+    """The raw TRITONPATCH_STRICT value (or None): what a cached cache tag was computed with."""
+    return _ENVIRON_DATA.get(_STRICT_KEY) if _ENVIRON_DATA is not None else os.environ.get(env.STRICT)
 _JSON_SCALARS = (bool, int, float, str, type(None))
 
 
@@ -108,7 +118,7 @@ class Pipeline:
     and keeps pass and ptxas order (order can matter there). ``Pipeline()`` changes nothing.
     """
 
-    __slots__ = ("llvm", "passes", "ptxas", "_fingerprint", "_hash", "cache_tag")
+    __slots__ = ("llvm", "passes", "ptxas", "_fingerprint", "_hash", "_tag", "_pass_tag")
 
     def __init__(self, *, disable_lsr: bool | None = None, llvm: Mapping[str, Any] | None = None,
                  passes: Iterable[Any] = (), ptxas: Iterable[str] = ()):
@@ -139,15 +149,13 @@ class Pipeline:
         payload = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         set_(self, "_fingerprint", hashlib.sha256(f"{_FINGERPRINT_VERSION}:{payload}".encode()).hexdigest()[:32])
         set_(self, "_hash", hash((llvm, passes, ptxas)))
-        # What joins Triton's cache keys: nothing for an empty Pipeline (keys stay Triton's own);
-        # the tritonpatch version, and the passes' source when there are passes, so that changed
-        # pass implementations recompile.
         tag = f"-tritonpatch-{__version__}-{self._fingerprint}" if (llvm or passes or ptxas) else ""
         if passes:
             from .passes import source_digest
 
             tag += f"-{source_digest()[:16]}"
-        set_(self, "cache_tag", tag)
+        set_(self, "_tag", tag)
+        set_(self, "_pass_tag", (None, None, tag))  # (pass registry generation, TRITONPATCH_STRICT, cache tag)
 
     def __setattr__(self, name, value):
         raise AttributeError("Pipeline is frozen; use merge() to derive a new one")
@@ -156,6 +164,26 @@ class Pipeline:
 
     def __reduce__(self):  # pickles through the canonical form (no re-validation needed)
         return (Pipeline._from_canonical, (self.llvm, self.passes, self.ptxas))
+
+    @property
+    def cache_tag(self) -> str:
+        """What joins Triton's disk and in-memory cache keys for a compile with this Pipeline.
+
+        Nothing for an empty Pipeline (keys stay plain Triton's); otherwise the tritonpatch version
+        and the fingerprint. With passes also: a digest of the built-in passes' source, a digest of
+        the implementation registered now under each of the Pipeline's pass names (so a changed
+        or re-registered pass recompiles), and ``-strict`` under ``TRITONPATCH_STRICT=1`` (a strict
+        compile never loads an artifact a non-strict one built after its passes fell back)."""
+        if not self.passes:
+            return self._tag
+        generation, strict = _pass_registry().generation, _strict_setting()
+        memo = self._pass_tag
+        if memo[0] == generation and memo[1] == strict:
+            return memo[2]
+        suffix = "-strict" if env.strict() else ""
+        tag = f"{self._tag}{_pass_registry().implementation_tag(self.passes)}{suffix}"
+        object.__setattr__(self, "_pass_tag", (generation, strict, tag))
+        return tag
 
     @property
     def is_empty(self) -> bool:
@@ -363,7 +391,7 @@ def current_cache_tag() -> str:
     """``current_pipeline().cache_tag``, on the per-launch path."""
     state = _effective.get()
     pipeline = base_pipeline() if state is None else state.resolve()
-    return pipeline.cache_tag
+    return pipeline.cache_tag if pipeline.passes else pipeline._tag
 
 
 class _KeyedCompile(threading.local):
@@ -386,7 +414,7 @@ def keyed_cache_tag() -> str:
     else:
         pipeline = state.resolve()
     _keyed.record = (state, pipeline)
-    return pipeline.cache_tag
+    return pipeline.cache_tag if pipeline.passes else pipeline._tag
 
 
 def compile_pipeline() -> Pipeline:
@@ -411,6 +439,20 @@ def _install() -> None:
         _hooks = hooks
     if not _hooks.installed():
         _hooks.install()
+
+
+_passes_module = None
+
+
+def _pass_registry():
+    """``tritonpatch.passes``, imported once (the cache tag of a Pipeline with passes needs it on
+    every launch)."""
+    global _passes_module
+    if _passes_module is None:
+        from . import passes
+
+        _passes_module = passes
+    return _passes_module
 
 
 class use_pipeline:

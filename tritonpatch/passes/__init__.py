@@ -8,6 +8,10 @@ in strict mode), so a pass can never miscompile quietly.
 
 A pass spec is ``(name, ((key, value), ...))`` with option pairs sorted by key: hashable, so a
 Pipeline can hold it and fingerprint it. Text form: ``"name"`` or ``"name(key=value,key=value)"``.
+
+Each registration carries a digest of its implementation (:func:`implementation_digest`), which
+joins the cache key of every Pipeline naming the pass: a pass re-registered with other code under
+the same name never gets the artifact the old one built.
 """
 from __future__ import annotations
 
@@ -17,7 +21,9 @@ import functools
 import hashlib
 import logging
 import os
+import sys
 import tempfile
+import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -48,6 +54,7 @@ class PassInfo:
     options: Mapping[str, PassOption]
     run: Callable[[str, Mapping[str, Any]], tuple[str, dict[str, int]]]
     order: int = 0
+    digest: str = ""  # identifies the implementation (implementation_digest); joins the cache keys
 
 
 @dataclass
@@ -62,21 +69,36 @@ class PassReport:
 
 
 _REGISTRY: dict[str, PassInfo] = {}
+_IMPLEMENTATION_TAGS: dict[tuple, str] = {}  # pass specs -> implementation_tag(specs); cleared on (un)registering
+generation = 0  # counts registrations and removals: cached cache tags are stale once it moves
 _COLLECTORS: contextvars.ContextVar[tuple[list, ...]] = contextvars.ContextVar("tritonpatch_pass_reports", default=())
 
 
 def register_pass(name: str, stage: str, description: str, options: Mapping[str, PassOption] | None = None,
-                  order: int = 0):
+                  order: int = 0, version: str | None = None):
     """Decorator registering ``run(text, options) -> (text, counts)`` as pass ``name``. Within a
     stage, passes run in ascending ``order`` and, for equal order, in the order they were given
-    (``skip-masked-blocks`` must see the loop before ``elide-uniform-masks`` restructures it)."""
+    (``skip-masked-blocks`` must see the loop before ``elide-uniform-masks`` restructures it).
+
+    The cache keys of compiles with the pass follow :func:`implementation_digest` of ``run``:
+    its code, defaults and closure, and the source file of its module. Code it calls in *other*
+    modules is not covered: give such a pass a ``version`` string and change it whenever that code
+    changes (``version`` is required when ``run`` is not a plain function)."""
     if stage not in STAGES:
         raise ValueError(f"pass {name!r}: stage must be one of {STAGES}, got {stage!r}")
+    if version is not None and not isinstance(version, str):
+        raise ValueError(f"pass {name!r}: version= takes a string, got {version!r}")
 
     def decorate(run):
         if name in _REGISTRY:
             raise ValueError(f"a pass named {name!r} is already registered")
-        _REGISTRY[name] = PassInfo(name, stage, description, dict(options or {}), run, order)
+        if not isinstance(run, types.FunctionType) and version is None:
+            raise ValueError(f"pass {name!r}: {run!r} is not a plain function, so its code cannot join the cache "
+                             "keys; register it with version='...' and change the version whenever the pass changes")
+        info = PassInfo(name, stage, description, dict(options or {}), run, order,
+                        implementation_digest(run, version))
+        _REGISTRY[name] = info
+        _registry_changed()
         return run
     return decorate
 
@@ -84,6 +106,94 @@ def register_pass(name: str, stage: str, description: str, options: Mapping[str,
 def unregister_pass(name: str) -> None:
     """Remove a pass registered with :func:`register_pass` (tests and experiments)."""
     _REGISTRY.pop(name, None)
+    _registry_changed()
+
+
+def _registry_changed() -> None:
+    global generation
+    _IMPLEMENTATION_TAGS.clear()
+    generation += 1
+
+
+def implementation_digest(run: Callable, version: str | None = None) -> str:
+    """sha256 identifying a pass implementation: ``version``, and for a plain function its module
+    and name, its code objects (bytecode, names, constants, nested functions), its defaults, its
+    closure's values, and the bytes of its module's source file. Stable across processes for the
+    same code and Python version. Values it cannot read into (instances of other classes) count by
+    their type only."""
+    digest = hashlib.sha256(f"version={version!r}\0".encode())
+    if isinstance(run, types.FunctionType):
+        _digest_function(digest, run, set())
+    else:
+        digest.update(f"{type(run).__module__}.{type(run).__qualname__}".encode())
+    return digest.hexdigest()
+
+
+def _digest_function(digest, function: types.FunctionType, seen: set) -> None:
+    if id(function) in seen:  # recursion through a closure or a default
+        digest.update(b"<seen>")
+        return
+    seen.add(id(function))
+    digest.update(f"function {function.__module__}.{function.__qualname__}\0".encode())
+    _digest_code(digest, function.__code__, seen)
+    _digest_value(digest, function.__defaults__, seen)
+    _digest_value(digest, function.__kwdefaults__, seen)
+    for cell in function.__closure__ or ():
+        try:
+            _digest_value(digest, cell.cell_contents, seen)
+        except ValueError:  # an empty cell
+            digest.update(b"<empty cell>")
+    path = getattr(sys.modules.get(function.__module__), "__file__", None)
+    if path:
+        try:
+            with open(path, "rb") as handle:
+                digest.update(hashlib.sha256(handle.read()).digest())
+        except OSError:
+            digest.update(b"<unreadable module source>")
+
+
+def _digest_code(digest, code: types.CodeType, seen: set) -> None:
+    digest.update(b"code\0" + code.co_code)
+    for names in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
+        digest.update(("\0".join(names) + "\1").encode())
+    for constant in code.co_consts:
+        _digest_value(digest, constant, seen)
+
+
+def _digest_value(digest, value: Any, seen: set) -> None:
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        digest.update(f"{type(value).__name__}:{value!r}\0".encode())
+    elif isinstance(value, (tuple, list)):
+        digest.update(f"{type(value).__name__}[".encode())
+        for item in value:
+            _digest_value(digest, item, seen)
+        digest.update(b"]")
+    elif isinstance(value, (frozenset, set, dict)):  # iteration order may follow the hash seed: sort
+        items = value.items() if isinstance(value, dict) else ((item,) for item in value)
+        parts = []
+        for item in items:
+            part = hashlib.sha256()
+            _digest_value(part, tuple(item), seen)
+            parts.append(part.hexdigest())
+        digest.update(f"{type(value).__name__}{{{','.join(sorted(parts))}}}".encode())
+    elif isinstance(value, types.CodeType):
+        _digest_code(digest, value, seen)
+    elif isinstance(value, types.FunctionType):
+        _digest_function(digest, value, seen)
+    else:
+        digest.update(f"<{type(value).__module__}.{type(value).__qualname__}>".encode())
+
+
+def implementation_tag(specs: Sequence[PassSpec]) -> str:
+    """``-`` and 16 hex digits over the implementations registered now under the passes of
+    ``specs`` (part of a Pipeline's cache tag; memoized until a pass is registered or removed)."""
+    tag = _IMPLEMENTATION_TAGS.get(specs)
+    if tag is None:
+        digest = hashlib.sha256()
+        for name in sorted({spec[0] for spec in specs}):
+            digest.update(f"{name}\0{pass_info(name).digest}\0".encode())
+        tag = _IMPLEMENTATION_TAGS[specs] = f"-{digest.hexdigest()[:16]}"
+    return tag
 
 
 def available_passes() -> dict[str, str]:
@@ -206,15 +316,24 @@ def parse_module(text: str, context):
     return module
 
 
-def run_stage_passes(stage: str, module, specs: Sequence[PassSpec], *, strict: bool):
+@dataclass
+class StageOutcome:
+    """What :func:`apply_stage_passes` did to one stage's module: the module to hand on (the
+    rewritten one, or the input itself when nothing changed or the stage fell back), the reports,
+    and the warning given when the stage fell back to its unpatched IR."""
+    module: Any
+    reports: list[PassReport]
+    fallback: str | None = None
+
+
+def apply_stage_passes(stage: str, module, specs: Sequence[PassSpec], *, strict: bool) -> StageOutcome:
     """Run the passes of ``specs`` that follow ``stage`` (in the given order, stably sorted by each
-    pass's ``order``) on ``module`` (the output of
-    Triton's ``make_<stage>``). Returns the re-parsed, verified module, or ``module`` unchanged
-    when no pass changed anything. On failure: one warning and ``module`` unchanged, or
-    :class:`PassError` when ``strict``."""
+    pass's ``order``) on ``module`` (the output of Triton's ``make_<stage>``). The outcome's module
+    is the re-parsed, verified result, or ``module`` itself when no pass changed anything. On
+    failure: one warning and ``module`` unchanged, or :class:`PassError` when ``strict``."""
     selected = sorted((spec for spec in specs if pass_stage(spec[0]) == stage), key=lambda s: pass_info(s[0]).order)
     if not selected:
-        return module
+        return StageOutcome(module, [])
     original = module.str()
     kernel = _kernel_name(original)
     text, reports, changed = original, [], False
@@ -240,10 +359,16 @@ def run_stage_passes(stage: str, module, specs: Sequence[PassSpec], *, strict: b
         _publish(reports)
         if strict:
             raise
-        warnings.warn(f"tritonpatch: {exc}; using the unpatched {stage} IR", RuntimeWarning, stacklevel=2)
-        return module
+        message = f"tritonpatch: {exc}; using the unpatched {stage} IR"
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        return StageOutcome(module, reports, message)
     _publish(reports)
-    return result
+    return StageOutcome(result, reports)
+
+
+def run_stage_passes(stage: str, module, specs: Sequence[PassSpec], *, strict: bool):
+    """:func:`apply_stage_passes`, returning only the module to hand on."""
+    return apply_stage_passes(stage, module, specs, strict=strict).module
 
 
 def _publish(reports: list[PassReport]) -> None:
@@ -280,4 +405,5 @@ def source_digest() -> str:
 
 __all__ = ["PassSpec", "PassOption", "PassInfo", "PassReport", "STAGES", "register_pass", "unregister_pass",
            "available_passes", "pass_info", "pass_stage", "parse_pass_spec", "validate_pass_spec",
-           "resolved_options", "collect_reports", "run_stage_passes", "parse_module", "source_digest"]
+           "resolved_options", "collect_reports", "StageOutcome", "apply_stage_passes", "run_stage_passes",
+           "parse_module", "source_digest", "implementation_digest", "implementation_tag"]
