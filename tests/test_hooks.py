@@ -15,6 +15,7 @@ import tritonpatch
 import tritonpatch.llvm as tllvm
 from pipeline_helpers import BOTH, LSR, UNROLL, compile_kernel, fresh_process_ptx, strided_sum
 from tritonpatch.targets import CompileOnlyDriver
+from tritonpatch import hooks
 from tritonpatch._llvm_scope import scope
 
 pytestmark = pytest.mark.skipif(not tllvm.available(), reason="tritonpatch._native is not usable here")
@@ -364,3 +365,19 @@ def test_fork_while_another_thread_holds_options():
         release.set()
         thread.join()
     assert tllvm.get_option("disable-lsr").value is False
+
+
+def test_disable_llvm_opt_overriding_the_pipeline_warns_once(reference, monkeypatch):
+    """DISABLE_LLVM_OPT=disable-lsr makes Triton set disable-lsr inside its stages, over an explicit
+    disable_lsr=False: one warning for all the compiles where that happens, none where the values agree."""
+    monkeypatch.setattr(hooks, "_warned_overrides", set())
+    monkeypatch.setenv("DISABLE_LLVM_OPT", "disable-lsr")
+    with pytest.warns(RuntimeWarning) as caught:
+        first = ptx(disable_lsr=False)
+        second = ptx(disable_lsr=False, llvm={"unroll-count": 2})
+        third = ptx(disable_lsr=False)
+        ptx(disable_lsr=True)
+    messages = [str(w.message) for w in caught if "DISABLE_LLVM_OPT" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "overrides disable-lsr=False" in messages[0] and "Unset DISABLE_LLVM_OPT" in messages[0]
+    assert first == third == reference["triton_lsr"] and second != first  # what Triton's switch gives

@@ -241,3 +241,21 @@ def test_precedence(monkeypatch):
     with pytest.raises(PipelineError):
         with use_pipeline({"disable_lsr": True}):
             pass
+
+
+def test_passes_as_a_mapping_keep_their_options():
+    as_mapping = Pipeline(passes={"elide-uniform-masks": {"max_atoms": 4, "all-false-loops": "false"},
+                                  "hoist-masks": None})
+    as_specs = Pipeline(passes=["elide-uniform-masks(max_atoms=4,all_false_loops=false)", "hoist-masks"])
+    assert as_mapping == as_specs and as_mapping.fingerprint() == as_specs.fingerprint()
+    assert as_mapping.passes[0] == ("elide-uniform-masks", (("all_false_loops", False), ("max_atoms", 4)))
+
+
+@pytest.mark.parametrize("passes,fragment", [
+    ({"elide-uniform-masks": 4}, "options of a pass are a mapping"),
+    ({"elide-uniform-masks": {"max_atom": 4}}, "has no option 'max_atom'"),
+    ({"no-such-pass": {}}, "unknown pass 'no-such-pass'"),
+])
+def test_bad_pass_mappings(passes, fragment):
+    with pytest.raises(PipelineError, match=fragment):
+        Pipeline(passes=passes)

@@ -88,6 +88,7 @@ def _wrap_stages(backend, stages: dict, options, language, pipeline: Pipeline, s
         raise PipelineError(f"tritonpatch pipelines support the NVIDIA backend only; this compile has the "
                             f"stages {list(stages)} and the Pipeline {pipeline!r}")
     triton_names = compat.disable_llvm_opt_names()
+    _warn_if_triton_overrides(pipeline, triton_names)
     log = _log_compile(pipeline) if logger.isEnabledFor(logging.INFO) else None
     stages["llir"] = _with_llvm_options(stages["llir"], pipeline.llvm, triton_names)
     stages["ptx"] = _with_llvm_options(stages["ptx"], pipeline.llvm, triton_names, after=log)
@@ -101,6 +102,25 @@ def _wrap_stages(backend, stages: dict, options, language, pipeline: Pipeline, s
             _PatchedCompile(stages, pipeline.passes, env.strict(), ahead=not compat.ir_locations_from_stored_files())
         else:
             logger.debug("IR passes skipped for a %s kernel (hand-written TTGIR)", language)
+
+
+_warned_overrides: set = set()
+
+
+def _warn_if_triton_overrides(pipeline: Pipeline, triton_names: tuple[str, ...]) -> None:
+    """``DISABLE_LLVM_OPT=a,b`` makes Triton set ``a`` and ``b`` to true inside its llir/ptx stages,
+    after the scope applied the Pipeline's options: say so (once per set of options) when the
+    Pipeline asks for another value of one of them."""
+    overridden = tuple((name, value) for name, value in pipeline.llvm if name in triton_names and value is not True)
+    if not overridden or (overridden, triton_names) in _warned_overrides:
+        return
+    _warned_overrides.add((overridden, triton_names))
+    asked = ", ".join(f"{name}={value!r}" for name, value in overridden)
+    warnings.warn(f"tritonpatch: DISABLE_LLVM_OPT={','.join(triton_names)} overrides {asked} of the Pipeline: "
+                  f"Triton sets the options it names to true inside its llir/ptx stages, after tritonpatch applied "
+                  f"the Pipeline's, so these kernels compile with {', '.join(f'{n}=True' for n, _ in overridden)}. "
+                  "Unset DISABLE_LLVM_OPT (or leave these options out of it) to get the Pipeline's values",
+                  RuntimeWarning, stacklevel=2)
 
 
 _PASS_STAGES = ("ttir", "ttgir")

@@ -63,9 +63,17 @@ def _normalize_llvm(settings: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(normalized.items()))
 
 
-def _normalize_passes(passes: Iterable[Any]) -> tuple:
-    if isinstance(passes, (str, bytes)) or not isinstance(passes, Iterable):
-        raise PipelineError(f"passes= takes a list of pass specs, got {passes!r}")
+def _normalize_passes(passes: Iterable[Any] | Mapping[str, Any]) -> tuple:
+    if isinstance(passes, Mapping):
+        items = []
+        for name, opts in passes.items():
+            if opts is not None and not isinstance(opts, Mapping):
+                raise PipelineError(f"passes={{{name!r}: {opts!r}}}: the options of a pass are a mapping of "
+                                    "option name to value (or None for the defaults)")
+            items.append((name, opts or {}))
+        passes = items
+    elif isinstance(passes, (str, bytes)) or not isinstance(passes, Iterable):
+        raise PipelineError(f"passes= takes a list of pass specs or a mapping of pass name to options, got {passes!r}")
     try:
         from .passes import parse_pass_spec, validate_pass_spec
     except ImportError as exc:
@@ -113,15 +121,16 @@ class Pipeline:
 
     ``Pipeline(disable_lsr=True, llvm={"unroll-threshold": 50}, passes=["hoist-masks"],
     ptxas=["--maxrregcount=200"])``. LLVM option names and values are validated against the LLVM
-    inside Triton (``tritonpatch.llvm``); pass specs against the pass registry; ptxas flags must
-    each be one ``-flag`` or ``-flag=value`` token. The canonical form sorts LLVM options by name
+    inside Triton (``tritonpatch.llvm``); pass specs against the pass registry (``passes=`` is a
+    list of specs, or a mapping of pass name to its options); ptxas flags must each be one
+    ``-flag`` or ``-flag=value`` token. The canonical form sorts LLVM options by name
     and keeps pass and ptxas order (order can matter there). ``Pipeline()`` changes nothing.
     """
 
     __slots__ = ("llvm", "passes", "ptxas", "_fingerprint", "_hash", "_tag", "_pass_tag")
 
     def __init__(self, *, disable_lsr: bool | None = None, llvm: Mapping[str, Any] | None = None,
-                 passes: Iterable[Any] = (), ptxas: Iterable[str] = ()):
+                 passes: Iterable[Any] | Mapping[str, Any] = (), ptxas: Iterable[str] = ()):
         if llvm is not None and not isinstance(llvm, Mapping):
             raise PipelineError(f"llvm= takes a mapping of option name to value, got {llvm!r}")
         settings = dict(llvm or {})
