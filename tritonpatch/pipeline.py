@@ -28,16 +28,14 @@ from .errors import NativeUnavailableError, OptionTypeError, PipelineError, Unkn
 __all__ = ["Pipeline", "options", "use_pipeline", "current_pipeline", "environment_pipeline"]
 
 _FINGERPRINT_VERSION = "tritonpatch-pipeline-1"
-# TRITONPATCH_STRICT joins the cache tag of a Pipeline with passes, read on every launch of such a
-# kernel: through os.environ's own dict (POSIX: bytes keys) it costs ~40 ns, where os.environ.get
-# of an unset variable costs ~1 us (it raises and catches KeyError).
-_ENVIRON_DATA = getattr(os.environ, "_data", None)
-_STRICT_KEY = os.environ.encodekey(env.STRICT) if _ENVIRON_DATA is not None else None
-
-
-def _strict_setting():
-    """The raw TRITONPATCH_STRICT value (or None): what a cached cache tag was computed with."""
-    return _ENVIRON_DATA.get(_STRICT_KEY) if _ENVIRON_DATA is not None else os.environ.get(env.STRICT)
+# _strict_setting() is the raw TRITONPATCH_STRICT value (or None), which a memoized cache tag of a
+# Pipeline with passes is checked against on every launch of such a kernel: through os.environ's own
+# dict (POSIX: bytes keys) that costs ~40 ns, where os.environ.get of an unset variable costs ~1 us
+# (it raises and catches KeyError).
+if hasattr(os.environ, "_data"):
+    _strict_setting = functools.partial(os.environ._data.get, os.environ.encodekey(env.STRICT))
+else:  # pragma: no cover - not CPython on POSIX
+    _strict_setting = functools.partial(os.environ.get, env.STRICT)
 _JSON_SCALARS = (bool, int, float, str, type(None))
 
 
@@ -185,12 +183,11 @@ class Pipeline:
         compile never loads an artifact a non-strict one built after its passes fell back)."""
         if not self.passes:
             return self._tag
-        generation, strict = _pass_registry().generation, _strict_setting()
-        memo = self._pass_tag
+        memo, registry = self._pass_tag, _pass_registry()
+        generation, strict = registry.generation, _strict_setting()
         if memo[0] == generation and memo[1] == strict:
             return memo[2]
-        suffix = "-strict" if env.strict() else ""
-        tag = f"{self._tag}{_pass_registry().implementation_tag(self.passes)}{suffix}"
+        tag = f"{self._tag}{registry.implementation_tag(self.passes)}{'-strict' if env.strict() else ''}"
         object.__setattr__(self, "_pass_tag", (generation, strict, tag))
         return tag
 
@@ -457,11 +454,12 @@ def _pass_registry():
     """``tritonpatch.passes``, imported once (the cache tag of a Pipeline with passes needs it on
     every launch)."""
     global _passes_module
-    if _passes_module is None:
-        from . import passes
+    module = _passes_module
+    if module is None:
+        from . import passes as module
 
-        _passes_module = passes
-    return _passes_module
+        _passes_module = module
+    return module
 
 
 class use_pipeline:
