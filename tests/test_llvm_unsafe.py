@@ -33,6 +33,8 @@ DEADLY = [
     ("non-global-value-max-name-size", 0),         # assertion in ValueSymbolTable (abort)
     ("stackmap-version", 0),                       # UNREACHABLE in StackMaps (abort)
     ("lsr-complexity-limit", 1),                   # assertion in LoopStrengthReduce (abort)
+    ("enable-gvn-memoryssa", True),                # assertion in GVN (abort)
+    ("enable-implicit-null-checks", True),         # UNREACHABLE in MachineFunctionPass (abort)
     ("view-isel-dags", True),                      # starts a graph viewer
     ("exec-on-ir-change", "x"),                    # runs a program after every changing pass
     ("info-output-file", "x"),                     # writes a file

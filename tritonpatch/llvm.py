@@ -306,13 +306,16 @@ _UNSAFE_RULES = tuple((re.compile(pattern), types, reason) for pattern, types, r
     (r"(^|-)abort(-|$)", _ANY_TYPE, "it makes LLVM end the process when what it asks for is unavailable"),
     (r"(^|-)verify(-|$)", _ANY_TYPE,
      "it runs one of LLVM's internal verifiers, which end the process at the first problem they find"),
-    (r"dwarf|^accel-tables$", _ANY_TYPE,
+    (r"dwarf|^accel-tables$|^generate-arange-section$", _ANY_TYPE,
      "it shapes DWARF debug-info emission, which NVPTX supports only in part: some values abort LLVM, "
      "others give PTX that ptxas rejects"),
     (r"^non-global-value-max-name-size$", _ANY_TYPE, "a limit below the length of the names in Triton's IR aborts LLVM"),
     (r"^stackmap-version$", _ANY_TYPE, "any version but 3 aborts LLVM"),
     (r"^lsr-complexity-limit$", _ANY_TYPE,
      "a low limit (0 or 1 on Triton's attention kernels) trips an assertion in loop strength reduction"),
+    (r"^enable-gvn-memoryssa$", _ANY_TYPE, "switched on, it trips an assertion in GVN"),
+    (r"^enable-implicit-null-checks$", _ANY_TYPE,
+     "switched on, it aborts LLVM (the pass's machine-function property check fails on NVPTX)"),
     (r"(^|-)(print|dump|debug|debugify|stats|remarks|verbose)(-|$)|^(aa-trace|time-passes|track-memory)$", _ANY_TYPE,
      "it is an LLVM debugging aid: it prints LLVM's internals (to stderr or files) during every compile, "
      "or changes debug-info emission"),
