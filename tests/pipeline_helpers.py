@@ -2,6 +2,7 @@
 pipeline / hooks / env tests (CPU, compile-only, sm_90)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -16,6 +17,20 @@ from strided_sum import strided_sum  # noqa: E402  (the example doubles as the p
 
 SIGNATURE = {"X": "*fp32", "Y": "*fp32", "N": "i32", "stride": "i32"}
 CONSTEXPRS = {"BLOCK": 128}
+
+@contextlib.contextmanager
+def raw_llvm_options(settings: dict):
+    """LLVM options set process-wide with the low-level primitives (no Pipeline, no cache key) and
+    restored after: the independent reference for compiles through a Pipeline. Compile inside it
+    with fresh compiles only (nothing keys the options)."""
+    import tritonpatch.llvm as tllvm
+
+    saved = tllvm.apply_options(settings)
+    try:
+        yield
+    finally:
+        tllvm.restore_options(saved)
+
 
 # Settings whose PTX differs from the default and from each other (checked by the tests).
 LSR = {"disable_lsr": True}

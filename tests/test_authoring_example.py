@@ -12,6 +12,7 @@ import triton
 
 from tritonpatch import Pipeline
 from tritonpatch import llvm as tllvm
+from pipeline_helpers import raw_llvm_options
 from tritonpatch._triton_compat import TRITON_VERSION
 from tritonpatch.targets import compile_for_target
 
@@ -42,7 +43,7 @@ def test_every_candidate_compiles_with_its_pipeline(fresh_compiles):
     constexprs = config.kwargs
     plain = triton.jit(example.masked_matmul_kernel)
     for pipeline, raw in ((Pipeline(), {}), (Pipeline(disable_lsr=True), {"disable-lsr": True})):
-        with tllvm.llvm_options(raw):
+        with raw_llvm_options(raw):
             reference = compile_for_target(plain, example.SIGNATURE, constexprs, **options).asm["ptx"]
         assert compiled[index, pipeline].asm["ptx"] == reference
     assert compiled[index, Pipeline()].asm["ptx"] != compiled[index, example.PINNED_PIPELINE].asm["ptx"]
