@@ -259,3 +259,12 @@ def test_passes_as_a_mapping_keep_their_options():
 def test_bad_pass_mappings(passes, fragment):
     with pytest.raises(PipelineError, match=fragment):
         Pipeline(passes=passes)
+
+
+def test_a_huge_bad_environment_value_is_cut_in_the_error():
+    """The error quotes the variable, the token and the pass name cut to a readable length (a
+    100,000-character value used to be repeated three times in one message)."""
+    with pytest.raises(PipelineError) as info:
+        pipeline_module.pipeline_from_environ({"TRITONPATCH_PASSES": "x" * 100_000})
+    message = str(info.value)
+    assert len(message) < 1000 and "(100000 characters)" in message

@@ -265,7 +265,7 @@ def pipeline_from_environ(environ: Mapping[str, str]) -> Pipeline:
         try:
             llvm.update(_normalize_llvm({name: value}))
         except (UnknownOptionError, OptionTypeError) as exc:
-            raise PipelineError(f"{variable}={environ.get(variable)!r}: bad token {token!r}: {exc}") from exc
+            raise PipelineError(f"{variable}={env.quote(environ.get(variable))}: bad token {env.quote(token)}: {exc}") from exc
         except NativeUnavailableError as exc:
             raise PipelineError(f"{variable} is set but LLVM options are unavailable: {exc}") from exc
     passes = []
@@ -273,7 +273,7 @@ def pipeline_from_environ(environ: Mapping[str, str]) -> Pipeline:
         try:
             passes.extend(_normalize_passes([text]))
         except PipelineError as exc:
-            raise PipelineError(f"{env.PASSES}={environ.get(env.PASSES)!r}: bad token {text!r}: {exc}") from exc
+            raise PipelineError(f"{env.PASSES}={env.quote(environ.get(env.PASSES))}: bad token {env.quote(text)}: {exc}") from exc
     return Pipeline._from_canonical(tuple(sorted(llvm.items())), _merge_by_key(passes, key=lambda s: s[0]),
                                     tuple(settings.get("ptxas", ())))
 

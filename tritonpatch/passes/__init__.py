@@ -28,6 +28,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from ..env import quote
 from ..errors import PassError, PipelineError
 
 PassSpec = tuple[str, tuple[tuple[str, object], ...]]
@@ -208,7 +209,7 @@ def pass_info(name: str) -> PassInfo:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise PipelineError(f"unknown pass {name!r}; known passes: {', '.join(sorted(_REGISTRY)) or '(none)'}") from None
+        raise PipelineError(f"unknown pass {quote(name)}; known passes: {', '.join(sorted(_REGISTRY)) or '(none)'}") from None
 
 
 def pass_stage(name: str) -> str:
@@ -235,7 +236,7 @@ def _coerce(pass_name: str, key: str, option: PassOption, value: Any) -> Any:
                 pass
     elif option.type is str and isinstance(value, str):
         return value
-    raise PipelineError(f"pass {pass_name!r}: option {key}={value!r} is not a valid {option.type.__name__} "
+    raise PipelineError(f"pass {pass_name!r}: option {key}={quote(value)} is not a valid {option.type.__name__} "
                         f"({option.help})")
 
 
@@ -248,7 +249,7 @@ def validate_pass_spec(name: str, options: Mapping[str, Any] | None = None) -> P
         key = str(raw_key).strip().replace("-", "_")
         if key not in info.options:
             known = ", ".join(sorted(info.options)) or "(none)"
-            raise PipelineError(f"pass {name!r} has no option {raw_key!r}; its options: {known}")
+            raise PipelineError(f"pass {name!r} has no option {quote(raw_key)}; its options: {known}")
         pairs[key] = _coerce(name, key, info.options[key], value)
     return name, tuple(sorted(pairs.items()))
 
@@ -256,18 +257,18 @@ def validate_pass_spec(name: str, options: Mapping[str, Any] | None = None) -> P
 def parse_pass_spec(text: str) -> PassSpec:
     """Parse ``"name"`` or ``"name(key=value,key=value)"`` into a validated PassSpec."""
     if not isinstance(text, str) or not text.strip():
-        raise PipelineError(f"empty pass spec {text!r}; known passes: {', '.join(available_passes())}")
+        raise PipelineError(f"empty pass spec {quote(text)}; known passes: {', '.join(available_passes())}")
     text = text.strip()
     name, options = text, {}
     if "(" in text:
         if not text.endswith(")"):
-            raise PipelineError(f"malformed pass spec {text!r}: expected 'name(key=value,...)'")
+            raise PipelineError(f"malformed pass spec {quote(text)}: expected 'name(key=value,...)'")
         name, body = text[:-1].split("(", 1)
         name = name.strip()
         for token in filter(None, (t.strip() for t in body.split(","))):
             key, sep, value = token.partition("=")
             if not sep or not key.strip():
-                raise PipelineError(f"malformed option {token!r} in pass spec {text!r}: expected key=value")
+                raise PipelineError(f"malformed option {quote(token)} in pass spec {quote(text)}: expected key=value")
             options[key.strip()] = value.strip()
     return validate_pass_spec(name, options)
 
