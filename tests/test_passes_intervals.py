@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tritonpatch.passes.masks import Affine, Check, Mask, PyOps, brute_force, no_wrap, verdict
-from tritonpatch.passes.iterations import segment_counts
+from tritonpatch.passes.iterations import iteration_bound, segment_counts
 from tritonpatch.passes.skip import narrowed_bounds
 
 SCALARS = ("iv", "s")
@@ -67,24 +67,33 @@ def test_wrap_guard_matches_element_range(shape, env, data):
 @st.composite
 def loops(draw):
     """(mask, s, lower, upper, step): a random mask over a loop whose upper bound need not be a
-    multiple of the step away from the lower one."""
+    multiple of the step away from the lower one, and may equal or lie below it (an empty or
+    reversed range, as a caller-given key range ``range(LO, HI, BN)`` with ``LO >= HI`` is)."""
     mask = draw(masks(draw(shapes)))
     lower, trips, step = draw(st.integers(-20, 20)), draw(st.integers(0, 12)), draw(st.integers(1, 4))
-    upper = lower + draw(st.integers(max(0, trips * step - step + 1), trips * step))
+    if draw(st.integers(0, 4)) == 0:
+        upper = lower - draw(st.integers(0, 40))
+    else:
+        upper = lower + draw(st.integers(max(0, trips * step - step + 1), trips * step))
     return mask, draw(st.integers(-30, 30)), lower, upper, step
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(loop=loops())
 def test_narrowed_loop_skips_only_all_false_iterations(loop):
     mask, s, lower, upper, step = loop
     ops = PyOps({"s": s})
     new_lower, new_upper, skipped = narrowed_bounds(ops, lower, upper, step, mask, "iv", [])
-    assert new_lower == lower + skipped * step and skipped >= 0
+    iterations = range(lower, upper, step)
+    assert 0 <= skipped <= len(iterations)
+    assert new_lower == min(lower + skipped * step, max(lower, upper))
+    assert lower <= new_lower <= max(lower, upper) and new_upper <= max(lower, upper)
     kept = set(range(new_lower, new_upper, step))
-    assert kept <= set(range(lower, upper, step))
-    for iv in set(range(lower, upper, step)) - kept:
+    assert kept <= set(iterations)
+    for iv in set(iterations) - kept:
         assert brute_force(mask, {"iv": iv, "s": s})[1], f"iteration {iv} skipped but not all-false"
+    if not iterations:
+        assert (new_lower, new_upper, skipped) == (lower, upper, 0), "an empty range keeps its bounds"
 
 
 @st.composite
@@ -110,16 +119,21 @@ def classify(mask, iv, s):
     return "true" if true else "false" if false else "mixed"
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(loop=loops())
 def test_split_loop_runs_hold_only_uniform_iterations(loop):
-    """elide-uniform-masks' five runs: all-false / mixed / all-true / mixed / all-false."""
+    """elide-uniform-masks' five runs: all-false / mixed / all-true / mixed / all-false, with
+    bounds inside the loop's range that together visit exactly the loop's iterations, in order."""
     mask, s, lower, upper, step = loop
+    ops = PyOps({"s": s})
     iterations = list(range(lower, upper, step))
-    k1, k2, k3, k4 = segment_counts(PyOps({"s": s}), lower, upper, step, mask, "iv", [])
+    k1, k2, k3, k4 = segment_counts(ops, lower, upper, step, mask, "iv", [])
     assert 0 <= k1 <= k2 <= k3 <= k4 <= len(iterations)
     assert all(classify(mask, iv, s) == "false" for iv in iterations[:k1] + iterations[k4:])
     assert all(classify(mask, iv, s) == "true" for iv in iterations[k2:k3])
+    bounds = [lower] + [iteration_bound(ops, lower, upper, k, step) for k in (k1, k2, k3, k4)] + [upper]
+    assert all(lower <= b <= max(lower, upper) for b in bounds[1:-1])
+    assert [iv for low, high in zip(bounds, bounds[1:]) for iv in range(low, high, step)] == iterations
 
 
 @settings(max_examples=200, deadline=None)

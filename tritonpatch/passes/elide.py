@@ -29,7 +29,7 @@ import re
 
 from .ir import (NAME_END, Module, TensorType, base_name, parse_for, parse_type, split_top_level, type_of,
                  without_attribute)
-from .iterations import NARROWED, constant_step, scalars_fixed_in_loop, segment_counts, smin
+from .iterations import NARROWED, constant_step, iteration_bound, scalars_fixed_in_loop, segment_counts
 from .masks import Analysis, IROps
 
 _CHAIN_OPS = ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "arith.negf")
@@ -172,7 +172,7 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
     head = parse_for(module.lines[loop])
     step = constant_step(module, head.step)
     parts = select_parts(module, select)
-    if step is None or head.iv_type not in ("i32", "i64") or parts is None:
+    if step is None or head.iv_type != "i32" or parts is None:
         return None
     analysis = Analysis(module)
     mask = analysis.mask(parts[0])
@@ -185,8 +185,8 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
     counts = segment_counts(ops, lower, upper, step, mask, head.iv, analysis.checks)
     bounds = []
     for count in counts:
-        bound = smin(ops, ops.add(lower, ops.mul(count, step)), upper)
-        bounds.append(bound if head.iv_type == "i64" else ops.emit(("trunc", bound), f"arith.trunci {bound} : i64 to i32"))
+        bound = iteration_bound(ops, lower, upper, count, step)
+        bounds.append(ops.emit(("trunc", bound), f"arith.trunci {bound} : i64 to i32"))   # exact: in the i32 range
     original = [module.lines[i].text for i in range(loop, module.end_of(loop) + 1)]
     narrowed = NARROWED in original[-1]
     bodies = {"false": specialised_loop(module, loop, select, keep_true=False),

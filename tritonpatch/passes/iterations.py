@@ -11,6 +11,11 @@ combine those half-lines through the mask's and/or/not structure, each a sound u
 
 Both are written against the scalar-operation interface of :mod:`.masks` (Python integers in the
 property tests, TTIR scalar ops in the passes).
+
+Every bound a pass derives from these sets stays inside the loop's own iteration range: the
+counts are clamped to ``[0, trips]`` and the bounds to ``[lower, max(lower, upper)]``
+(:func:`trip_count`, :func:`iteration_bound`), so an empty or reversed range (``lower >= upper``,
+as a caller-given key range can be) stays empty whatever the set algebra answers for it.
 """
 from __future__ import annotations
 
@@ -149,6 +154,18 @@ def mask_sets(sets, mask: Mask, iv: str):
     return sets.union(t1, t2), sets.intersection(f1, f2)
 
 
+def trip_count(ops, lower, upper, step: int):
+    """The loop's number of iterations, ``max(0, ceil((upper - lower) / step))``."""
+    return smax(ops, ops.const(0), ops.ceil_div(ops.add(upper, ops.mul(lower, -1)), step))
+
+
+def iteration_bound(ops, lower, upper, count, step: int):
+    """``lower + count * step`` for a count in ``[0, trips]``, capped at ``max(lower, upper)``: a
+    bound that never leaves the loop's own range (the last iteration may stop short of a full step
+    before ``upper``; an empty or reversed range gives ``lower``)."""
+    return smin(ops, ops.add(lower, ops.mul(count, step)), smax(ops, lower, upper))
+
+
 class AtIteration:
     """Scalar ops with the induction variable replaced by a fixed i64 value (range guards)."""
 
@@ -173,8 +190,9 @@ def segment_counts(ops, lower, upper, step: int, mask: Mask, iv: str, checks):
     """Iteration counts ``k1 <= k2 <= k3 <= k4`` (from ``lower``) cutting the loop's ``n`` iterations
     into five runs: ``[0, k1)`` all-false, ``[k1, k2)`` mixed, ``[k2, k3)`` all-true, ``[k3, k4)``
     mixed, ``[k4, n)`` all-false. Every run but the mixed ones may be empty; where an index
-    computation could wrap, everything is one mixed run."""
-    trips = smax(ops, ops.const(0), ops.ceil_div(ops.add(upper, ops.mul(lower, -1)), step))
+    computation could wrap, everything is one mixed run. Each count lies in ``[0, n]``, also for
+    an empty or reversed range (``n = 0``)."""
+    trips = trip_count(ops, lower, upper, step)
 
     def count_before(bound, least):
         """Iterations whose iv lies below ``bound``, at least ``least`` and at most ``trips``."""

@@ -5,6 +5,8 @@ Applies to ``scf.for %iv = %lb to %ub step C`` (C a positive constant) whose bod
 with an analysable mask (:mod:`.masks`) whose scalars are the
 induction variable or loop-invariant, when
 
+* the induction variable is 32-bit (a 64-bit one never takes part in an analysable mask, and its
+  bound arithmetic could overflow),
 * the body has no side effects (no stores, atomics, prints, calls), and
 * an iteration whose mask is all-false provably leaves every loop-carried value unchanged
   (:func:`unchanged_when_masked`, the online-softmax pattern) or advances it by a loop-invariant
@@ -14,6 +16,7 @@ induction variable or loop-invariant, when
 Each compare is affine in ``%iv``, so the iterations where it is all-true / all-false form
 half-lines; the pass computes, before the loop, the longest prefix and suffix of iterations on
 which the whole mask is all-false (as runtime scalars) and runs the loop on the rest only. The
+new bounds never leave the original range (an empty or reversed range keeps its bounds). The
 loop stays an ``scf.for`` with a constant step, so Triton's software pipelining still applies.
 
 Exactness: an all-false iteration computes ``m' = max(m, -inf) = m``, ``alpha = exp2(m - m') = 1``,
@@ -27,8 +30,9 @@ from __future__ import annotations
 import re
 
 from .elide import select_parts
-from .ir import Module, TensorType, base_name, parse_for, parse_type, type_of, with_attribute
-from .iterations import NARROWED, PrefixSuffix, constant_step, mask_sets, no_wrap_in_loop, scalars_fixed_in_loop
+from .ir import Module, TensorType, base_name, int_width, parse_for, parse_type, type_of, with_attribute
+from .iterations import (NARROWED, PrefixSuffix, constant_step, iteration_bound, mask_sets, no_wrap_in_loop,
+                         scalars_fixed_in_loop, smax, smin, trip_count)
 from .masks import Analysis, IROps, Mask
 
 _SIDE_EFFECTS = re.compile(r"store|atomic|print|assert|call|barrier|fence|scf\.while|tt\.func")
@@ -151,9 +155,23 @@ def induction_steps(module: Module, loop: int) -> dict[int, tuple[str, str]]:
         if line.op in ("arith.addi", "tt.addptr") and len(operands) == 2 and operands[0] == head.iter_args[position][0]:
             increment = operands[1]
             where = module.defs.get(base_name(increment))
-            if where is not None and not module.inside(where, loop) and where != loop:
+            if where is not None and not module.inside(where, loop) and where != loop \
+                    and _increment_scalar(module, increment) is not None:
                 steps[position] = (line.op, increment)
     return steps
+
+
+def _increment_scalar(module: Module, increment: str):
+    """("value", name) / ("constant", int) of the scalar an increment is (or splats), None for
+    other tensors (their advance by a count is not expressible as one scalar product)."""
+    increment_type = parse_type(type_of(module, increment) or "")
+    if not isinstance(increment_type, TensorType):
+        return ("value", increment) if int_width(increment_type) in (32, 64) else None
+    source = module.lines[module.defs[base_name(increment)]]
+    if source.op == "tt.splat" and len(source.operands) == 1:
+        return ("value", source.operands[0])
+    constant = re.match(r"\s*dense<(-?\d+)>", source.body) if source.op == "arith.constant" else None
+    return ("constant", int(constant.group(1))) if constant else None
 
 
 # --- the rewrite ------------------------------------------------------------------------------------
@@ -171,7 +189,7 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> bool:
     """Narrow the bounds of one loop; False (module untouched) when the loop does not qualify."""
     head = parse_for(module.lines[loop])
     step = constant_step(module, head.step)
-    if step is None or head.iv_type not in ("i32", "i64"):
+    if step is None or head.iv_type != "i32":
         return False
     body = range(loop + 1, module.end_of(loop))
     if any(_SIDE_EFFECTS.search(module.lines[i].op) for i in body):
@@ -205,13 +223,16 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> bool:
 
 def narrowed_bounds(ops, lower, upper, step: int, mask: Mask, iv: str, checks):
     """(new lower, new upper, skipped leading iterations) as i64 scalars: the loop's iterations
-    minus the longest all-false prefix and suffix; the original bounds when an index computation
-    could wrap somewhere in the iteration range."""
+    minus the longest all-false prefix and suffix. The new bounds lie in ``[lower, upper]`` and
+    ``skipped`` in ``[0, trips]``; the original bounds (nothing skipped) where the range is empty
+    or reversed, or an index computation could wrap somewhere in it."""
     _, all_false = mask_sets(PrefixSuffix(ops, lower, upper), mask, iv)
-    safe = no_wrap_in_loop(ops, lower, upper, iv, checks)
-    skipped = ops.select(safe, ops.ceil_div(ops.add(all_false[0], ops.mul(lower, -1)), step), ops.const(0))
-    new_lower = ops.add(lower, ops.mul(skipped, step))
-    new_upper = ops.select(safe, ops.select(ops.cmp("sgt", all_false[1], new_lower), all_false[1], new_lower), upper)
+    safe = ops.and_(ops.cmp("slt", lower, upper), no_wrap_in_loop(ops, lower, upper, iv, checks))
+    leading = ops.ceil_div(ops.add(all_false[0], ops.mul(lower, -1)), step)
+    skipped = ops.select(safe, smin(ops, smax(ops, leading, ops.const(0)), trip_count(ops, lower, upper, step)),
+                         ops.const(0))
+    new_lower = iteration_bound(ops, lower, upper, skipped, step)
+    new_upper = ops.select(safe, smin(ops, smax(ops, all_false[1], new_lower), upper), upper)
     return new_lower, new_upper, skipped
 
 
@@ -220,9 +241,8 @@ def _emit(module: Module, loop: int, head, step: int, mask: Mask, checks, steps)
     ops = IROps(module, line.indent, module.lines[module.end_of(loop)].loc)
     new_lower, new_upper, skipped = narrowed_bounds(ops, ops.leaf(head.lower), ops.leaf(head.upper), step, mask,
                                                     head.iv, checks)
-    narrow = {}
-    for name, wide in (("lower", new_lower), ("upper", new_upper)):
-        narrow[name] = wide if head.iv_type == "i64" else ops.emit(("trunc", wide), f"arith.trunci {wide} : i64 to i32")
+    narrow = {name: ops.emit(("trunc", wide), f"arith.trunci {wide} : i64 to i32")     # exact: inside the i32 range
+              for name, wide in (("lower", new_lower), ("upper", new_upper))}
     inits = {}
     for position, (op, increment) in steps.items():
         inits[position] = _advanced_init(module, ops, head.iter_args[position][1], op, increment, skipped)
@@ -238,32 +258,26 @@ def _emit(module: Module, loop: int, head, step: int, mask: Mask, checks, steps)
 
 
 def _advanced_init(module: Module, ops: IROps, init: str, op: str, increment: str, count: str) -> str:
-    """``init`` advanced ``count`` times by ``increment`` (scalar or splat / constant tensor)."""
+    """``init`` advanced ``count`` times by ``increment`` (scalar or splat / constant tensor). An
+    integer counter advances by ``increment * count`` in its own width (wrapping as ``count``
+    separate additions would); a pointer by an i64 offset (``count`` separate pointer increments
+    never wrap at 32 bits)."""
     increment_type = parse_type(type_of(module, increment) or "")
-    index = module.defs.get(base_name(increment))
-    source = module.lines[index]
-    if isinstance(increment_type, TensorType):
-        constant = re.match(r"\s*dense<(-?\d+)>", source.body) if source.op == "arith.constant" else None
-        if source.op == "tt.splat":
-            scalar64 = ops.leaf(source.operands[0])
-        elif constant:
-            scalar64 = ops.const(int(constant.group(1)))
-        else:
-            raise ValueError(f"unsupported induction increment {increment}")
-    else:
-        scalar64 = ops.leaf(increment)
+    kind, scalar = _increment_scalar(module, increment)
+    scalar64 = ops.leaf(scalar) if kind == "value" else ops.const(scalar)
     element = increment_type.element if isinstance(increment_type, TensorType) else increment_type
+    offset_element = "i64" if op == "tt.addptr" else element
     total = ops.emit(("muli", scalar64, count), f"arith.muli {scalar64}, {count} : i64")
-    if element != "i64":
-        total = ops.emit(("trunc", total), f"arith.trunci {total} : i64 to {element}")
+    if offset_element != "i64":
+        total = ops.emit(("trunc", total, offset_element), f"arith.trunci {total} : i64 to {offset_element}")
+    offset_type = increment_type.text(element=offset_element) if isinstance(increment_type, TensorType) \
+        else offset_element
     if isinstance(increment_type, TensorType):
-        total = ops.emit(("splat", total, increment_type.text()),
-                          f"tt.splat {total} : {element} -> {increment_type.text()}")
+        total = ops.emit(("splat", total, offset_type), f"tt.splat {total} : {offset_element} -> {offset_type}")
     init_type = type_of(module, init)
     advanced = module.fresh("skip")
-    operand_types = f"{init_type}, {increment_type.text() if isinstance(increment_type, TensorType) else element}"
-    ops.lines.append(f"{ops.indent}{advanced} = {op} {init}, {total} : "
-                     f"{operand_types if op == 'tt.addptr' else init_type} {ops.loc}".rstrip())
+    operand_types = f"{init_type}, {offset_type}" if op == "tt.addptr" else init_type
+    ops.lines.append(f"{ops.indent}{advanced} = {op} {init}, {total} : {operand_types} {ops.loc}".rstrip())
     return advanced
 
 
