@@ -2,6 +2,7 @@
 generality across mask styles, untouched non-matching code; bit-identity on the GPU."""
 from __future__ import annotations
 
+import logging
 import re
 import warnings
 from collections import Counter
@@ -21,7 +22,7 @@ from tritonpatch.targets import compile_for_target
 from tritonpatch.kernels.seed import SIGNATURE, seed_attention_fwd, seed_constexprs
 
 ALL = ["hoist-masks", "elide-uniform-masks", "skip-masked-blocks"]
-CAUSAL, PREFIX_RUNTIME, DIAGONAL, SLIDING, TWO_MASKS, FROM_MEMORY = range(6)
+CAUSAL, PREFIX_RUNTIME, DIAGONAL, SLIDING, TWO_MASKS, FROM_MEMORY, XOR = range(7)
 
 
 @triton.jit
@@ -52,6 +53,8 @@ def masked_loop_kernel(Q, K, V, Out, M, P, N_CTX, MASK: tl.constexpr, NEGATED: t
         elif MASK == 4:
             keep = cols < P
             qk = tl.where(rows >= cols, qk, float("-inf"))
+        elif MASK == 6:
+            keep = (rows >= cols) ^ (cols < P)
         else:
             keep = tl.load(M + rows * N_CTX + cols) > 0
         if NEGATED:
@@ -334,8 +337,8 @@ def test_seed_all_passes_compose_without_fallback(seed_builds):
 
 
 # --- generality ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("mask,negated", [(CAUSAL, False), (CAUSAL, True), (PREFIX_RUNTIME, False), (DIAGONAL, False),
-                                           (SLIDING, True), (TWO_MASKS, False)])
+@pytest.mark.parametrize("mask,negated", [(CAUSAL, False), (CAUSAL, True), (PREFIX_RUNTIME, False), (SLIDING, True),
+                                           (TWO_MASKS, False)])
 def test_mask_styles_are_split_and_skipped(mask, negated):
     compiled, reports, caught = compile_with(["elide-uniform-masks", "skip-masked-blocks"],
                                              constexprs=loop_constexprs(mask, negated))
@@ -349,6 +352,40 @@ def test_mask_styles_are_split_and_skipped(mask, negated):
         assert facts[1]["top"] == 0
 
 
+def pass_log(caplog, name):
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{name}:")]
+
+
+def test_a_rewrite_that_cannot_take_effect_is_neither_emitted_nor_reported(caplog):
+    """An xor of compares is never provably uniform on a tile: both passes leave the loop as it is
+    (no identity rewrite reported as applied) and log why."""
+    plain, _, _ = compile_with([], constexprs=loop_constexprs(XOR))
+    with caplog.at_level(logging.INFO, logger="tritonpatch.passes"):
+        patched, reports, caught = compile_with(["skip-masked-blocks", "elide-uniform-masks"],
+                                                constexprs=loop_constexprs(XOR))
+    assert not caught and patched.asm["ttir"] == plain.asm["ttir"]
+    assert counts(reports, "skip-masked-blocks") == {"loops_narrowed": 0}
+    assert counts(reports, "elide-uniform-masks") == {"loops_split": 0}
+    assert any("never provably all-false" in m for m in pass_log(caplog, "skip-masked-blocks")), caplog.text
+    assert any("never provably uniform" in m for m in pass_log(caplog, "elide-uniform-masks")), caplog.text
+
+
+def test_a_mask_never_all_true_gets_no_all_true_loop(caplog):
+    """``rows == cols`` is all-false on most tiles but all-true on none: elide-uniform-masks emits
+    the all-false runs and one mixed run; after skip-masked-blocks dropped the all-false runs
+    there is nothing left to split, and it says so."""
+    split, reports, _ = compile_with(["elide-uniform-masks"], constexprs=loop_constexprs(DIAGONAL))
+    facts = loop_facts(split.asm["ttir"])
+    assert counts(reports, "elide-uniform-masks") == {"loops_split": 1}
+    assert [f["top"] > 0 for f in facts] == [False, True, False] and facts[1]["moves"] == 0
+    with caplog.at_level(logging.INFO, logger="tritonpatch.passes"):
+        both, reports, _ = compile_with(["skip-masked-blocks", "elide-uniform-masks"],
+                                        constexprs=loop_constexprs(DIAGONAL))
+    assert counts(reports, "skip-masked-blocks") == {"loops_narrowed": 1}
+    assert counts(reports, "elide-uniform-masks") == {"loops_split": 0} and len(loop_facts(both.asm["ttir"])) == 1
+    assert any("not split" in m and "never provably uniform" in m for m in pass_log(caplog, "elide-uniform-masks"))
+
+
 def test_mask_read_from_memory_is_left_untouched():
     plain, _, _ = compile_with([], constexprs=loop_constexprs(FROM_MEMORY))
     patched, reports, caught = compile_with(ALL, constexprs=loop_constexprs(FROM_MEMORY))
@@ -358,10 +395,12 @@ def test_mask_read_from_memory_is_left_untouched():
     assert patched.asm["ttir"] == plain.asm["ttir"]
 
 
-def test_loop_with_a_store_is_not_skipped_but_still_split():
-    compiled, reports, _ = compile_with(["elide-uniform-masks", "skip-masked-blocks"],
-                                        constexprs=loop_constexprs(CAUSAL, store=True))
+def test_loop_with_a_store_is_not_skipped_but_still_split(caplog):
+    with caplog.at_level(logging.INFO, logger="tritonpatch.passes"):
+        compiled, reports, _ = compile_with(["elide-uniform-masks", "skip-masked-blocks"],
+                                            constexprs=loop_constexprs(CAUSAL, store=True))
     assert counts(reports, "skip-masked-blocks") == {"loops_narrowed": 0}
+    assert any("side effect (tt.store)" in m for m in pass_log(caplog, "skip-masked-blocks")), caplog.text
     assert counts(reports, "elide-uniform-masks") == {"loops_split": 1}
     facts = loop_facts(compiled.asm["ttir"])
     assert len(facts) == 5 and facts[0]["bounds"][0] == "%c0_i32" and facts[-1]["bounds"][1] == "%N_CTX"

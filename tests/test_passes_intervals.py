@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tritonpatch.passes.masks import Affine, Check, Mask, PyOps, brute_force, no_wrap, verdict
-from tritonpatch.passes.iterations import iteration_bound, segment_counts
+from tritonpatch.passes.iterations import (Interval, PrefixSuffix, iteration_bound, mask_sets, possible_runs,
+                                           segment_counts)
 from tritonpatch.passes.skip import narrowed_bounds
 
 SCALARS = ("iv", "s")
@@ -134,6 +135,32 @@ def test_split_loop_runs_hold_only_uniform_iterations(loop):
     bounds = [lower] + [iteration_bound(ops, lower, upper, k, step) for k in (k1, k2, k3, k4)] + [upper]
     assert all(lower <= b <= max(lower, upper) for b in bounds[1:-1])
     assert [iv for low, high in zip(bounds, bounds[1:]) for iv in range(low, high, step)] == iterations
+
+
+@settings(max_examples=400, deadline=None)
+@given(loop=loops())
+def test_runs_said_impossible_are_always_empty(loop):
+    """possible_runs: where it says a mask can never have an all-true (all-false) run, the set
+    algebra answers an empty set for every runtime value."""
+    mask, s, lower, upper, step = loop
+    ops = PyOps({"s": s})
+    true_possible, false_possible = possible_runs(mask, "iv")
+    true_run = mask_sets(Interval(ops, lower, upper), mask, "iv")[0]
+    prefix, suffix = mask_sets(PrefixSuffix(ops, lower, upper), mask, "iv")[1]
+    if not true_possible:
+        assert true_run[0] >= true_run[1] or lower >= upper
+    if not false_possible:
+        assert (prefix, suffix) == (lower, upper) or lower >= upper
+
+
+def test_xor_and_moving_equality_have_no_uniform_runs():
+    """The masks whose rewrite would be an identity: an xor of compares, an == of a moving index."""
+    shape = (4, 4)
+    rows_ge_cols = Mask("atom", pred="sge", diff=Affine(0, (("iv", -1),), (1, -1), shape))
+    diagonal = Mask("atom", pred="eq", diff=Affine(0, (("iv", -1),), (1, -1), shape))
+    assert possible_runs(Mask("xor", children=(rows_ge_cols, rows_ge_cols)), "iv") == (False, False)
+    assert possible_runs(diagonal, "iv") == (False, True)
+    assert possible_runs(rows_ge_cols, "iv") == (True, True)
 
 
 @settings(max_examples=200, deadline=None)

@@ -4,14 +4,18 @@ For ``%r = arith.select %mask, %x, %c`` directly in an ``scf.for`` body, with ``
 analysable combination of affine index compares (:mod:`.masks`) whose scalars are the induction
 variable or fixed before the loop, the pass computes in front of the loop (scalar interval
 arithmetic, :func:`.iterations.segment_counts`) where the mask is all-false or all-true on whole
-tiles, and splits the loop into five consecutive loops over the same iterations::
+tiles, and splits the loop into up to five consecutive loops over the same iterations::
 
     all-false run  |  mixed  |  all-true run  |  mixed  |  all-false run
     select -> %c   | original|  select -> %x  | original|  select -> %c
 
 Each is an ``scf.for`` with the original step, carrying the loop state from one to the next, so
 Triton still software-pipelines every one; the mask ops (and whatever only fed the dropped
-operand, such as the ``q @ k`` of an all-false tile) vanish from the uniform loops.
+operand, such as the ``q @ k`` of an all-false tile) vanish from the uniform loops. A run that can
+never be non-empty for the mask (:func:`.iterations.possible_runs`) gets no loop, and a loop left
+with no uniform run is not rewritten; the bounds stay inside the loop's range, so an empty or
+reversed range runs nothing in any of the loops. Every loop or select left as it is gets its
+reason logged (logger ``tritonpatch.passes``, INFO).
 
 Bitwise exactness: every iteration computes the values the unpatched kernel computes (the select
 would have returned exactly the operand that replaces it). The one way low bits could change is
@@ -25,13 +29,15 @@ SASS of the all-true loop then has the floating-point instructions of the unpatc
 """
 from __future__ import annotations
 
+import logging
 import re
 
 from .ir import (NAME_END, Module, TensorType, base_name, parse_for, parse_type, split_top_level, type_of,
                  without_attribute)
-from .iterations import NARROWED, constant_step, iteration_bound, scalars_fixed_in_loop, segment_counts
+from .iterations import NARROWED, constant_step, iteration_bound, possible_runs, scalars_fixed_in_loop, segment_counts
 from .masks import Analysis, IROps
 
+logger = logging.getLogger("tritonpatch.passes")
 _CHAIN_OPS = ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "arith.negf")
 _REGISTER_MOVES = {"f32": ("mov.b32 $0, $1;", "=r,r"), "f16": ("mov.b16 $0, $1;", "=h,h"),
                    "bf16": ("mov.b16 $0, $1;", "=h,h"), "f64": ("mov.b64 $0, $1;", "=l,l")}
@@ -166,71 +172,97 @@ def with_head(lines: list[str], module: Module, loop: int, result: str | None, l
 
 
 # --- the split ------------------------------------------------------------------------------------
-def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false_loops: bool) -> list[str] | None:
-    """Replace ``loop`` by its five segment loops; returns the emitted lines, or None (module
-    untouched) when the loop or the select does not qualify."""
+_RUNS = ("false", "mixed", "true", "mixed", "false")   # the five runs segment_counts cuts the iterations into
+
+
+def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false_loops: bool) -> list[str] | str:
+    """Replace ``loop`` by one loop per uniform run of its iterations and the mixed runs between
+    them; returns the emitted lines, or why not (module untouched)."""
     head = parse_for(module.lines[loop])
     step = constant_step(module, head.step)
     parts = select_parts(module, select)
-    if step is None or head.iv_type != "i32" or parts is None:
-        return None
+    if step is None:
+        return "its step is not a positive constant"
+    if head.iv_type != "i32":
+        return f"its induction variable is {head.iv_type}, not i32"
     analysis = Analysis(module)
     mask = analysis.mask(parts[0])
-    if mask is None or not 0 < mask.atoms() <= max_atoms \
-            or not scalars_fixed_in_loop(module, loop, mask, head.iv, analysis.checks):
-        return None
+    if mask is None or not 0 < mask.atoms() <= max_atoms:
+        return f"its mask is not an analysable index compare (or has over {max_atoms} compares)"
+    if not scalars_fixed_in_loop(module, loop, mask, head.iv, analysis.checks):
+        return "its mask uses a scalar computed inside the loop"
+    original = [module.lines[i].text for i in range(loop, module.end_of(loop) + 1)]
+    true_possible, false_possible = possible_runs(mask, head.iv)
+    if NARROWED in original[-1] or not all_false_loops:     # skip-masked-blocks dropped the all-false runs already
+        false_possible = False
+    bodies, refusals = {"mixed": original}, []
+    for kind, possible in (("true", true_possible), ("false", false_possible)):
+        copy = specialised_loop(module, loop, select, keep_true=kind == "true") if possible else None
+        if isinstance(copy, str):
+            refusals.append(f"its all-{kind} copy: {copy}")
+        elif copy is not None:
+            bodies[kind] = copy
+    kinds = [kind if kind in bodies else "mixed" for kind in _RUNS]
+    if kinds == ["mixed"] * len(_RUNS):
+        return "; ".join(refusals) or ("its mask is never provably uniform on a whole tile (xor, == or != of a moving "
+                                       "index)" + ("" if true_possible else ", or only all-false where no all-false "
+                                                   "loop is emitted"))
     line = module.lines[loop]
     ops = IROps(module, line.indent, module.lines[module.end_of(loop)].loc)
     lower, upper = ops.leaf(head.lower), ops.leaf(head.upper)
-    counts = segment_counts(ops, lower, upper, step, mask, head.iv, analysis.checks)
-    bounds = []
-    for count in counts:
+    bounds = [head.lower]
+    for count in segment_counts(ops, lower, upper, step, mask, head.iv, analysis.checks):
         bound = iteration_bound(ops, lower, upper, count, step)
         bounds.append(ops.emit(("trunc", bound), f"arith.trunci {bound} : i64 to i32"))   # exact: in the i32 range
-    original = [module.lines[i].text for i in range(loop, module.end_of(loop) + 1)]
-    narrowed = NARROWED in original[-1]
-    bodies = {"false": specialised_loop(module, loop, select, keep_true=False),
-              "true": specialised_loop(module, loop, select, keep_true=True), "mixed": original}
+    bounds.append(head.upper)
+    segments = []                  # (kind, low, high), adjacent mixed runs merged
+    for position, kind in enumerate(kinds):
+        if segments and kind == "mixed" == segments[-1][0]:
+            segments[-1] = ("mixed", segments[-1][1], bounds[position + 1])
+        else:
+            segments.append((kind, bounds[position], bounds[position + 1]))
     bodies = {kind: lines[:-1] + [without_attribute(lines[-1], NARROWED)] for kind, lines in bodies.items()}
-    segments = [("false", head.lower, bounds[0]), ("mixed", bounds[0], bounds[1]), ("true", bounds[1], bounds[2]),
-                ("mixed", bounds[2], bounds[3]), ("false", bounds[3], head.upper)]
-    if narrowed or not all_false_loops:      # skip-masked-blocks dropped the all-false runs already
-        segments = [("mixed", head.lower, bounds[1]), ("true", bounds[1], bounds[2]), ("mixed", bounds[2], head.upper)]
-    emitted, inits = list(ops.lines), None
+    emitted, inits, original_names = list(ops.lines), None, True
     for position, (kind, low, high) in enumerate(segments):
-        last = position == len(segments) - 1
-        result = None if last else module.fresh("segment")
+        result = None if position == len(segments) - 1 else module.fresh("segment")
         copy = with_head(bodies[kind], module, loop, result, low, high, inits)
-        emitted += copy if kind == "mixed" and position == 1 else renamed(copy, module.fresh("seg")[1:])
+        keep_names = kind == "mixed" and original_names     # the first mixed copy keeps the loop's value names
+        original_names &= not keep_names
+        emitted += copy if keep_names else renamed(copy, module.fresh("seg")[1:])
         if result is not None and head.iter_args:
             inits = [f"{result}#{k}" for k in range(len(head.iter_args))] if len(head.iter_args) > 1 else [result]
     texts = [l.text for l in module.lines]
     module.replace(texts[:loop] + emitted + texts[module.end_of(loop) + 1:])
+    for refusal in refusals:
+        logger.info("elide-uniform-masks: loop %s: %s; split without it", head.iv, refusal)
     return emitted
 
 
 def run(text: str, options) -> tuple[str, dict[str, int]]:
-    """Split every loop (innermost first) on its first analysable select."""
+    """Split every loop (innermost first) on its first analysable select; log why each loop or
+    select was left as it is (logger ``tritonpatch.passes``, INFO)."""
     module = Module(text)
     counts = {"loops_split": 0}
+    for loop in module.loops():
+        if not any(select_parts(module, index) for index in module.children(loop)):
+            logger.info("elide-uniform-masks: loop %s (line %d) left as it is: its body has no tensor select "
+                        "(tl.where)", parse_for(module.lines[loop]).iv, loop + 1)
     done: set[str] = set()
-    progress = True
-    while progress:
-        progress = False
-        for loop in reversed(module.loops()):
-            for index in module.children(loop):
-                line = module.lines[index]
-                if select_parts(module, index) is None or line.results[0] in done:
-                    continue
-                done.add(line.results[0])
-                emitted = split_loop(module, loop, index, options["max_atoms"], options["all_false_loops"])
-                if emitted is not None:
-                    done.update(parse_line_results(emitted, "arith.select"))
-                    counts["loops_split"] += 1
-                    progress = True
-                    break
-            if progress:
-                break
+    while True:
+        candidates = ((loop, index) for loop in reversed(module.loops()) for index in module.children(loop)
+                      if select_parts(module, index) is not None and module.lines[index].results[0] not in done)
+        loop, select = next(candidates, (None, None))
+        if loop is None:
+            break
+        name = module.lines[select].results[0]
+        done.add(name)
+        outcome = split_loop(module, loop, select, options["max_atoms"], options["all_false_loops"])
+        if isinstance(outcome, str):
+            logger.info("elide-uniform-masks: loop %s (line %d) not split on %s: %s",
+                        parse_for(module.lines[loop]).iv, loop + 1, name, outcome)
+        else:
+            done.update(parse_line_results(outcome, "arith.select"))
+            counts["loops_split"] += 1
     return (module.text() if any(counts.values()) else text), counts
 
 

@@ -10,7 +10,10 @@ combine those half-lines through the mask's and/or/not structure, each a sound u
   run its own loop).
 
 Both are written against the scalar-operation interface of :mod:`.masks` (Python integers in the
-property tests, TTIR scalar ops in the passes).
+property tests, TTIR scalar ops in the passes). A third reading of the same formulas,
+:func:`possible_runs`, decides at compile time which of the sets can be non-empty at all (an xor
+of compares, an ``==`` of a moving index: never), so that a pass does not emit, or report, a
+rewrite that can never take effect.
 
 Every bound a pass derives from these sets stays inside the loop's own iteration range: the
 counts are clamped to ``[0, trips]`` and the bounds to ``[lower, max(lower, upper)]``
@@ -152,6 +155,57 @@ def mask_sets(sets, mask: Mask, iv: str):
     if mask.kind == "and":
         return sets.intersection(t1, t2), sets.union(f1, f2)
     return sets.union(t1, t2), sets.intersection(f1, f2)
+
+
+class _Possible:
+    """The set algebra read at compile time: a set is True when it may be non-empty for some
+    runtime values, False when it is empty for all of them (every scalar is unknown)."""
+
+    def __init__(self):
+        self.ops = _Unknown()
+
+    @staticmethod
+    def constant(flag):
+        return flag is not False
+
+    @staticmethod
+    def empty():
+        return False
+
+    @staticmethod
+    def at_least(threshold):
+        return True
+
+    @staticmethod
+    def at_most(threshold):
+        return True
+
+    @staticmethod
+    def union(a, b):
+        return a or b
+
+    @staticmethod
+    def intersection(a, b):
+        return a and b
+
+
+class _Unknown:
+    """Scalar operations on unknown runtime values (None); only boolean constants are known."""
+
+    def boolean(self, value):
+        return bool(value)
+
+    def not_(self, value):
+        return None if value is None else not value
+
+    def __getattr__(self, name):
+        return lambda *args: None
+
+
+def possible_runs(mask: Mask, iv: str) -> tuple[bool, bool]:
+    """(all-true run possible, all-false run possible): whether :func:`mask_sets` can answer a
+    non-empty all-true / all-false set of iterations for any runtime values."""
+    return mask_sets(_Possible(), mask, iv)
 
 
 def trip_count(ops, lower, upper, step: int):

@@ -7,7 +7,9 @@ induction variable or loop-invariant, when
 
 * the induction variable is 32-bit (a 64-bit one never takes part in an analysable mask, and its
   bound arithmetic could overflow),
-* the body has no side effects (no stores, atomics, prints, calls), and
+* the body has no side effects (no stores, atomics, prints, calls),
+* the mask can be all-false on a whole tile at all (an xor of compares or an ``==`` of a moving
+  index never is: such a loop is refused instead of rewritten into itself), and
 * an iteration whose mask is all-false provably leaves every loop-carried value unchanged
   (:func:`unchanged_when_masked`, the online-softmax pattern) or advances it by a loop-invariant
   step (pointer / offset induction; the initial value is then advanced by the skipped count, and
@@ -18,6 +20,7 @@ half-lines; the pass computes, before the loop, the longest prefix and suffix of
 which the whole mask is all-false (as runtime scalars) and runs the loop on the rest only. The
 new bounds never leave the original range (an empty or reversed range keeps its bounds). The
 loop stays an ``scf.for`` with a constant step, so Triton's software pipelining still applies.
+Every loop the pass leaves alone gets its reason logged (logger ``tritonpatch.passes``, INFO).
 
 Exactness: an all-false iteration computes ``m' = max(m, -inf) = m``, ``alpha = exp2(m - m') = 1``,
 ``p = exp2(-inf - m') = 0``, ``l' = l * 1 + 0 = l``, ``acc' = acc * 1 + 0 @ v = acc``: identical
@@ -27,14 +30,16 @@ output is finite, up to the sign of a zero accumulator (``-0 + 0 = +0``).
 """
 from __future__ import annotations
 
+import logging
 import re
 
 from .elide import select_parts
 from .ir import Module, TensorType, base_name, int_width, parse_for, parse_type, type_of, with_attribute
 from .iterations import (NARROWED, PrefixSuffix, constant_step, iteration_bound, mask_sets, no_wrap_in_loop,
-                         scalars_fixed_in_loop, smax, smin, trip_count)
+                         possible_runs, scalars_fixed_in_loop, smax, smin, trip_count)
 from .masks import Analysis, IROps, Mask
 
+logger = logging.getLogger("tritonpatch.passes")
 _SIDE_EFFECTS = re.compile(r"store|atomic|print|assert|call|barrier|fence|scf\.while|tt\.func")
 NEG_INF, ZERO, ONE, POSITIVE = ("-inf",), ("0",), ("1",), ("+",)
 _NEG_INF_BITS = {"0xFF800000", "0xFC00", "0xFF80", "0xFFF0000000000000"}
@@ -185,40 +190,56 @@ def _result_used_after(module: Module, loop: int, position: int) -> bool:
     return any(pattern.search(module.lines[i].body) for i in range(module.end_of(loop) + 1, len(module.lines)))
 
 
-def skip_loop(module: Module, loop: int, max_atoms: int) -> bool:
-    """Narrow the bounds of one loop; False (module untouched) when the loop does not qualify."""
+def skip_loop(module: Module, loop: int, max_atoms: int) -> str | None:
+    """Narrow the bounds of one loop. Returns None when it did, else why not (module untouched)."""
     head = parse_for(module.lines[loop])
     step = constant_step(module, head.step)
-    if step is None or head.iv_type != "i32":
-        return False
+    if step is None:
+        return "its step is not a positive constant"
+    if head.iv_type != "i32":
+        return f"its induction variable is {head.iv_type}, not i32"
     body = range(loop + 1, module.end_of(loop))
-    if any(_SIDE_EFFECTS.search(module.lines[i].op) for i in body):
-        return False
+    effects = [module.lines[i].op for i in body if _SIDE_EFFECTS.search(module.lines[i].op)]
+    if effects:
+        return f"its body has an operation with a side effect ({effects[0]})"
+    reasons = []
     for select in module.children(loop):
         parts = select_parts(module, select)
         if parts is None:
             continue
+        name = module.lines[select].results[0]
         analysis = Analysis(module)
         mask = analysis.mask(parts[0])
         if mask is None or not 0 < mask.atoms() <= max_atoms:
+            reasons.append(f"{name}: its mask is not an analysable index compare (or has over {max_atoms} compares)")
             continue
         if _constant_kind(module, parts[2]) == NEG_INF:
             fill = parts[2]                                   # where(mask, x, -inf)
         elif _constant_kind(module, parts[1]) == NEG_INF:
             fill, mask = parts[1], Mask("not", children=(mask,))   # where(~mask, -inf, x)
         else:
+            reasons.append(f"{name}: neither operand is -inf")
             continue
         if not scalars_fixed_in_loop(module, loop, mask, head.iv, analysis.checks):
+            reasons.append(f"{name}: its mask uses a scalar computed inside the loop")
+            continue
+        if not possible_runs(mask, head.iv)[1]:
+            reasons.append(f"{name}: its mask is never provably all-false on a whole tile (xor, == or != of a "
+                           "moving index), so no iteration could be dropped")
             continue
         steps = induction_steps(module, loop)
-        if any(_result_used_after(module, loop, position) for position in steps):
+        used_after = [position for position in steps if _result_used_after(module, loop, position)]
+        if used_after:
+            reasons.append(f"{name}: the final value of the advanced iteration argument "
+                           f"{head.iter_args[used_after[0]][0]} is used after the loop")
             continue
         others = set(range(len(head.iter_args))) - set(steps)
         if not unchanged_when_masked(module, loop, select, fill, others):
+            reasons.append(f"{name}: an all-false iteration is not proven to leave the loop state unchanged")
             continue
         _emit(module, loop, head, step, mask, analysis.checks, steps)
-        return True
-    return False
+        return None
+    return "; ".join(reasons) or "its body has no tensor select (tl.where)"
 
 
 def narrowed_bounds(ops, lower, upper, step: int, mask: Mask, iv: str, checks):
@@ -285,6 +306,10 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
     module = Module(text)
     counts = {"loops_narrowed": 0}
     for loop in reversed(module.loops()):
-        if skip_loop(module, loop, options["max_atoms"]):
+        where = f"loop {parse_for(module.lines[loop]).iv} (line {loop + 1})"
+        reason = skip_loop(module, loop, options["max_atoms"])
+        if reason is None:
             counts["loops_narrowed"] += 1
+        else:
+            logger.info("skip-masked-blocks: %s left as it is: %s", where, reason)
     return (module.text() if any(counts.values()) else text), counts
