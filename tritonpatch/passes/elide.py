@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import re
 
-from .ir import (NAME_END, Module, TensorType, base_name, parse_for, parse_type, split_top_level, type_of,
+from .ir import (NAME_END, Module, TensorType, base_name, is_movable, parse_for, parse_type, split_top_level, type_of,
                  without_attribute)
 from .iterations import NARROWED, constant_step, iteration_bound, possible_runs, scalars_fixed_in_loop, segment_counts
 from .masks import Analysis, IROps
@@ -53,16 +53,6 @@ def select_parts(module: Module, index: int):
     if len(operands) != 3 or len(types) != 2 or not isinstance(parse_type(types[0]), TensorType):
         return None
     return operands[0], operands[1], operands[2], types[1]
-
-
-def is_pure(op: str) -> bool:
-    """Side-effect-free ops that never trap (no integer division: it may be UB when hoisted)."""
-    if op in ("arith.divsi", "arith.divui", "arith.remsi", "arith.remui", "arith.ceildivsi", "arith.floordivsi",
-              "arith.ceildivui"):
-        return False
-    return op.startswith(("arith.", "math.")) or op in (
-        "tt.splat", "tt.broadcast", "tt.expand_dims", "tt.make_range", "tt.reshape", "tt.trans",
-        "ttg.convert_layout", "tt.addptr", "tt.bitcast", "tt.int_to_ptr", "tt.ptr_to_int")
 
 
 def is_constant(module: Module, name: str) -> bool:
@@ -139,7 +129,7 @@ def remove_dead_ops(lines: list[str]) -> list[str]:
         fragment = Module("\n".join(lines))
         used = {base_name(v) for line in fragment.lines for v in line.operands}
         dead = [i for i, line in enumerate(fragment.lines[1:-1], start=1)
-                if line.results and not line.opens and not line.closes and (is_pure(line.op) or line.op == "tt.dot")
+                if line.results and not line.opens and not line.closes and (is_movable(line) or line.op == "tt.dot")
                 and not any(r in used for r in line.results)]
         if not dead:
             return lines

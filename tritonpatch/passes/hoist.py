@@ -4,8 +4,10 @@ Triton's LICM hoists invariant ops at the top level of a loop body but leaves th
 ``scf.if`` and hoists invariant broadcasts, which keeps a full-tile tensor live across the loop.
 This pass
 
-* hoists pure, non-trapping single-line ops whose operands are defined outside the loop (or by
-  ops it already hoisted) from anywhere inside the loop body except nested loops; a
+* hoists single-line ops without side effects that neither read memory nor trap (an allow-list,
+  :func:`~tritonpatch.passes.ir.is_movable`: no loads, no integer division, no inline assembly or
+  external calls, pure or not) whose operands are defined outside the loop (or by ops it already
+  hoisted) from anywhere inside the loop body except nested loops; a
   ``tt.broadcast`` moves only together with a user (alone it would only widen a live value), and
 * with ``sink_broadcasts``, moves a ``tt.broadcast`` defined just outside a loop, and used only
   inside it, back in front of its first use inside the loop.
@@ -14,8 +16,7 @@ Pure code motion of side-effect-free ops: bitwise exact.
 """
 from __future__ import annotations
 
-from .elide import is_pure
-from .ir import Module
+from .ir import Module, is_movable
 
 
 def _defined_outside(module: Module, loop: int, name: str, hoisted: set[str]) -> bool:
@@ -29,7 +30,7 @@ def _hoistable(module: Module, loop: int) -> list[int]:
     found = []
     for index in range(loop + 1, module.end_of(loop)):
         line = module.lines[index]
-        if (line.opens or line.closes or len(line.results) != 1 or not is_pure(line.op)
+        if (line.opens or line.closes or len(line.results) != 1 or not is_movable(line)
                 or line.op == "arith.constant"):
             continue
         if any(module.lines[o].op == "scf.for" for o in module.enclosing_ops(index) if o != loop and module.inside(o, loop)):

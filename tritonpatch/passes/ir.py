@@ -362,3 +362,40 @@ def with_attribute(closing: str, attribute: str) -> str:
 def without_attribute(closing: str, attribute: str) -> str:
     """The inverse of :func:`with_attribute`."""
     return closing.replace(f"{{{attribute}, ", "{", 1).replace(f" {{{attribute}}}", "", 1)
+
+
+# --- what an operation may do ------------------------------------------------------------------------
+_TRAPPING_ARITH = ("arith.divsi", "arith.divui", "arith.remsi", "arith.remui", "arith.ceildivsi", "arith.floordivsi",
+                   "arith.ceildivui")
+_MOVABLE_OPS = ("tt.splat", "tt.broadcast", "tt.expand_dims", "tt.make_range", "tt.reshape", "tt.trans",
+                "ttg.convert_layout", "tt.addptr", "tt.bitcast", "tt.int_to_ptr", "tt.ptr_to_int")
+_EFFECT_FREE_OPS = _MOVABLE_OPS + (
+    "tt.load", "tt.descriptor_load", "tt.dot", "tt.dot_scaled", "tt.reduce", "tt.reduce.return", "tt.scan",
+    "tt.scan.return", "tt.join", "tt.split", "tt.cat", "tt.gather", "tt.histogram", "tt.unsplat", "tt.advance",
+    "tt.make_tensor_ptr", "tt.fp_to_fp", "tt.precise_sqrt", "tt.precise_divf", "tt.mulhiui", "tt.clampf",
+    "tt.get_program_id", "tt.get_num_programs", "scf.for", "scf.if", "scf.yield")
+_PURE_FLAG_OPS = ("tt.elementwise_inline_asm", "tt.extern_elementwise")   # effect-free only with ``pure = true``
+
+
+def is_movable(line: Line) -> bool:
+    """Whether the operation on ``line`` has no side effects, reads no memory and never traps, so
+    that moving it (out of a loop, out from under a branch) or deleting it when unused is exact.
+    An allow-list: integer division (undefined for a zero divisor) and every operation not named
+    here count as not movable."""
+    return (line.op.startswith(("arith.", "math.")) and line.op not in _TRAPPING_ARITH) or line.op in _MOVABLE_OPS
+
+
+def has_side_effect(line: Line) -> bool:
+    """Whether the operation on ``line`` may have an effect beyond its results (a store, an atomic,
+    a print, a call, impure inline assembly, a volatile load, a loop that may not terminate, or any
+    operation this allow-list does not know). Reads of memory and traps are not effects here: an
+    iteration without effects that leaves the loop state unchanged may be dropped."""
+    if not line.op or line.op == "}" or line.text.lstrip().startswith("^"):
+        return False                                   # closing braces and block labels
+    if line.op.startswith(("arith.", "math.")):
+        return False
+    if line.op in _PURE_FLAG_OPS:
+        return "pure = true" not in line.body
+    if line.op in ("tt.load", "tt.descriptor_load"):
+        return "isVolatile = true" in line.text
+    return line.op not in _EFFECT_FREE_OPS

@@ -7,7 +7,9 @@ induction variable or loop-invariant, when
 
 * the induction variable is 32-bit (a 64-bit one never takes part in an analysable mask, and its
   bound arithmetic could overflow),
-* the body has no side effects (no stores, atomics, prints, calls),
+* nothing in the body may have a side effect (an allow-list of operations known to have none:
+  a store, an atomic, a print, a call, impure inline assembly, a volatile load or any operation the
+  list does not know makes the pass refuse the loop, since a dropped iteration would drop it),
 * the mask can be all-false on a whole tile at all (an xor of compares or an ``==`` of a moving
   index never is: such a loop is refused instead of rewritten into itself), and
 * an iteration whose mask is all-false provably leaves every loop-carried value unchanged
@@ -34,13 +36,13 @@ import logging
 import re
 
 from .elide import select_parts
-from .ir import Module, TensorType, base_name, int_width, parse_for, parse_type, type_of, with_attribute
+from .ir import (Module, TensorType, base_name, has_side_effect, int_width, parse_for, parse_type, type_of,
+                 with_attribute)
 from .iterations import (NARROWED, PrefixSuffix, constant_step, iteration_bound, mask_sets, no_wrap_in_loop,
                          possible_runs, scalars_fixed_in_loop, smax, smin, trip_count)
 from .masks import Analysis, IROps, Mask
 
 logger = logging.getLogger("tritonpatch.passes")
-_SIDE_EFFECTS = re.compile(r"store|atomic|print|assert|call|barrier|fence|scf\.while|tt\.func")
 NEG_INF, ZERO, ONE, POSITIVE = ("-inf",), ("0",), ("1",), ("+",)
 _NEG_INF_BITS = {"0xFF800000", "0xFC00", "0xFF80", "0xFFF0000000000000"}
 
@@ -198,10 +200,9 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> str | None:
         return "its step is not a positive constant"
     if head.iv_type != "i32":
         return f"its induction variable is {head.iv_type}, not i32"
-    body = range(loop + 1, module.end_of(loop))
-    effects = [module.lines[i].op for i in body if _SIDE_EFFECTS.search(module.lines[i].op)]
-    if effects:
-        return f"its body has an operation with a side effect ({effects[0]})"
+    for index in range(loop + 1, module.end_of(loop)):
+        if has_side_effect(module.lines[index]):
+            return f"its body has an operation that may have a side effect ({_describe(module.lines[index])})"
     reasons = []
     for select in module.children(loop):
         parts = select_parts(module, select)
@@ -240,6 +241,11 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> str | None:
         _emit(module, loop, head, step, mask, analysis.checks, steps)
         return None
     return "; ".join(reasons) or "its body has no tensor select (tl.where)"
+
+
+def _describe(line) -> str:
+    """``op`` of a line, with the attribute that decides its purity where it has one."""
+    return f"{line.op}, pure = false" if "pure = false" in line.body else line.op
 
 
 def narrowed_bounds(ops, lower, upper, step: int, mask: Mask, iv: str, checks):
