@@ -444,7 +444,7 @@ def document(doc_ids: torch.Tensor) -> MaskMod:
     on the attention's device, with one id per position: queries and keys share the packing, so
     Sq must equal Skv (the attention checks both, and the batch dim). Combine with :func:`causal`
     through :func:`and_masks` for causal packed sequences. int32 and int64 ids are used as they are
-    (no narrowing); a non-contiguous tensor is copied."""
+    (no narrowing); a non-contiguous tensor is copied (later writes to it do not reach the copy)."""
     if not isinstance(doc_ids, torch.Tensor) or doc_ids.dtype not in (torch.int32, torch.int64) \
             or doc_ids.dim() not in (1, 2):
         raise TypeError(f"document(doc_ids) needs an int32/int64 tensor of shape [S] or [B, S], got "
@@ -514,7 +514,8 @@ def or_masks(*masks: MaskMod) -> MaskMod:
 
 
 def alibi(slopes: torch.Tensor) -> ScoreMod:
-    """ALiBi bias: ``score + slopes[h] * (kv_idx - q_idx)``; ``slopes`` is a float tensor [H]."""
+    """ALiBi bias: ``score + slopes[h] * (kv_idx - q_idx)``; ``slopes`` is a float tensor [H] on the
+    attention's device (copied unless float32 and contiguous; later writes do not reach a copy)."""
     if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1 or not slopes.is_floating_point():
         raise TypeError(f"alibi(slopes) needs a 1-D float tensor with one slope per query head, got "
                         f"{_described(slopes)}")

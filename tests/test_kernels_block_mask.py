@@ -243,7 +243,8 @@ def test_builder_checks_the_masks_tensors(mask, problem, message):
 @pytest.mark.parametrize("call, message", [
     (lambda: K.prefix_lm(-1), "non-negative int"),
     (lambda: K.sliding_window(2.5), "non-negative int"),
-    (lambda: K.document(torch.zeros(3, dtype=torch.float32)), r"int32/int64 .*got a torch.float32 tensor of shape \(3,\)"),
+    (lambda: K.document(torch.zeros(3, dtype=torch.float32)),
+     r"int32/int64 .*got a torch.float32 tensor of shape \(3,\)"),
     (lambda: K.document(torch.zeros(3, dtype=torch.int16)), "int32/int64"),
     (lambda: K.softcap(0.0), "positive"),
     (lambda: K.alibi(torch.ones(2, 2)), r"1-D float.*got a torch.float32 tensor of shape \(2, 2\)"),
