@@ -430,9 +430,11 @@ def float_work(loop):
 
 
 def assert_all_true_loop_keeps_the_float_work(split):
-    """The all-true loop (the full loop without the mask's selects) does the floating-point
-    arithmetic of the mixed loops (the original body): the backend contracted (FMA) the same way,
-    the CPU-side evidence for bit-identity. Without the register move it fuses more."""
+    """Every all-true loop (a full loop without the mask's selects) does exactly the floating-point
+    instructions of the mixed loops (the original body): the backend contracted (FMA) the same way,
+    the CPU-side evidence for bit-identity. Without a boundary where the select sat it fuses more.
+    (An all-false loop computes with a constant where the select was; LLVM folds and unrolls it
+    freely, so its counts say nothing.)"""
     loops = full_loops(split)
     selects = [loop["FSEL"] for loop in loops]
     all_true = [loop for loop in loops if loop["FSEL"] < max(selects)]

@@ -19,13 +19,28 @@ reason logged (logger ``tritonpatch.passes``, INFO).
 
 Bitwise exactness: every iteration computes the values the unpatched kernel computes (the select
 would have returned exactly the operand that replaces it). The one way low bits could change is
-floating-point contraction: without the select, the backend may fuse a multiply before it with an
+floating-point contraction: without the select, LLVM or ptxas may fuse a multiply before it with an
 add after it into an FMA, which the select prevents in the unpatched kernel. So where the kept
-operand is a float, the pass puts an opaque register move (``tt.elementwise_inline_asm``) where the
-select sat, after the chain of constant-operand ops that LLVM's InstCombine would move in front of
-a select with a constant arm (``select(m, x, -inf) * C`` becomes ``select(m, x * C, -inf)``). The
-SASS of the all-true loop then has the floating-point instructions of the unpatched loop
-(tests/test_passes.py checks this).
+operand is a float, the copy keeps a boundary where the select sat (after the chain of
+constant-operand ops that LLVM's InstCombine moves in front of a select with a constant arm,
+``select(m, x, -inf) * C`` -> ``select(m, x * C, -inf)``), chosen by what produces the value there
+(:func:`boundary`):
+
+* an f32 multiply whose only user is the select: the multiply itself is emitted as ``mul.rn.f32``
+  inline assembly, which neither LLVM nor ptxas contracts: the unpatched kernel's rounding, and
+  the unpatched loop's instructions exactly (the select consumed the product there, so it was
+  never fused);
+* another f32 multiply (one with more users) or a negated one: ``add.rn.f32 x, -0.0``, an add
+  with an explicit rounding mode, which ptxas neither contracts nor removes. It returns ``x`` bit
+  for bit for every ``x`` except NaN, which it makes the canonical NaN ``0x7fffffff``; products are
+  canonical NaNs already (H200: every NaN that FMUL or neg.f32 produces), so on these values it is
+  the identity. A product of another width, or a division (its NaNs were not checked), gets no
+  boundary: that copy is not emitted;
+* anything else (a dot, a load, an add, ...): no multiply to fuse, so a register move
+  (``mov.b32``), opaque to LLVM and free in ptxas.
+
+tests/test_passes.py and tests/test_passes_contraction.py check on SASS that each all-true copy
+does the floating-point work of the unpatched loop.
 """
 from __future__ import annotations
 
@@ -39,8 +54,11 @@ from .masks import Analysis, IROps
 
 logger = logging.getLogger("tritonpatch.passes")
 _CHAIN_OPS = ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "arith.negf")
-_REGISTER_MOVES = {"f32": ("mov.b32 $0, $1;", "=r,r"), "f16": ("mov.b16 $0, $1;", "=h,h"),
-                   "bf16": ("mov.b16 $0, $1;", "=h,h"), "f64": ("mov.b64 $0, $1;", "=l,l")}
+_REGISTER_MOVES = {"f32": ("mov.b32 $0, $1;", "r"), "f16": ("mov.b16 $0, $1;", "h"),
+                   "bf16": ("mov.b16 $0, $1;", "h"), "f64": ("mov.b64 $0, $1;", "l")}
+_ROUNDED_MULTIPLIES = {"f32": "mul.rn.f32 $0, $1, $2;"}        # the widths whose boundaries were checked on SASS
+_ROUNDED_ADDS = {"f32": "add.rn.f32 $0, $1, 0f80000000;"}       # and on the GPU; x + -0.0: see the module docstring
+_ONE = re.compile(r"\s*(?:dense<)?1\.0*(?:e\+?0+)?>?\s*:")
 
 
 def select_parts(module: Module, index: int):
@@ -91,35 +109,98 @@ def _constant_chain(module: Module, loop: int, start: str) -> list[int]:
         value = line.results[0]
 
 
-def _register_move(module: Module, result: str, source: str, type_text: str, indent: str, loc: str) -> str:
-    asm, constraints = _REGISTER_MOVES[parse_type(type_text).element]
+def _asm_line(result: str, asm: str, register: str, operands: list[str], type_text: str, indent: str,
+              loc: str) -> str:
+    """A pure ``tt.elementwise_inline_asm`` line computing ``result`` of ``type_text``."""
+    constraints = ",".join(["=" + register] + [register] * len(operands))
     return (f'{indent}{result} = tt.elementwise_inline_asm "{asm}" {{constraints = "{constraints}", '
-            f'packed_element = 1 : i32, pure = true}} {source} : {type_text} -> {type_text} {loc}').rstrip()
+            f'packed_element = 1 : i32, pure = true}} {", ".join(operands)} : '
+            f'{", ".join([type_text] * len(operands))} -> {type_text} {loc}').rstrip()
 
 
-def specialised_loop(module: Module, loop: int, select: int, keep_true: bool) -> list[str]:
+def _is_one(module: Module, name: str) -> bool:
+    """A float constant (or splat of one) equal to 1.0: LLVM folds a multiply by it away."""
+    index = module.defs.get(base_name(name))
+    line = module.lines[index] if index is not None and index >= 0 and "#" not in name else None
+    if line is not None and line.op == "tt.splat" and len(line.operands) == 1:
+        return _is_one(module, line.operands[0])
+    return line is not None and line.op == "arith.constant" and bool(_ONE.match(line.body))
+
+
+def _producer(module: Module, name: str) -> str | None:
+    """"product" when ``name`` is a float multiply (not by 1.0) or its negation, "quotient" for a
+    division (it may become a multiply by the reciprocal) or its negation: values ptxas may fuse
+    into a following add. None for anything else."""
+    index = module.defs.get(base_name(name))
+    if index is None or index < 0 or "#" in name:
+        return None
+    line = module.lines[index]
+    if line.op == "arith.negf" and len(line.operands) == 1:
+        return _producer(module, line.operands[0])
+    if line.op == "arith.mulf":
+        return None if any(_is_one(module, operand) for operand in line.operands) else "product"
+    return "quotient" if line.op == "arith.divf" else None
+
+
+def boundary(module: Module, loop: int, value: str, element: str, sole_user: bool) -> tuple[str, str] | str:
+    """How a split copy keeps the rounding boundary the select gave ``value`` (the float the select
+    passed on, or the end of its constant chain; ``element`` its type): ``("rounded", asm)`` to
+    emit its multiply as ``asm``, ``("barrier", asm)`` for a barrier op after it; or why no exact
+    boundary exists. ``sole_user``: in the unpatched loop the select is its only user."""
+    producer = _producer(module, value)
+    if producer is None:
+        return ("barrier", _REGISTER_MOVES[element][0])
+    if producer == "quotient":
+        return (f"the select passes on a quotient ({value}); the NaNs a division returns are not known to be "
+                "canonical, so no exact contraction barrier is known for it")
+    index = module.defs[base_name(value)]
+    if sole_user and module.lines[index].op == "arith.mulf" and module.parent_of[index] == loop \
+            and element in _ROUNDED_MULTIPLIES:
+        return ("rounded", _ROUNDED_MULTIPLIES[element])
+    if element in _ROUNDED_ADDS:
+        return ("barrier", _ROUNDED_ADDS[element])
+    return f"no exact contraction barrier for the {element} product {value} that the select passes on"
+
+
+def specialised_loop(module: Module, loop: int, select: int, keep_true: bool) -> list[str] | str:
     """The loop's lines (head to closing brace) with the select replaced by its true (or false)
-    operand, the register move that preserves the unpatched kernel's contraction, and the ops left
-    dead removed."""
+    operand, a boundary that keeps the unpatched kernel's contraction (:func:`boundary`), and the
+    ops left dead removed; or why no exact copy exists."""
     _, true_value, false_value, value_type = select_parts(module, select)
     kept, other = (true_value, false_value) if keep_true else (false_value, true_value)
     line = module.lines[select]
     result = line.results[0]
+    element = parse_type(value_type).element
     texts = {i: module.lines[i].text for i in range(loop, module.end_of(loop) + 1)}
-    float_kept = parse_type(value_type).element in _REGISTER_MOVES and not is_constant(module, kept)
-    chain = _constant_chain(module, loop, result) if float_kept and is_constant(module, other) else []
-    if not float_kept:
-        del texts[select]
+    del texts[select]
+    if element not in _REGISTER_MOVES or is_constant(module, kept):      # nothing to contract with
         texts = {i: substitute(t, result, kept) for i, t in texts.items()}
-    elif not chain:
-        texts[select] = _register_move(module, result, kept, value_type, line.indent, line.loc)
-    else:
-        del texts[select]
+        return remove_dead_ops("\n".join(texts[i] for i in sorted(texts)).split("\n"))
+    chain = _constant_chain(module, loop, result) if is_constant(module, other) else []
+    if chain:                      # InstCombine moves the chain in front of the select: the boundary follows it
         texts[chain[0]] = substitute(texts[chain[0]], result, kept)
-        last = module.lines[chain[-1]]
-        before_move = module.fresh("contracted")
-        texts[chain[-1]] = substitute(texts[chain[-1]], last.results[0], before_move) + "\n" + _register_move(
-            module, last.results[0], before_move, type_of(module, last.results[0]), last.indent, last.loc)
+        value, value_line = module.lines[chain[-1]].results[0], chain[-1]
+        plan = boundary(module, loop, value, element, sole_user=True)
+    else:
+        value, value_line = kept, module.defs.get(base_name(kept))
+        plan = boundary(module, loop, kept, element, sole_user=module.users(base_name(kept)) == [select])
+    if isinstance(plan, str):
+        return plan
+    kind, asm = plan
+    register = _REGISTER_MOVES[element][1]          # the constraint letter of the element's registers
+    if kind == "rounded":          # the product itself, rounded on its own: the select's users read it
+        if not chain:
+            texts = {i: substitute(t, result, kept) for i, t in texts.items()}
+        product = module.lines[value_line]
+        texts[value_line] = _asm_line(value, asm, register, [substitute(o, result, kept) for o in product.operands],
+                                      value_type, product.indent, product.loc)
+    elif chain:
+        before = module.fresh("contracted")
+        last = module.lines[value_line]
+        texts[value_line] = substitute(texts[value_line], value, before) + "\n" + _asm_line(
+            value, asm, register, [before], value_type, last.indent, last.loc)
+    else:
+        texts[select] = _asm_line(result, asm, register, [kept], value_type, line.indent, line.loc)
     return remove_dead_ops("\n".join(texts[i] for i in sorted(texts)).split("\n"))
 
 

@@ -1,0 +1,162 @@
+"""elide-uniform-masks keeps the unpatched kernel's floating-point contraction where the value the
+select passes on is a product with no other user: the dK/dV loop of an attention backward
+(FA2 / Flex style), ``qkT = dot(k, qT) * scale`` feeding ``exp2(qkT - lse)`` through the mask.
+Without an exact boundary, ptxas sees through a plain register move and fuses the multiply with the
+subtraction (FFMA) in the all-true copy only, which changes dK / dV bits."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import triton
+import triton.language as tl
+
+from test_passes import (always_compile, assert_all_true_loop_keeps_the_float_work,  # noqa: F401
+                         compile_like_a_launch, float_work, full_loops, loop_facts)
+from tritonpatch.inspect import disassemble
+
+SHAPES = [{"BLOCK_M": 32, "BLOCK_N": 64, "D": 64}, {"BLOCK_M": 64, "BLOCK_N": 64, "D": 128}]
+
+
+@triton.jit
+def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, N_CTX, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                D: tl.constexpr):
+    """dK / dV of causal attention for one block of keys, looping over the query tiles."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    k = tl.load(K + offs_n[:, None] * D + offs_d[None, :])
+    v = tl.load(V + offs_n[:, None] * D + offs_d[None, :])
+    dk = tl.zeros([BLOCK_N, D], tl.float32)
+    dv = tl.zeros([BLOCK_N, D], tl.float32)
+    for start_m in range(0, N_CTX, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        qT = tl.load(Q + offs_m[None, :] * D + offs_d[:, None])
+        lse = tl.load(LSE + offs_m)
+        qkT = tl.dot(k, qT) * scale
+        qkT = tl.where(offs_m[None, :] >= offs_n[:, None], qkT, float("-inf"))
+        pT = tl.math.exp2(qkT - lse[None, :])
+        do = tl.load(DO + offs_m[:, None] * D + offs_d[None, :])
+        dv += tl.dot(pT.to(tl.float16), do)
+        Di = tl.load(DELTA + offs_m)
+        dpT = tl.dot(v, tl.trans(do)).to(tl.float32)
+        dsT = pT * (dpT - Di[None, :])
+        dk += tl.dot(dsT.to(tl.float16), tl.trans(qT))
+    tl.store(DK + offs_n[:, None] * D + offs_d[None, :], dk)
+    tl.store(DV + offs_n[:, None] * D + offs_d[None, :], dv)
+
+
+DKDV_SIGNATURE = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "DO": "*fp16", "LSE": "*fp32", "DELTA": "*fp32",
+                  "DK": "*fp32", "DV": "*fp32", "N_CTX": "i32", "scale": "fp32"}
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "BM{BLOCK_M}-BN{BLOCK_N}-D{D}".format(**s))
+def test_dkdv_copies_keep_the_floating_point_work(shape):
+    """The all-true copy has the mixed loop's multiplies and subtractions, none fused into an FFMA
+    (without the rounded multiply: 32 FFMA more, 32 FMUL and 32 FADD fewer, for BM32-BN64)."""
+    split = compile_like_a_launch(dkdv_kernel, DKDV_SIGNATURE, shape, ["elide-uniform-masks"])
+    assert_all_true_loop_keeps_the_float_work(split)
+    assert "mul.rn.f32" in split.asm["ptx"]           # the product reaches the select alone: rounded on its own
+
+
+@triton.jit
+def shared_product_kernel(Q, K, V, Shift, Out, N_CTX, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          D: tl.constexpr, QUOTIENT: tl.constexpr = False):
+    """A scaled score with a second user besides the mask's select (``s + 1``): the multiply must
+    stay as it is for that user, so the copy puts an exact ``add.rn.f32 x, -0.0`` where the
+    select sat. With ``QUOTIENT`` the score is divided instead."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :])
+    shift = tl.load(Shift + offs_m)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    for start_n in range(0, N_CTX, BLOCK_N):
+        cols = start_n + offs_n
+        s = tl.dot(q, tl.load(K + cols[None, :] * D + offs_d[:, None]))
+        s = s / scale if QUOTIENT else s * scale
+        p = tl.math.exp2(tl.where(offs_m[:, None] >= cols[None, :], s, float("-inf")) - shift[:, None])
+        total += tl.sum(s + 1.0, 1)
+        acc += tl.dot(p.to(tl.float16), tl.load(V + cols[:, None] * D + offs_d[None, :]))
+    tl.store(Out + offs_m[:, None] * D + offs_d[None, :], acc + total[:, None])
+
+
+SHARED_SIGNATURE = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "Shift": "*fp32", "Out": "*fp32", "N_CTX": "i32",
+                    "scale": "fp32"}
+SHARED_CONSTEXPRS = {"BLOCK_M": 64, "BLOCK_N": 32, "D": 32}
+_NEGATIVE_ZERO_ADD = re.compile(r"\bFADD\S* R\d+, -RZ, R\d+")     # add.rn.f32 x, -0.0 as ptxas writes it
+
+
+def test_shared_product_gets_an_exact_add_barrier():
+    """The all-true copy does the mixed loop's floating-point work plus one ``x + -0`` per element,
+    no more: the second user's FFMA and the select path's FMUL are unchanged."""
+    plain = compile_like_a_launch(shared_product_kernel, SHARED_SIGNATURE, SHARED_CONSTEXPRS, [])
+    split = compile_like_a_launch(shared_product_kernel, SHARED_SIGNATURE, SHARED_CONSTEXPRS, ["elide-uniform-masks"])
+    loops = full_loops(split)                 # the all-false loops keep both dots here (s has another user)
+    mixed = [loop for loop in loops if loop["FSEL"]]
+    (all_true,) = [loop for loop in loops if not loop["FSEL"] and loop["MUFU"]]     # exp2 of -inf folds away
+    barriers = len(_NEGATIVE_ZERO_ADD.findall(disassemble(split.asm["cubin"])))
+    assert all(float_work(loop) == float_work(mixed[0]) for loop in mixed)
+    assert float_work(mixed[0]) - float_work(all_true) == {}, (float_work(all_true), float_work(mixed[0]))
+    assert float_work(all_true) - float_work(mixed[0]) == {"FADD": barriers}, (float_work(all_true), float_work(mixed[0]))
+    assert barriers > 0 and not _NEGATIVE_ZERO_ADD.findall(disassemble(plain.asm["cubin"]))
+    assert "add.rn.f32" in split.asm["ptx"] and "mul.rn.f32" not in split.asm["ptx"]
+
+
+def test_a_quotient_at_the_select_gets_no_all_true_copy(caplog):
+    """No boundary is known exact for a division (it may become a multiply by the reciprocal, and
+    its NaNs were not checked): the all-true runs stay in the mixed loop, and the log says why."""
+    import logging
+    with caplog.at_level(logging.INFO, logger="tritonpatch.passes"):
+        split = compile_like_a_launch(shared_product_kernel, SHARED_SIGNATURE, {**SHARED_CONSTEXPRS, "QUOTIENT": True},
+                                      ["elide-uniform-masks"])
+    facts = loop_facts(split.asm["ttir"])               # all-false, mixed, all-false: no all-true loop
+    assert [f["top"] > 0 for f in facts] == [False, True, False], facts
+    assert any("all-true copy" in r.getMessage() and "quotient" in r.getMessage() for r in caplog.records), caplog.text
+
+
+@pytest.mark.gpu
+def test_shared_product_matches_the_unpatched_kernel_bit_for_bit():
+    import torch
+    import tritonpatch
+    n_ctx = 1024
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(n_ctx, 32, device="cuda", dtype=torch.float16) for _ in range(3))
+    shift = torch.randn(n_ctx, device="cuda") * 4
+
+    def run(active):
+        out = torch.empty(n_ctx, 32, device="cuda")
+        with tritonpatch.options(passes=active):
+            shared_product_kernel[(n_ctx // 64,)](q, k, v, shift, out, n_ctx, 0.125, **SHARED_CONSTEXPRS, num_warps=4,
+                                                  num_stages=2)
+        return out
+    reference, split = run([]), run(["elide-uniform-masks"])
+    differing = (reference.view(torch.int32) != split.view(torch.int32)).sum().item()
+    assert differing == 0, f"differs from the unpatched kernel in {differing} elements"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "BM{BLOCK_M}-BN{BLOCK_N}-D{D}".format(**s))
+def test_dkdv_matches_the_unpatched_kernel_bit_for_bit(shape):
+    import torch
+    import tritonpatch
+    n_ctx, head_dim = 1024, shape["D"]
+    scale = head_dim ** -0.5 * 1.4426950408889634      # softmax scale in log2 units
+    torch.manual_seed(head_dim)
+    q, k, v, do = (torch.randn(n_ctx, head_dim, device="cuda", dtype=torch.float16) for _ in range(4))
+    scores = (q.float() @ k.float().T) * scale
+    scores.masked_fill_(torch.ones_like(scores, dtype=torch.bool).tril().logical_not(), float("-inf"))
+    lse = torch.logsumexp(scores * 0.6931471805599453, 1) * 1.4426950408889634     # log2-sum-exp2 per query
+    delta = torch.randn(n_ctx, device="cuda")
+
+    def run(active):
+        dk, dv = (torch.empty(n_ctx, head_dim, device="cuda") for _ in range(2))
+        with tritonpatch.options(passes=active):
+            dkdv_kernel[(n_ctx // shape["BLOCK_N"],)](q, k, v, do, lse, delta, dk, dv, n_ctx, scale, **shape,
+                                                      num_warps=4, num_stages=2)
+        return dk, dv
+    (dk, dv), (dk_split, dv_split) = run([]), run(["elide-uniform-masks"])
+    assert torch.isfinite(dk).all() and torch.isfinite(dv).all()
+    for name, want, got in (("dK", dk, dk_split), ("dV", dv, dv_split)):
+        differing = (want.view(torch.int32) != got.view(torch.int32)).sum().item()
+        assert differing == 0, f"{shape}: {name} differs from the unpatched kernel in {differing} elements"
