@@ -100,9 +100,15 @@ def compile_with(passes, fn=masked_loop_kernel, signature=LOOP_SIGNATURE, conste
     return compiled, reports, [w for w in caught if "tritonpatch" in str(w.message)]
 
 
+PTXAS_CRASHES_ON_SPLIT_LOOPS = triton.__version__.startswith("3.8.")
+
+
 def compile_like_a_launch(fn, signature, constexprs, passes, num_stages=2):
     """Compile for sm_90 with the specialization a GPU launch gives (pointers and integer
-    arguments divisible by 16), so loads are pipelined as on the device."""
+    arguments divisible by 16), so loads are pipelined as on the device. Under Triton 3.8 the
+    ptxas it ships (CUDA 12.9) crashes (SIGSEGV) on some split loops; the compile then falls back
+    to the unpatched kernel with a warning, and the test is an expected failure (docs/passes.md,
+    tests/data/ptxas_wgmma_wait_crash.ptx)."""
     from triton.compiler import ASTSource
     from tritonpatch.targets import parse_target
     names = list(fn.arg_names)
@@ -112,7 +118,10 @@ def compile_like_a_launch(fn, signature, constexprs, passes, num_stages=2):
         warnings.simplefilter("always")
         compiled = triton.compile(ASTSource(fn=fn, signature=full, constexprs=constexprs, attrs=attrs),
                                   target=parse_target("sm_90"), options={"num_warps": 4, "num_stages": num_stages})
-    assert not [w for w in caught if "tritonpatch" in str(w.message)]
+    messages = [str(w.message) for w in caught if "tritonpatch" in str(w.message)]
+    if PTXAS_CRASHES_ON_SPLIT_LOOPS and any("cubin stage" in m and "error code -11" in m for m in messages):
+        pytest.xfail("ptxas of Triton 3.8 (CUDA 12.9) crashes on this split loop (known ptxas bug)")
+    assert not messages
     return compiled
 
 
