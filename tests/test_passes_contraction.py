@@ -60,7 +60,7 @@ def test_dkdv_copies_keep_the_floating_point_work(shape):
 
 @triton.jit
 def shared_product_kernel(Q, K, V, Shift, Out, N_CTX, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          D: tl.constexpr, QUOTIENT: tl.constexpr = False):
+                          D: tl.constexpr, QUOTIENT: tl.constexpr):
     """A scaled score with a second user besides the mask's select (``s + 1``): the multiply must
     stay as it is for that user, so the copy puts an exact ``add.rn.f32 x, -0.0`` where the
     select sat. With ``QUOTIENT`` the score is divided instead."""
@@ -83,7 +83,7 @@ def shared_product_kernel(Q, K, V, Shift, Out, N_CTX, scale, BLOCK_M: tl.constex
 
 SHARED_SIGNATURE = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "Shift": "*fp32", "Out": "*fp32", "N_CTX": "i32",
                     "scale": "fp32"}
-SHARED_CONSTEXPRS = {"BLOCK_M": 64, "BLOCK_N": 32, "D": 32}
+SHARED_CONSTEXPRS = {"BLOCK_M": 64, "BLOCK_N": 32, "D": 32, "QUOTIENT": False}
 _NEGATIVE_ZERO_ADD = re.compile(r"\bFADD\S* R\d+, -RZ, R\d+")     # add.rn.f32 x, -0.0 as ptxas writes it
 
 
