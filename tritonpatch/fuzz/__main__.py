@@ -1,0 +1,66 @@
+"""``python -m tritonpatch.fuzz``: the differential fuzzer of the mask passes (see docs/fuzzing.md)."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from .run import PIPELINES, REFERENCE, SAMPLES, pass_names, run, summary, write_log
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m tritonpatch.fuzz",
+        description="Differential fuzzer of tritonpatch's mask passes: random loop kernels compiled unpatched and "
+                    "with every pass combination; static checks of the rewritten loops (CPU), bitwise output "
+                    "comparison (--gpu).")
+    parser.add_argument("--seed", type=int, default=0, help="first kernel seed (default 0)")
+    parser.add_argument("--kernels", type=int, default=24, help="number of kernels: seeds SEED .. SEED+N-1 "
+                                                                 "(default 24)")
+    parser.add_argument("--pipeline", action="append", metavar="P",
+                        help=f"a pass combination such as skip, elide+hoist, skip+elide+hoist (repeatable; "
+                             f"default: all {len(PIPELINES)}); the unpatched reference always runs")
+    parser.add_argument("--gpu", action="store_true",
+                        help="also launch every case on the GPU and compare outputs bit for bit (without it: "
+                             "compile-only for sm_90, the dry run)")
+    parser.add_argument("--jobs", type=int, default=None, help="compile processes (default: CPU count)")
+    parser.add_argument("--samples", type=int, default=SAMPLES,
+                        help=f"runtime-argument samples per kernel for the static checks (default {SAMPLES})")
+    parser.add_argument("--log", metavar="PATH", help="write the whole run (cases, findings, summary) as JSON")
+    parser.add_argument("--show", action="store_true",
+                        help="print each kernel's source and every case's outcome (for reproducing a finding)")
+    args = parser.parse_args(argv)
+    if args.kernels < 1:
+        parser.error("--kernels must be at least 1")
+    pipelines = args.pipeline or list(PIPELINES)
+    for pipeline in pipelines:
+        if pipeline == REFERENCE:
+            parser.error(f"{REFERENCE!r} always runs; name pass combinations with --pipeline")
+        try:
+            pass_names(pipeline)
+        except ValueError as exc:
+            parser.error(str(exc))
+    args.pipelines = pipelines
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.gpu:
+        import torch
+        if not torch.cuda.is_available():
+            print("--gpu needs a CUDA GPU; run without --gpu for the compile-only checks", file=sys.stderr)
+            return 2
+    result = run(range(args.seed, args.seed + args.kernels), args.pipelines, gpu=args.gpu, jobs=args.jobs,
+                 samples=args.samples, show=args.show)
+    print(summary(result))
+    if args.log:
+        command = "python -m tritonpatch.fuzz " + " ".join(shlex.quote(a) for a in (argv if argv is not None
+                                                                                     else sys.argv[1:]))
+        write_log(result, args.log, command)
+        print(f"log: {args.log}")
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
