@@ -35,6 +35,7 @@ DEADLY = [
     ("lsr-complexity-limit", 1),                   # assertion in LoopStrengthReduce (abort)
     ("enable-gvn-memoryssa", True),                # assertion in GVN (abort)
     ("enable-implicit-null-checks", True),         # UNREACHABLE in MachineFunctionPass (abort)
+    ("disable-fp-call-folding", True),             # SIGSEGV (3.9)
     ("view-isel-dags", True),                      # starts a graph viewer
     ("exec-on-ir-change", "x"),                    # runs a program after every changing pass
     ("info-output-file", "x"),                     # writes a file
@@ -117,6 +118,12 @@ def test_allowance_is_process_wide_or_for_a_block():
 def test_callback_options_cannot_be_allowed():
     with pytest.raises(OptionTypeError, match="cannot be allowed: setting it runs a callback"):
         llvm.allow_unsafe_options("opt-bisect-limit")
+
+
+def test_options_that_crash_on_purpose_are_refused():
+    """Test aids of Triton 3.9's LLVM (``codegen-pipeline-trigger-crash``, ...) abort when switched on."""
+    for option in llvm.list_options("*trigger-crash"):
+        assert llvm.unsafe_reason(option.name) is not None, option.name
 
 
 def test_codegen_tuning_options_are_not_refused():

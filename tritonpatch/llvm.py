@@ -316,6 +316,8 @@ _UNSAFE_RULES = tuple((re.compile(pattern), types, reason) for pattern, types, r
     (r"^enable-gvn-memoryssa$", _ANY_TYPE, "switched on, it trips an assertion in GVN"),
     (r"^enable-implicit-null-checks$", _ANY_TYPE,
      "switched on, it aborts LLVM (the pass's machine-function property check fails on NVPTX)"),
+    (r"^disable-fp-call-folding$", _ANY_TYPE, "switched on, it crashes LLVM (Triton 3.9)"),
+    (r"(^|-)trigger-crash$", _ANY_TYPE, "it makes LLVM crash on purpose (a test aid)"),
     (r"(^|-)(print|dump|debug|debugify|stats|remarks|verbose)(-|$)|^(aa-trace|time-passes|track-memory)$", _ANY_TYPE,
      "it is an LLVM debugging aid: it prints LLVM's internals (to stderr or files) during every compile, "
      "or changes debug-info emission"),
