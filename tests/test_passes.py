@@ -377,6 +377,9 @@ def test_a_rewrite_that_cannot_take_effect_is_neither_emitted_nor_reported(caplo
     assert counts(reports, "elide-uniform-masks") == {"loops_split": 0}
     assert any("never provably all-false" in m for m in pass_log(caplog, "skip-masked-blocks")), caplog.text
     assert any("never provably uniform" in m for m in pass_log(caplog, "elide-uniform-masks")), caplog.text
+    notes = {r.name: r.notes for r in reports}             # the same reasons reach collect_reports()
+    assert any("never provably all-false" in n for n in notes["skip-masked-blocks"]), notes
+    assert any("never provably uniform" in n for n in notes["elide-uniform-masks"]), notes
 
 
 def test_a_mask_never_all_true_gets_no_all_true_loop(caplog):

@@ -60,19 +60,34 @@ class PassInfo:
 
 @dataclass
 class PassReport:
-    """What one pass did to one module: the stage, the kernel, the counts, and whether the
-    stage's result was kept (False when the stage fell back to the unpatched IR)."""
+    """What one pass did to one module: the stage, the kernel, the counts, the pass's notes (why it
+    left a loop or a select as it is, see :func:`note`), and whether the stage's result was kept
+    (False when the stage fell back to the unpatched IR)."""
     name: str
     stage: str
     kernel: str
     counts: dict[str, int] = field(default_factory=dict)
     kept: bool = True
+    notes: tuple[str, ...] = ()
 
 
 _REGISTRY: dict[str, PassInfo] = {}
 _IMPLEMENTATION_TAGS: dict[tuple, str] = {}  # pass specs -> implementation_tag(specs); cleared on (un)registering
 generation = 0  # counts registrations and removals: cached cache tags are stale once it moves
 _COLLECTORS: contextvars.ContextVar[tuple[list, ...]] = contextvars.ContextVar("tritonpatch_pass_reports", default=())
+_NOTES: contextvars.ContextVar[list | None] = contextvars.ContextVar("tritonpatch_pass_notes", default=None)
+
+
+def note(message: str) -> None:
+    """Called by a running pass: say why it left a loop or a select as it is (or what limited it).
+    The message joins that pass's :class:`PassReport` ``notes`` and is logged with the kernel's name
+    (logger ``tritonpatch.passes``, INFO: ``TRITONPATCH_LOG=info``). Outside a pass run it is only
+    logged."""
+    notes = _NOTES.get()
+    if notes is None:
+        logger.info("%s", message)
+    else:
+        notes.append(message)
 
 
 def register_pass(name: str, stage: str, description: str, options: Mapping[str, PassOption] | None = None,
@@ -342,10 +357,15 @@ def apply_stage_passes(stage: str, module, specs: Sequence[PassSpec], *, strict:
         for spec in selected:
             info = pass_info(spec[0])
             try:
-                new_text, counts = info.run(text, resolved_options(spec))
+                notes: list[str] = []
+                token = _NOTES.set(notes)
+                try:
+                    new_text, counts = info.run(text, resolved_options(spec))
+                finally:
+                    _NOTES.reset(token)
             except Exception as exc:  # noqa: BLE001 - any failure of a pass means: fall back
                 raise PassError(f"pass {info.name!r} failed on kernel {kernel!r}: {type(exc).__name__}: {exc}") from exc
-            reports.append(PassReport(info.name, stage, kernel, dict(counts)))
+            reports.append(PassReport(info.name, stage, kernel, dict(counts), notes=tuple(notes)))
             if new_text != text:
                 try:
                     parse_module(new_text, module.context)
@@ -377,6 +397,8 @@ def _publish(reports: list[PassReport]) -> None:
         logger.info("pass %s (%s) on %s: %s%s", report.name, report.stage, report.kernel,
                     ", ".join(f"{k}={v}" for k, v in sorted(report.counts.items())) or "no change",
                     "" if report.kept else " (discarded: stage fell back)")
+        for message in report.notes:
+            logger.info("%s: %s (kernel %s)", report.name, message, report.kernel)
         for collector in _COLLECTORS.get():
             collector.append(report)
 
@@ -405,6 +427,6 @@ def source_digest() -> str:
 
 
 __all__ = ["PassSpec", "PassOption", "PassInfo", "PassReport", "STAGES", "register_pass", "unregister_pass",
-           "available_passes", "pass_info", "pass_stage", "parse_pass_spec", "validate_pass_spec",
+           "note", "available_passes", "pass_info", "pass_stage", "parse_pass_spec", "validate_pass_spec",
            "resolved_options", "collect_reports", "StageOutcome", "apply_stage_passes", "run_stage_passes",
            "parse_module", "source_digest", "implementation_digest", "implementation_tag"]

@@ -15,7 +15,7 @@ operand, such as the ``q @ k`` of an all-false tile) vanish from the uniform loo
 never be non-empty for the mask (:func:`.iterations.possible_runs`) gets no loop, and a loop left
 with no uniform run is not rewritten; the bounds stay inside the loop's range, so an empty or
 reversed range runs nothing in any of the loops. Every loop or select left as it is gets its
-reason logged (logger ``tritonpatch.passes``, INFO).
+reason in the pass's report notes (``tritonpatch.passes.note``; logged at INFO).
 
 Bitwise exactness: every iteration computes the values the unpatched kernel computes (the select
 would have returned exactly the operand that replaces it). The one way low bits could change is
@@ -44,15 +44,14 @@ does the floating-point work of the unpatched loop.
 """
 from __future__ import annotations
 
-import logging
 import re
 
-from .ir import (NAME_END, Module, TensorType, base_name, is_movable, parse_for, parse_type, split_top_level, type_of,
+from . import note
+from .ir import (NAME_END, Module, TensorType, base_name, is_movable, parse_for, parse_type, split_top_level,
                  without_attribute)
 from .iterations import NARROWED, constant_step, iteration_bound, possible_runs, scalars_fixed_in_loop, segment_counts
 from .masks import Analysis, IROps
 
-logger = logging.getLogger("tritonpatch.passes")
 _CHAIN_OPS = ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "arith.negf")
 _REGISTER_MOVES = {"f32": ("mov.b32 $0, $1;", "r"), "f16": ("mov.b16 $0, $1;", "h"),
                    "bf16": ("mov.b16 $0, $1;", "h"), "f64": ("mov.b64 $0, $1;", "l")}
@@ -305,19 +304,19 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
     texts = [l.text for l in module.lines]
     module.replace(texts[:loop] + emitted + texts[module.end_of(loop) + 1:])
     for refusal in refusals:
-        logger.info("elide-uniform-masks: loop %s: %s; split without it", head.iv, refusal)
+        note(f"loop {head.iv}: {refusal}; split without it")
     return emitted
 
 
 def run(text: str, options) -> tuple[str, dict[str, int]]:
     """Split every loop (innermost first) on its first analysable select; log why each loop or
-    select was left as it is (logger ``tritonpatch.passes``, INFO)."""
+    select was left as it is (``tritonpatch.passes.note``)."""
     module = Module(text)
     counts = {"loops_split": 0}
     for loop in module.loops():
         if not any(select_parts(module, index) for index in module.children(loop)):
-            logger.info("elide-uniform-masks: loop %s (line %d) left as it is: its body has no tensor select "
-                        "(tl.where)", parse_for(module.lines[loop]).iv, loop + 1)
+            note(f"loop {parse_for(module.lines[loop]).iv} (line {loop + 1}) left as it is: its body has no tensor "
+                 "select (tl.where)")
     done: set[str] = set()
     while True:
         candidates = ((loop, index) for loop in reversed(module.loops()) for index in module.children(loop)
@@ -329,8 +328,7 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
         done.add(name)
         outcome = split_loop(module, loop, select, options["max_atoms"], options["all_false_loops"])
         if isinstance(outcome, str):
-            logger.info("elide-uniform-masks: loop %s (line %d) not split on %s: %s",
-                        parse_for(module.lines[loop]).iv, loop + 1, name, outcome)
+            note(f"loop {parse_for(module.lines[loop]).iv} (line {loop + 1}) not split on {name}: {outcome}")
         else:
             done.update(parse_line_results(outcome, "arith.select"))
             counts["loops_split"] += 1

@@ -22,7 +22,8 @@ half-lines; the pass computes, before the loop, the longest prefix and suffix of
 which the whole mask is all-false (as runtime scalars) and runs the loop on the rest only. The
 new bounds never leave the original range (an empty or reversed range keeps its bounds). The
 loop stays an ``scf.for`` with a constant step, so Triton's software pipelining still applies.
-Every loop the pass leaves alone gets its reason logged (logger ``tritonpatch.passes``, INFO).
+Every loop the pass leaves alone gets its reason in the pass's report notes
+(``tritonpatch.passes.note``; logged at INFO).
 
 Exactness: an all-false iteration computes ``m' = max(m, -inf) = m``, ``alpha = exp2(m - m') = 1``,
 ``p = exp2(-inf - m') = 0``, ``l' = l * 1 + 0 = l``, ``acc' = acc * 1 + 0 @ v = acc``: identical
@@ -32,9 +33,9 @@ output is finite, up to the sign of a zero accumulator (``-0 + 0 = +0``).
 """
 from __future__ import annotations
 
-import logging
 import re
 
+from . import note
 from .elide import select_parts
 from .ir import (Module, TensorType, base_name, has_side_effect, int_width, parse_for, parse_type, type_of,
                  with_attribute)
@@ -42,7 +43,6 @@ from .iterations import (NARROWED, PrefixSuffix, constant_step, iteration_bound,
                          possible_runs, scalars_fixed_in_loop, smax, smin, trip_count)
 from .masks import Analysis, IROps, Mask
 
-logger = logging.getLogger("tritonpatch.passes")
 NEG_INF, ZERO, ONE, POSITIVE = ("-inf",), ("0",), ("1",), ("+",)
 _NEG_INF_BITS = {"0xFF800000", "0xFC00", "0xFF80", "0xFFF0000000000000"}
 
@@ -317,5 +317,5 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
         if reason is None:
             counts["loops_narrowed"] += 1
         else:
-            logger.info("skip-masked-blocks: %s left as it is: %s", where, reason)
+            note(f"{where} left as it is: {reason}")
     return (module.text() if any(counts.values()) else text), counts
