@@ -10,7 +10,7 @@ import importlib
 __version__ = "0.1.0"
 
 from .errors import (NativeUnavailableError, OptionTypeError, PassError, PipelineError, TritonpatchError,
-                     UnknownOptionError)
+                     UnknownOptionError, UnsafeOptionError)
 
 _LAZY = {
     "Pipeline": "pipeline", "options": "pipeline", "use_pipeline": "pipeline", "current_pipeline": "pipeline",
@@ -20,8 +20,8 @@ _LAZY = {
 
 __all__ = [
     "Pipeline", "options", "use_pipeline", "current_pipeline", "install", "uninstall", "installed",
-    "TritonpatchError", "NativeUnavailableError", "UnknownOptionError", "OptionTypeError", "PipelineError",
-    "PassError", "jit", "autotune",
+    "TritonpatchError", "NativeUnavailableError", "UnknownOptionError", "OptionTypeError", "UnsafeOptionError",
+    "PipelineError", "PassError", "jit", "autotune",
 ]
 
 

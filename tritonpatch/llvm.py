@@ -133,10 +133,12 @@ def _open_registry():
         return _native.Registry(libtriton.__file__)
     except RuntimeError as exc:
         import triton
+        # A library replaced on disk is a fact about this process, not about the Triton version.
+        support = "" if "no longer the file loaded" in str(exc) else (
+            " Supported: triton 3.6.0 to 3.9.0 with an unstripped libtriton.so;")
         raise NativeUnavailableError(
-            f"LLVM options are unavailable with triton {triton.__version__} "
-            f"({libtriton.__file__}): {exc}. Supported: triton 3.6.0 to 3.9.0 with an unstripped "
-            "libtriton.so; the rest of tritonpatch works without this.") from exc
+            f"LLVM options are unavailable with triton {triton.__version__} ({libtriton.__file__}): {exc}."
+            f"{support} the rest of tritonpatch works without this.") from exc
 
 
 def available() -> bool:
