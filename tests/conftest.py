@@ -1,12 +1,46 @@
-"""Shared pytest setup: GPU tests skip without CUDA; compile tests never reuse a cached kernel."""
+"""Shared pytest setup: a private Triton cache for the run, GPU tests skip without CUDA (and the
+summary says how many and how to run them), compile tests never reuse a cached kernel."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests import compile_helpers
+
+
+GPU_SKIP_REASON = "needs a CUDA GPU (run on the device machine)"
+
+
+def pytest_configure(config):
+    """Compile into a private Triton cache and keep tuning decisions in a private directory (both
+    removed at the end), unless the caller chose them: the suite never reads stale kernels from,
+    or grows, the user's ~/.triton/cache and ~/.cache/tritonpatch. Child processes inherit them."""
+    private = {"TRITON_CACHE_DIR": "triton-cache", "TRITONPATCH_TUNING_CACHE": "tuning"}
+    if any(name not in os.environ for name in private):
+        root = tempfile.mkdtemp(prefix="tritonpatch-tests-")
+        config._tritonpatch_private_root = root
+        for name, folder in private.items():
+            os.environ.setdefault(name, os.path.join(root, folder))
+
+
+def pytest_unconfigure(config):
+    root = getattr(config, "_tritonpatch_private_root", None)
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line saying how many tests skipped for want of a GPU, and how to run them."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    gpu = sum(1 for report in skipped if GPU_SKIP_REASON in str(report.longrepr))
+    if gpu:
+        terminalreporter.write_line(
+            f"{gpu} of {len(skipped)} skipped tests need a CUDA GPU: on a GPU machine run "
+            "`python -m pytest -m gpu` (the rest say why with -rs)")
 
 
 def _cuda_available() -> bool:
@@ -20,7 +54,7 @@ def _cuda_available() -> bool:
 def pytest_collection_modifyitems(config, items):
     if _cuda_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")
+    skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
