@@ -42,6 +42,15 @@ def test_one_seed_gives_one_kernel_and_the_seeds_cover_the_pieces():
         assert atom in sources, atom
 
 
+def test_a_seed_gives_the_same_kernel_in_every_process():
+    """The compiling processes regenerate kernels from their seeds: no hash-order dependence."""
+    code = "from tritonpatch.fuzz import generate; import hashlib; " \
+           "print(hashlib.sha256(''.join(generate(s).source for s in range(60)).encode()).hexdigest())"
+    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": str(hash_seed)}).stdout for hash_seed in (1, 2)}
+    assert len(digests) == 1
+
+
 def test_sampled_bounds_include_empty_reversed_and_ragged_ranges():
     kinds = Counter()
     for seed in range(200):
@@ -320,6 +329,48 @@ def test_command_line_rejects_an_unknown_pass(capsys):
     with pytest.raises(SystemExit):
         main(["--pipeline", "skip+fold"])
     assert "unknown pass 'fold'" in capsys.readouterr().err
+
+
+def test_gpu_mode_runs_with_a_simulated_device(monkeypatch):
+    """The --gpu path up to the launch itself (which needs a GPU): every case is loaded from the
+    run's cache and compared; a launch that raises is a finding, and one that leaves the device
+    unusable stops the comparisons without stopping the run."""
+    import importlib
+
+    from triton.backends.compiler import GPUTarget
+
+    runner = importlib.import_module("tritonpatch.fuzz.run")     # (the package's name ``run`` is the function)
+    monkeypatch.setattr(runner, "_device_target", lambda: GPUTarget("cuda", 90, 32))
+    launched = []
+
+    def same_outputs(kernel, compiled, initial):
+        launched.append(kernel.seed)
+        return {b.name: initial[b.name].clone() for b in kernel.buffers if b.role != "input"}
+    monkeypatch.setattr(runner, "launch", same_outputs)
+    result = run([101, 102], ["skip", "elide+hoist"], gpu=True, jobs=2)
+    assert result.ok and all(c.compared for c in result.cases if c.pipeline != REFERENCE), summary(result)
+    assert sorted(launched) == [101] * 4 + [102] * 4               # the reference twice, each pipeline once
+
+    def patched_ones_fail(kernel, compiled, initial):
+        if compiled.asm["ttir"] != result_ttir[kernel.seed]:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return same_outputs(kernel, compiled, initial)
+    monkeypatch.setattr(runner, "launch", patched_ones_fail)
+    result_ttir = {}
+    original_compile = runner.compile_case
+
+    def remember_reference(kernel, pipeline, directory, target):
+        compiled, record = original_compile(kernel, pipeline, directory, target)
+        if pipeline == REFERENCE:
+            result_ttir[kernel.seed] = compiled.asm["ttir"]
+        return compiled, record
+    monkeypatch.setattr(runner, "compile_case", remember_reference)
+    result = run([101, 102], ["skip", "elide"], gpu=True, jobs=2)
+    kinds = Counter(f.kind for f in result.findings)
+    assert kinds == {"launch-error": 1}, summary(result)           # no CUDA here: the device counts as lost
+    failed = result.findings[0]
+    assert not next(c for c in result.cases if (c.seed, c.pipeline) == (failed.seed, failed.pipeline)).compared
+    assert len(result.cases) == 6                                  # every case still checked statically
 
 
 @pytest.mark.gpu

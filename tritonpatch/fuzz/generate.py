@@ -54,6 +54,10 @@ class Select:
 
 @dataclass
 class Kernel:
+    """One generated kernel: its source and how to compile and launch it (signature, constexprs,
+    options, launch values, buffers, grid), and what the static checks need: the pools the runtime
+    scalars are sampled from, the selects' masks and the tile geometry to evaluate them on, the
+    loop's side effects."""
     seed: int
     family: str
     name: str
@@ -70,7 +74,6 @@ class Kernel:
     rows_axis: str                       # "q": the program's rows are queries (forward); "kv": keys
     tile: tuple[int, int]                # (rows per program, columns per iteration)
     index_width: int                     # 64 where the mask's index tensors are cast to int64
-    loop_line: int                       # source line of the loop (locations in the IR point there)
     loop_effects: tuple[str, ...] = ()   # what makes every iteration observable (side effects, trip count)
     table: tuple[int, ...] = ()
     used_scalars: tuple[str, ...] = ()   # the scalar parameters the body reads (the others stay unused)
@@ -119,7 +122,6 @@ class _Draft:
     masks: list = field(default_factory=list)
     loop_effects: list = field(default_factory=list)
     lines: list = field(default_factory=list)
-    loop_line: int = 0
 
     def scalar(self, name: str, kind: str, launch, pool) -> str:
         if name not in self.scalars:
@@ -231,6 +233,7 @@ def _scale(d: _Draft) -> str:
 
 # --- side effects -------------------------------------------------------------------------------------
 def _effects_before_loop(d: _Draft, effects: set[str]) -> None:
+    """The iteration counter ``it`` and the linear program id the effects index with."""
     d.loop_effects += sorted(effects)
     d.features += [f"effect-{effect}" for effect in sorted(effects)]
     if effects & {"tile_log", "iteration_bits", "trip_count"}:
@@ -240,6 +243,7 @@ def _effects_before_loop(d: _Draft, effects: set[str]) -> None:
 
 
 def _effects_in_loop(d: _Draft, effects: set[str], programs: int, rows: str, rows_value: int, tile_var: str) -> None:
+    """The per-iteration side effects (at the end of the body) and their buffers."""
     if "counter" in effects:
         d.buffer("COUNTER", "i32", (programs,), "effect", "zeros")
         d.line(2, "tl.atomic_add(COUNTER + pid_lin, 1)")
@@ -277,6 +281,7 @@ _EFFECTS = ("counter", "tile_log", "iteration_bits", "trip_count")
 
 
 def _choose_effects(rng) -> set[str]:
+    """None (most kernels: so that skip-masked-blocks can apply), or one or two effects."""
     if rng.random() < 0.65:
         return set()
     return set(rng.sample(_EFFECTS, rng.choice((1, 1, 2))))
@@ -309,7 +314,6 @@ def _attention_fwd(d: _Draft, sizes: dict) -> None:
     effects = _choose_effects(rng)
     _effects_before_loop(d, effects)
     d.line(1, _loop_bounds(d, "N_KV", n_kv, "BM", sizes["BM"], "BN", sizes["BN"]))
-    d.loop_line = len(d.lines)
     _columns(d, "BN", "N_KV", "kv", sizes["index_width"])
     d.line(2, "k = tl.load(K + off_b * N_KV * D + offs_c[None, :] * D + offs_d[:, None], mask=col_in[None, :], "
               "other=0.0)")
@@ -365,7 +369,6 @@ def _attention_bwd(d: _Draft, sizes: dict) -> None:
     effects = _choose_effects(rng)
     _effects_before_loop(d, effects)
     d.line(1, _loop_bounds(d, "N_Q", n_q, "BN", sizes["BN"], "BM", sizes["BM"]))
-    d.loop_line = len(d.lines)
     _columns(d, "BM", "N_Q", "q", sizes["index_width"])
     d.line(2, "qT = tl.load(Q + off_b * N_Q * D + offs_c[None, :] * D + offs_d[:, None], mask=col_in[None, :], "
               "other=0.0)")
@@ -412,7 +415,6 @@ def _masked_matmul(d: _Draft, sizes: dict) -> None:
     effects = _choose_effects(rng)
     _effects_before_loop(d, effects)
     d.line(1, _loop_bounds(d, "N_KV", n_kv, "BM", sizes["BM"], "BN", sizes["BN"]))
-    d.loop_line = len(d.lines)
     _columns(d, "BN", "N_KV", "kv", sizes["index_width"])
     d.line(2, "k = tl.load(K + off_b * N_KV * D + offs_c[None, :] * D + offs_d[:, None], mask=col_in[None, :], "
               "other=0.0)")
@@ -443,7 +445,6 @@ def _row_reduce(d: _Draft, sizes: dict) -> None:
     effects = _choose_effects(rng)
     _effects_before_loop(d, effects)
     d.line(1, _loop_bounds(d, "N_KV", n_kv, "BM", sizes["BM"], "BN", sizes["BN"]))
-    d.loop_line = len(d.lines)
     _columns(d, "BN", "N_KV", "kv", sizes["index_width"])
     d.line(2, "x = tl.load(X + off_b * N_Q * N_KV + offs_r[:, None] * N_KV + offs_c[None, :], "
               "mask=row_in[:, None] & col_in[None, :], other=0.0).to(tl.float32)")
@@ -535,7 +536,6 @@ def generate(seed: int) -> Kernel:
     source_lines = ["import triton", "import triton.language as tl", "", "",
                     f"# tritonpatch pass fuzzer, seed {seed}: {family}, {dtype}, BM={bm} BN={bn} D={dim}",
                     "@triton.jit", f"def {name}({header}):"]
-    first_body_line = len(source_lines) + 1
     source = "\n".join(source_lines + d.lines) + "\n"
     options = {"num_warps": rng.choice((4, 4, 8)), "num_stages": rng.choice((1, 2, 2, 3))}
     scalars = {n: d.scalars.get(n, 1.0 if t == "fp32" else 0) for n, t in params if not t.startswith("*")}
@@ -546,6 +546,6 @@ def generate(seed: int) -> Kernel:
                   pools=pools, buffers=d.buffers, grid=grid, options=options, features=features, selects=d.selects,
                   rows_axis="kv" if family == "attention_bwd" else "q",
                   tile=(bn, bm) if family == "attention_bwd" else (bm, bn),
-                  index_width=sizes["index_width"], loop_line=first_body_line + d.loop_line - 1,
+                  index_width=sizes["index_width"],
                   loop_effects=tuple(d.loop_effects), table=table,
                   used_scalars=tuple(n for n in SCALAR_KINDS if n in d.scalars and _reads(d.lines, n)))

@@ -44,6 +44,7 @@ REFERENCE = "unpatched"
 PIPELINES = tuple("+".join(combo) for size in (1, 2, 3) for combo in itertools.combinations(PASSES, size))
 SAMPLES = 24            # runtime-argument assignments per kernel for the static checks
 DROPPED_CHECKED = 8     # leading / trailing dropped iterations whose masks are evaluated
+SM90_SHARED_MEMORY = 232448   # bytes of shared memory one block may use on sm_90 (H100 / H200)
 
 
 def pass_names(pipeline: str) -> list[str]:
@@ -70,6 +71,7 @@ class Compiled:
     reports: list = field(default_factory=list)       # (pass, counts, kept)
     messages: list = field(default_factory=list)
     ttir: str = ""
+    shared: int = 0                                     # bytes of shared memory the kernel needs
 
 
 _MODULES: dict[str, object] = {}
@@ -129,7 +131,8 @@ def compile_case(kernel: Kernel, pipeline: str, directory: str, target):
                 status = _fallback_status(text)
     result = Compiled(kernel.seed, pipeline, status, time.perf_counter() - start,
                       [(r.name, dict(r.counts), r.kept) for r in reports], messages,
-                      compiled.asm.get("ttir", "") if compiled is not None else "")
+                      compiled.asm.get("ttir", "") if compiled is not None else "",
+                      compiled.metadata.shared if compiled is not None else 0)
     return compiled, result
 
 
@@ -194,6 +197,10 @@ def static_findings(kernel: Kernel, reference: Compiled, case: Compiled, samples
         kind = {"error": "compile-error", "crash": "pass-crash", "backend-crash": "backend-crash"}[case.status]
         findings.append(Finding(kernel.seed, case.pipeline, kind, "; ".join(case.messages)[:1500]))
         return findings, 0
+    if case.shared > SM90_SHARED_MEMORY >= reference.shared:
+        findings.append(Finding(kernel.seed, case.pipeline, "shared-memory",
+                                f"the patched kernel needs {case.shared} bytes of shared memory, more than an sm_90 "
+                                f"block may have ({SM90_SHARED_MEMORY}); the unpatched kernel needs {reference.shared}"))
     if not case.ttir or not reference.ttir:
         return findings, 0
     original, patched = ScalarProgram(reference.ttir), ScalarProgram(case.ttir)
@@ -374,6 +381,7 @@ def run(seeds, pipelines=PIPELINES, *, gpu: bool = False, jobs: int | None = Non
     cases, findings = [], []
     pending = defaultdict(dict)
     launch_seconds = compared = 0
+    device_lost = False
     last_print = time.perf_counter()
     if show:
         for kernel in kernels.values():
@@ -384,9 +392,16 @@ def run(seeds, pipelines=PIPELINES, *, gpu: bool = False, jobs: int | None = Non
             if len(pending[result.seed]) == len(pipelines) + 1:
                 kernel = kernels[result.seed]
                 kernel_cases, kernel_findings = _check_kernel(kernel, pending.pop(result.seed), pipelines, samples)
-                if gpu and kernel_cases[0].status != "error":
+                if gpu and not device_lost and kernel_cases[0].status != "error":
                     t = time.perf_counter()
-                    kernel_findings += _compare_kernel(kernel, kernel_cases, kernel_dir, target, out if show else None)
+                    try:
+                        kernel_findings += _compare_kernel(kernel, kernel_cases, kernel_dir, target,
+                                                           out if show else None)
+                    except DeviceLost as lost:
+                        kernel_findings += lost.findings
+                        device_lost = True
+                        print(f"[fuzz] seed {kernel.seed}: the GPU is unusable after a failed launch ({lost}); "
+                              f"the remaining kernels are only checked statically", file=out, flush=True)
                     launch_seconds += time.perf_counter() - t
                     compared += sum(c.compared for c in kernel_cases)
                 cases += kernel_cases
@@ -496,8 +511,20 @@ def _check_kernel(kernel: Kernel, results: dict, pipelines, samples: int):
     return cases, findings
 
 
+class DeviceLost(Exception):
+    """A launch left the CUDA context unusable (e.g. an illegal address): no further launches."""
+
+    def __init__(self, findings: list):
+        super().__init__(findings[-1].detail)
+        self.findings = findings
+
+
 def _compare_kernel(kernel: Kernel, cases: list, kernel_dir: str, target, show_out) -> list:
-    """Launch the reference (twice: it must be deterministic) and every pipeline; compare."""
+    """Launch the reference (twice: it must be deterministic) and every pipeline; compare. A launch
+    that raises is a finding (``launch-error``; for the reference ``invalid-kernel``); one that
+    leaves the device unusable raises :class:`DeviceLost`."""
+    import torch
+
     from tritonpatch.passes import collect_reports
 
     initial = initial_tensors(kernel)
@@ -512,9 +539,21 @@ def _compare_kernel(kernel: Kernel, cases: list, kernel_dir: str, target, show_o
             print(f"  (note: {case.pipeline} was recompiled in the launching process)", file=show_out)
         if compiled is None:
             continue
-        outputs[case.pipeline] = launch(kernel, compiled, initial)
+        try:
+            outputs[case.pipeline] = launch(kernel, compiled, initial)
+            again = launch(kernel, compiled, initial) if case.pipeline == REFERENCE else None
+        except Exception as exc:  # noqa: BLE001 - out of resources, illegal address, ...
+            kind = "invalid-kernel" if case.pipeline == REFERENCE else "launch-error"
+            findings.append(Finding(kernel.seed, case.pipeline, kind, f"launch failed: {type(exc).__name__}: "
+                                                                      f"{exc}"[:1500]))
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001 - a sticky CUDA error
+                raise DeviceLost(findings) from exc
+            if case.pipeline == REFERENCE:
+                return findings
+            continue
         if case.pipeline == REFERENCE:
-            again = launch(kernel, compiled, initial)
             problem = compare(kernel, outputs[REFERENCE], again, finite_only=False)
             if problem:
                 findings.append(Finding(kernel.seed, REFERENCE, "nondeterministic-reference", problem))
