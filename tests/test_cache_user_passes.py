@@ -126,3 +126,22 @@ def test_a_callable_object_needs_a_version(monkeypatch):
     monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: hits.append(kw["cache_hit"]))
     assert compile_with_pass()
     assert hits == [False]
+
+
+def test_a_changed_option_default_changes_the_key():
+    """A Pipeline names only the options it sets; the others take the registered defaults when the
+    pass runs, so re-registering the same code with another default (or stage order) must move the
+    cache tag (it kept the old tag, and the old artifact, before)."""
+    from tritonpatch.passes import PassOption
+
+    def tags(default, order=0):
+        register_pass(NAME, "ttir", "test only", {"level": PassOption(int, default, "how hard")}, order=order)(
+            start_at_one)
+        try:
+            return tritonpatch.Pipeline(passes=[NAME]).cache_tag
+        finally:
+            unregister_pass(NAME)
+
+    assert tags(1) == tags(1)
+    assert tags(1) != tags(2)
+    assert tags(1) != tags(1, order=5)

@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import functools
 import hashlib
+import json
 import logging
 import os
 import sys
@@ -55,7 +56,7 @@ class PassInfo:
     options: Mapping[str, PassOption]
     run: Callable[[str, Mapping[str, Any]], tuple[str, dict[str, int]]]
     order: int = 0
-    digest: str = ""  # identifies the implementation (implementation_digest); joins the cache keys
+    digest: str = ""  # identifies the implementation and its registration (stage, order, option defaults)
 
 
 @dataclass
@@ -96,8 +97,9 @@ def register_pass(name: str, stage: str, description: str, options: Mapping[str,
     stage, passes run in ascending ``order`` and, for equal order, in the order they were given
     (``skip-masked-blocks`` must see the loop before ``elide-uniform-masks`` restructures it).
 
-    The cache keys of compiles with the pass follow :func:`implementation_digest` of ``run``:
-    its code, defaults and closure, and the source file of its module. Code it calls in *other*
+    The cache keys of compiles with the pass follow :func:`implementation_digest` of ``run``
+    (its code, defaults and closure, and the source file of its module) and the registration's
+    stage, order and option defaults. Code it calls in *other*
     modules is not covered: give such a pass a ``version`` string and change it whenever that code
     changes (``version`` is required when ``run`` is not a plain function)."""
     if stage not in STAGES:
@@ -112,7 +114,7 @@ def register_pass(name: str, stage: str, description: str, options: Mapping[str,
             raise ValueError(f"pass {name!r}: {run!r} is not a plain function, so its code cannot join the cache "
                              "keys; register it with version='...' and change the version whenever the pass changes")
         info = PassInfo(name, stage, description, dict(options or {}), run, order,
-                        implementation_digest(run, version))
+                        _registration_digest(run, version, stage, order, options or {}))
         _REGISTRY[name] = info
         _registry_changed()
         return run
@@ -143,6 +145,17 @@ def implementation_digest(run: Callable, version: str | None = None) -> str:
     else:
         digest.update(f"{type(run).__module__}.{type(run).__qualname__}".encode())
     return digest.hexdigest()
+
+
+def _registration_digest(run: Callable, version: str | None, stage: str, order: int,
+                         options: Mapping[str, PassOption]) -> str:
+    """:func:`implementation_digest` plus the rest of a registration that decides what a compile
+    gets: the stage and order the pass runs at, and its options' types and defaults (a Pipeline
+    names only the options it sets; the others take the registered defaults when the pass runs)."""
+    settings = {"stage": stage, "order": order,
+                "options": {key: [option.type.__name__, repr(option.default)] for key, option in sorted(options.items())}}
+    payload = json.dumps(settings, sort_keys=True)
+    return hashlib.sha256(f"{implementation_digest(run, version)}\0{payload}".encode()).hexdigest()
 
 
 def _digest_function(digest, function: types.FunctionType, seen: set) -> None:
