@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 
 import pytest
@@ -13,7 +16,7 @@ from triton import knobs
 
 import tritonpatch
 import tritonpatch.llvm as tllvm
-from pipeline_helpers import BOTH, LSR, UNROLL, compile_kernel, fresh_process_ptx, strided_sum
+from pipeline_helpers import BOTH, LSR, UNROLL, child_environment, compile_kernel, fresh_process_ptx, strided_sum
 from tritonpatch.targets import CompileOnlyDriver
 from tritonpatch import hooks
 from tritonpatch._llvm_scope import scope
@@ -365,6 +368,46 @@ def test_fork_while_another_thread_holds_options():
         release.set()
         thread.join()
     assert tllvm.get_option("disable-lsr").value is False
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_fork_while_other_threads_hold_options_and_the_llvm_lock():
+    """The child restores the options a parent thread had applied even when a third thread held
+    tritonpatch.llvm's lock at fork time. In a fresh process where the scope's fork handler is
+    registered first (the hooks import it before tritonpatch.llvm), the child used to wait for that
+    lock forever."""
+    code = textwrap.dedent("""
+        import os, sys, threading, time
+        from tritonpatch._llvm_scope import scope   # its fork handler first, as when the hooks load
+        import tritonpatch, tritonpatch.llvm as tllvm
+        settings = tritonpatch.Pipeline(disable_lsr=True).llvm
+        applied, locked, release = threading.Event(), threading.Event(), threading.Event()
+
+        def holder():
+            scope.enter(settings, ())
+            applied.set(); release.wait(30); scope.exit()
+
+        def lock_holder():
+            with tllvm._lock:
+                locked.set(); release.wait(30)
+
+        threads = [threading.Thread(target=holder), threading.Thread(target=lock_holder)]
+        threads[0].start(); applied.wait(30); threads[1].start(); locked.wait(30)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if tllvm.get_option("disable-lsr").value is False else 1)
+        deadline = time.monotonic() + 20
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, 9); os.waitpid(pid, 0); print("deadlocked"); release.set(); sys.exit(1)
+        release.set()
+        [t.join() for t in threads]
+        print("child exit", os.waitstatus_to_exitcode(done[1]), "after", tllvm.get_option("disable-lsr").value)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env=child_environment())
+    assert result.stdout.strip() == "child exit 0 after False", result.stdout + result.stderr
 
 
 def test_disable_llvm_opt_overriding_the_pipeline_warns_once(reference, monkeypatch):

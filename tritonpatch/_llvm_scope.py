@@ -139,6 +139,9 @@ class LLVMOptionScope:
             try:
                 from . import llvm
 
+                # Fork handlers run in registration order, and this one may run before llvm's own:
+                # a parent thread holding llvm's lock at fork time must not deadlock the child here.
+                llvm._reset_lock_in_child()
                 llvm.restore_options(saved)
             except Exception as exc:  # noqa: BLE001 - a child must not die for this; say what is left
                 warnings.warn(f"tritonpatch: LLVM options applied in the parent at fork time stay set in "
