@@ -1,6 +1,7 @@
 """Loops with side effects the passes cannot see through: impure inline assembly (a counter, a
 ``red.global``) in a loop body. skip-masked-blocks must keep every iteration (a dropped tile would
-drop the write) and say why; hoist-masks must leave such an op where it is."""
+drop the write) and say why, also when the asm text itself reads ``pure = true``; hoist-masks must
+leave such an op where it is."""
 from __future__ import annotations
 
 import logging
@@ -14,13 +15,14 @@ from tritonpatch.passes.ir import Module
 
 BLOCK_M, BLOCK_N, HEAD_DIM = 64, 32, 32
 _COUNT_TILE = tl.constexpr("red.global.add.u32 [$1], 1;\n\tmov.u32 $0, 0;")
+_COUNT_TILE_SAYING_PURE = _COUNT_TILE.value + "\n\t// pure = true"     # the op's attribute still says pure = false
 
 
 @triton.jit
 def counting_loop_kernel(Q, K, V, Out, Count, N_CTX, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         D: tl.constexpr):
+                         D: tl.constexpr, COUNT_ASM: tl.constexpr):
     """Causal online softmax that counts, per program, the tiles it visits with impure inline
-    assembly (one ``red.global.add`` per row of the tile)."""
+    assembly ``COUNT_ASM`` (one ``red.global.add`` per row of the tile)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
@@ -33,7 +35,7 @@ def counting_loop_kernel(Q, K, V, Out, Count, N_CTX, BLOCK_M: tl.constexpr, BLOC
         cols = start_n + offs_n
         qk = tl.dot(q, tl.load(K + cols[None, :] * D + offs_d[:, None]))
         qk = tl.where(offs_m[:, None] >= cols[None, :], qk, float("-inf"))
-        tl.inline_asm_elementwise(_COUNT_TILE, "=r,l", [counter], dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise(COUNT_ASM, "=r,l", [counter], dtype=tl.int32, is_pure=False, pack=1)
         m_ij = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.math.exp2(qk - m_ij[:, None])
         alpha = tl.math.exp2(m_i - m_ij)
@@ -44,14 +46,16 @@ def counting_loop_kernel(Q, K, V, Out, Count, N_CTX, BLOCK_M: tl.constexpr, BLOC
 
 
 COUNTING_SIGNATURE = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "Out": "*fp32", "Count": "*i32", "N_CTX": "i32"}
-CONSTEXPRS = {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "D": HEAD_DIM}
+CONSTEXPRS = {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "D": HEAD_DIM, "COUNT_ASM": _COUNT_TILE.value}
 
 
-def test_skip_refuses_a_loop_with_impure_inline_asm_and_says_why(caplog):
-    plain, _, _ = compile_with([], counting_loop_kernel, COUNTING_SIGNATURE, CONSTEXPRS)
+@pytest.mark.parametrize("asm", [_COUNT_TILE.value, _COUNT_TILE_SAYING_PURE], ids=["plain", "text-says-pure"])
+def test_skip_refuses_a_loop_with_impure_inline_asm_and_says_why(caplog, asm):
+    constexprs = {**CONSTEXPRS, "COUNT_ASM": asm}
+    plain, _, _ = compile_with([], counting_loop_kernel, COUNTING_SIGNATURE, constexprs)
     with caplog.at_level(logging.INFO, logger="tritonpatch.passes"):
         patched, reports, caught = compile_with(["skip-masked-blocks"], counting_loop_kernel, COUNTING_SIGNATURE,
-                                                CONSTEXPRS)
+                                                constexprs)
     assert not caught
     assert counts(reports, "skip-masked-blocks") == {"loops_narrowed": 0}
     assert patched.asm["ttir"] == plain.asm["ttir"]

@@ -375,6 +375,14 @@ _EFFECT_FREE_OPS = _MOVABLE_OPS + (
     "tt.make_tensor_ptr", "tt.fp_to_fp", "tt.precise_sqrt", "tt.precise_divf", "tt.mulhiui", "tt.clampf",
     "tt.get_program_id", "tt.get_num_programs", "scf.for", "scf.if", "scf.yield")
 _PURE_FLAG_OPS = ("tt.elementwise_inline_asm", "tt.extern_elementwise")   # effect-free only with ``pure = true``
+_STRING_LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"')                  # MLIR escapes quotes and backslashes
+_PURE_ATTRIBUTE = re.compile(r"[{,]\s*pure\s*=\s*true\s*[,}]")
+
+
+def declared_pure(line: Line) -> bool:
+    """Whether the op's attribute dictionary says ``pure = true``; the string attributes (the asm
+    text, a symbol name) are blanked first, so text inside them never counts."""
+    return _PURE_ATTRIBUTE.search(_STRING_LITERAL.sub('""', line.body)) is not None
 
 
 def is_movable(line: Line) -> bool:
@@ -395,7 +403,7 @@ def has_side_effect(line: Line) -> bool:
     if line.op.startswith(("arith.", "math.")):
         return False
     if line.op in _PURE_FLAG_OPS:
-        return "pure = true" not in line.body
+        return not declared_pure(line)
     if line.op in ("tt.load", "tt.descriptor_load"):
         return "isVolatile = true" in line.text
     return line.op not in _EFFECT_FREE_OPS
