@@ -160,3 +160,62 @@ def test_dkdv_matches_the_unpatched_kernel_bit_for_bit(shape):
     for name, want, got in (("dK", dk, dk_split), ("dV", dv, dv_split)):
         differing = (want.view(torch.int32) != got.view(torch.int32)).sum().item()
         assert differing == 0, f"{shape}: {name} differs from the unpatched kernel in {differing} elements"
+
+
+@triton.jit
+def see_through_kernel(Q, K, V, Row, Col, Out, N_CTX, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       D: tl.constexpr, SHAPE: tl.constexpr):
+    """A causal mask whose kept value or users pass through ops that are only register renames
+    (broadcast, transpose) or casts that LLVM moves across the select. ``SHAPE`` picks the body:
+    "broadcast" (a product broadcast to the select), "trans" (a product transposed twice),
+    "trans-then-scale" (a constant multiply after a transposed select), "cast-then-scale"
+    (an f16 select upcast, then scaled by a constant)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :])
+    r = tl.load(Row + offs_m)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for start_n in range(0, N_CTX, BLOCK_N):
+        cols = start_n + offs_n
+        causal = offs_m[:, None] >= cols[None, :]
+        if SHAPE == "broadcast":
+            kept = tl.broadcast_to((tl.load(Col + cols) * scale)[None, :], (BLOCK_M, BLOCK_N))
+            t = tl.where(causal, kept, float("-inf")) - r[:, None]
+        elif SHAPE == "trans":
+            s = tl.dot(q, tl.load(K + cols[None, :] * D + offs_d[:, None]))
+            t = tl.where(causal, tl.trans(tl.trans(s) * scale), float("-inf")) - r[:, None]
+        elif SHAPE == "trans-then-scale":
+            s = tl.dot(q, tl.load(K + cols[None, :] * D + offs_d[:, None])) * scale
+            t = tl.trans(tl.trans(tl.where(causal, s, float("-inf"))) * 2.5 - r[None, :])
+        else:
+            s = tl.load(K + offs_m[:, None] * N_CTX + cols[None, :])
+            t = tl.where(causal, s, float("-inf")).to(tl.float32) * 2.5 - r[:, None]
+        p = tl.math.exp2(t)
+        acc += tl.dot(p.to(tl.float16), tl.load(V + cols[:, None] * D + offs_d[None, :]))
+    tl.store(Out + offs_m[:, None] * D + offs_d[None, :], acc)
+
+
+SEE_THROUGH_SIGNATURE = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "Row": "*fp32", "Col": "*fp32", "Out": "*fp32",
+                         "N_CTX": "i32", "scale": "fp32"}
+
+
+@pytest.mark.parametrize("shape", ["broadcast", "trans", "trans-then-scale", "cast-then-scale"])
+def test_copies_keep_the_float_work_through_shape_and_cast_ops(shape):
+    """Every split copy that computes the softmax (an all-false copy folds exp2(-inf) away) does
+    the mixed loop's floating-point work, plus at most one ``x + -0`` per element where the
+    ``add.rn`` barrier is used: the boundary sits where LLVM sees the select, past the renames and
+    casts; where that place is not known the copy is not emitted."""
+    constexprs = {"BLOCK_M": 64, "BLOCK_N": 32, "D": 32, "SHAPE": shape}
+    split = compile_like_a_launch(see_through_kernel, SEE_THROUGH_SIGNATURE, constexprs, ["elide-uniform-masks"])
+    loops = full_loops(split)
+    most = max(loop["FSEL"] for loop in loops)
+    mixed = [loop for loop in loops if loop["FSEL"] == most]
+    copies = [loop for loop in loops if loop["FSEL"] < most and loop["MUFU"]]
+    barriers = len(_NEGATIVE_ZERO_ADD.findall(disassemble(split.asm["cubin"])))
+    assert mixed and float_work(mixed[0])["MUFU"] > 0, [dict(loop) for loop in loops]
+    for copy in copies:
+        assert float_work(mixed[0]) - float_work(copy) == {}, (shape, float_work(copy), float_work(mixed[0]))
+        extra = float_work(copy) - float_work(mixed[0])
+        assert not extra or (set(extra) == {"FADD"} and extra["FADD"] <= barriers), \
+            (shape, float_work(copy), float_work(mixed[0]))

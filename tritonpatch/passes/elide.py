@@ -24,9 +24,12 @@ add after it into an FMA, which the select prevents in the unpatched kernel. So 
 operand is a float, the copy keeps a boundary where the select sat (after the chain of
 constant-operand ops that LLVM's InstCombine moves in front of a select with a constant arm,
 ``select(m, x, -inf) * C`` -> ``select(m, x * C, -inf)``), chosen by what produces the value there
-(:func:`boundary`):
+(:func:`boundary`). Shape ops are register renames at LLVM level and InstCombine moves float casts
+across the select too, so both walks see through them; where a constant-operand op follows the
+select through one of them, or a product reaches it through a cast, no exact place for the
+boundary is known and the copy is not emitted:
 
-* an f32 multiply whose only user is the select: the multiply itself is emitted as ``mul.rn.f32``
+* an f32 multiply whose only user is the select (directly, not through a shape op): the multiply itself is emitted as ``mul.rn.f32``
   inline assembly, which neither LLVM nor ptxas contracts: the unpatched kernel's rounding, and
   the unpatched loop's instructions exactly (the select consumed the product there, so it was
   never fused);
@@ -53,6 +56,8 @@ from .iterations import NARROWED, constant_step, iteration_bound, possible_runs,
 from .masks import Analysis, IROps
 
 _CHAIN_OPS = ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "arith.negf")
+_RENAMES = ("tt.broadcast", "tt.expand_dims", "tt.splat", "tt.reshape", "tt.trans", "ttg.convert_layout")
+_CASTS = ("arith.extf", "arith.truncf")          # InstCombine moves a float cast across a select with a constant arm
 _REGISTER_MOVES = {"f32": ("mov.b32 $0, $1;", "r"), "f16": ("mov.b16 $0, $1;", "h"),
                    "bf16": ("mov.b16 $0, $1;", "h"), "f64": ("mov.b64 $0, $1;", "l")}
 _ROUNDED_MULTIPLIES = {"f32": "mul.rn.f32 $0, $1, $2;"}        # the widths whose boundaries were checked on SASS
@@ -72,15 +77,19 @@ def select_parts(module: Module, index: int):
     return operands[0], operands[1], operands[2], types[1]
 
 
-def is_constant(module: Module, name: str) -> bool:
-    """An ``arith.constant`` or the splat of one."""
+def _single_source(module: Module, name: str):
+    """The line defining ``name`` (a single-result value defined by an op), else None."""
     index = module.defs.get(base_name(name))
-    if index is None or index < 0 or "#" in name:
-        return False
-    line = module.lines[index]
-    if line.op == "tt.splat" and len(line.operands) == 1:
+    return module.lines[index] if index is not None and index >= 0 and "#" not in name else None
+
+
+def is_constant(module: Module, name: str) -> bool:
+    """An ``arith.constant``, or one seen through renames (splat, broadcast, transpose, ...) and
+    float casts: LLVM folds those into a constant."""
+    line = _single_source(module, name)
+    if line is not None and line.op in _RENAMES + _CASTS and len(line.operands) == 1:
         return is_constant(module, line.operands[0])
-    return line.op == "arith.constant"
+    return line is not None and line.op == "arith.constant"
 
 
 def substitute(text: str, old: str, new: str) -> str:
@@ -89,23 +98,49 @@ def substitute(text: str, old: str, new: str) -> str:
 
 
 # --- one specialised copy of the loop --------------------------------------------------------------
-def _constant_chain(module: Module, loop: int, start: str) -> list[int]:
+def _is_chain_op(module: Module, line, value: str) -> bool:
+    """Whether ``line`` is an elementwise float op on ``value`` whose other operands are constants:
+    an op InstCombine moves in front of a select with a constant arm."""
+    others = [o for o in line.operands if o != value]
+    return line.op in _CHAIN_OPS and len(line.results) == 1 and len(line.operands) - len(others) == 1 \
+        and all(is_constant(module, o) for o in others)
+
+
+def _chain_op_past_renames(module: Module, body: range, value: str) -> str | None:
+    """A constant-operand op reached from ``value`` through renames and casts only (at LLVM level
+    these are the select's own elements, so InstCombine may move that op in front of the select
+    too), as "op after renames"; None when there is none."""
+    for index in module.users(value, body):
+        line = module.lines[index]
+        if line.op not in _RENAMES + _CASTS or len(line.results) != 1:
+            continue
+        for user in module.users(line.results[0], body):
+            if _is_chain_op(module, module.lines[user], line.results[0]):
+                return f"{module.lines[user].op} after {line.op}"
+        deeper = _chain_op_past_renames(module, body, line.results[0])
+        if deeper is not None:
+            return f"{deeper} after {line.op}"
+    return None
+
+
+def _constant_chain(module: Module, loop: int, start: str) -> list[int] | str:
     """Lines of the ops InstCombine folds into a select with a constant arm: starting at the
     select result, each the sole user of the previous value, elementwise, its other operand a
-    constant."""
+    constant. Why no exact boundary is known when such an op follows a rename or cast
+    (``tl.trans``, ``.to(tl.float32)``): the place LLVM moves it to is not modelled."""
     chain, value = [], start
     body = range(loop + 1, module.end_of(loop))
     while True:
+        past = _chain_op_past_renames(module, body, value)
+        if past is not None:
+            return (f"the select's value reaches a constant-operand {past}, which LLVM may move in front of the "
+                    "select; no exact place for a contraction boundary is known")
         users = module.users(value, body)
-        if len(users) != 1 or module.parent_of[users[0]] != loop:
-            return chain
-        line = module.lines[users[0]]
-        others = [o for o in line.operands if o != value]
-        if line.op not in _CHAIN_OPS or len(line.results) != 1 or len(line.operands) - len(others) != 1 \
-                or not all(is_constant(module, o) for o in others):
+        if len(users) != 1 or module.parent_of[users[0]] != loop or not _is_chain_op(module, module.lines[users[0]],
+                                                                                      value):
             return chain
         chain.append(users[0])
-        value = line.results[0]
+        value = module.lines[users[0]].results[0]
 
 
 def _asm_line(result: str, asm: str, register: str, operands: list[str], type_text: str, indent: str,
@@ -119,8 +154,7 @@ def _asm_line(result: str, asm: str, register: str, operands: list[str], type_te
 
 def _is_one(module: Module, name: str) -> bool:
     """A float constant (or splat of one) equal to 1.0: LLVM folds a multiply by it away."""
-    index = module.defs.get(base_name(name))
-    line = module.lines[index] if index is not None and index >= 0 and "#" not in name else None
+    line = _single_source(module, name)
     if line is not None and line.op == "tt.splat" and len(line.operands) == 1:
         return _is_one(module, line.operands[0])
     return line is not None and line.op == "arith.constant" and bool(_ONE.match(line.body))
@@ -129,13 +163,16 @@ def _is_one(module: Module, name: str) -> bool:
 def _producer(module: Module, name: str) -> str | None:
     """"product" when ``name`` is a float multiply (not by 1.0) or its negation, "quotient" for a
     division (it may become a multiply by the reciprocal) or its negation: values ptxas may fuse
-    into a following add. None for anything else."""
-    index = module.defs.get(base_name(name))
-    if index is None or index < 0 or "#" in name:
+    into a following add. Renames (broadcast, transpose, ...) are seen through, as LLVM does;
+    "converted" for either seen through a float cast (its width differs from the select's, and
+    no boundary was checked for it). None for anything else."""
+    line = _single_source(module, name)
+    if line is None:
         return None
-    line = module.lines[index]
-    if line.op == "arith.negf" and len(line.operands) == 1:
+    if line.op in ("arith.negf",) + _RENAMES and len(line.operands) == 1:
         return _producer(module, line.operands[0])
+    if line.op in _CASTS and len(line.operands) == 1:
+        return "converted" if _producer(module, line.operands[0]) else None
     if line.op == "arith.mulf":
         return None if any(_is_one(module, operand) for operand in line.operands) else "product"
     return "quotient" if line.op == "arith.divf" else None
@@ -149,6 +186,9 @@ def boundary(module: Module, loop: int, value: str, element: str, sole_user: boo
     producer = _producer(module, value)
     if producer is None:
         return ("barrier", _REGISTER_MOVES[element][0])
+    if producer == "converted":
+        return (f"the select passes on a converted product or quotient ({value}); no exact contraction barrier is "
+                "known across a float cast")
     if producer == "quotient":
         return (f"the select passes on a quotient ({value}); the NaNs a division returns are not known to be "
                 "canonical, so no exact contraction barrier is known for it")
@@ -176,6 +216,8 @@ def specialised_loop(module: Module, loop: int, select: int, keep_true: bool) ->
         texts = {i: substitute(t, result, kept) for i, t in texts.items()}
         return remove_dead_ops("\n".join(texts[i] for i in sorted(texts)).split("\n"))
     chain = _constant_chain(module, loop, result) if is_constant(module, other) else []
+    if isinstance(chain, str):
+        return chain
     if chain:                      # InstCombine moves the chain in front of the select: the boundary follows it
         texts[chain[0]] = substitute(texts[chain[0]], result, kept)
         value, value_line = module.lines[chain[-1]].results[0], chain[-1]
