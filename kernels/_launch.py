@@ -62,16 +62,27 @@ def launch(kernel, grid, args: tuple, kwargs: dict, warmup: bool = False):
 
 def replay_key(tensors: tuple, *parts):
     """A :class:`LaunchPlans` key: ``parts`` plus each tensor's shape, strides, dtype, device and
-    16-byte alignment (None stays None), the current CUDA device and the Pipeline a compile would use
-    now. None (nothing is replayed) for CPU tensors, under the interpreter or with
-    ``TRITONPATCH_FAST_LAUNCH=0``."""
+    16-byte alignment (None stays None), which of ``tensors`` are the same object (:func:`alias_pattern`),
+    the current CUDA device and the Pipeline a compile would use now. None (nothing is replayed) for
+    CPU tensors, under the interpreter or with ``TRITONPATCH_FAST_LAUNCH=0``."""
     from tritonpatch.pipeline import current_cache_tag
 
     if not _replays_launches(tensors[0]):
         return None
     return (tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
                   for t in tensors),
-            parts, _current_device(), current_cache_tag())
+            alias_pattern(tensors), parts, _current_device(), current_cache_tag())
+
+
+def alias_pattern(tensors: tuple) -> tuple:
+    """For each of ``tensors``, the index of the first one that is the same object (None for None).
+
+    A :class:`_Plan` finds each call tensor's kernel slots by object identity, so a launch recorded
+    with ``attention(x, x, x)`` sends its first tensor to the Q, K and V slots: it may replay only
+    for calls whose tensors alias the same way. Distinct objects over the same memory (views) are
+    placed by identity too, so they need no entry of their own."""
+    return tuple(None if t is None else next(i for i, other in enumerate(tensors) if other is t)
+                 for t in tensors)
 
 
 def _replays_launches(tensor: torch.Tensor) -> bool:
@@ -123,8 +134,9 @@ class LaunchPlans:
     compiled kernel again with the next call's tensors in those positions.
 
     The key must fix everything else that reaches the kernel: shapes, strides, dtypes, devices, the
-    16-byte alignment of each of ``tensors`` (Triton specializes pointers on it; TMA needs it), the
-    identity of every other tensor argument (block masks, modifier arguments), the config and the
+    16-byte alignment of each of ``tensors`` (Triton specializes pointers on it; TMA needs it), which
+    of ``tensors`` are the same object (a plan records positions by identity), the identity of every
+    other tensor argument (block masks, modifier arguments), the config and the
     Pipeline (see :func:`replay_key`). Plans keep no reference to the recorded call's own tensors."""
 
     def __init__(self, capacity: int = 256):

@@ -143,6 +143,60 @@ def test_backward_replay_passes_the_arguments_a_full_launch_builds(fake_cuda, dq
             assert [entry[0] for entry in fake_cuda] == ["launch", "launch"]
 
 
+ALIASINGS = {"q is k is v": lambda q, k, v: (q, q, q), "k is v": lambda q, k, v: (q, k, k)}
+
+
+@pytest.mark.parametrize("aliasing", ALIASINGS)
+def test_forward_plan_recorded_with_aliased_inputs_serves_only_the_same_aliasing(fake_cuda, aliasing):
+    """A plan places the call's tensors by object identity: recorded from attention(x, x, x) it sends
+    the first tensor to Q, K and V. A later call with distinct tensors must not replay it (it would
+    compute attention(q, q, q)); a later call aliased the same way replays it with its own tensors."""
+    config = A.FwdConfig(32, 16, 4, 1)
+    q, k, v, _ = qkv(0)
+    A.attention_forward(*ALIASINGS[aliasing](q, k, v), mask_mod=K.causal(), config=config)
+    fake_cuda.clear()
+    q, k, v, _ = qkv(1)
+    out, lse = A.attention_forward(q, k, v, mask_mod=K.causal(), config=config)
+    assert_replays_match(fake_cuda, 0)
+    (_, _, launched), = fake_cuda
+    assert all(got is want for got, want in zip(launched[:5], (q, k, v, out, lse)))
+    fake_cuda.clear()
+    q, k, v, _ = qkv(2)
+    A.attention_forward(*ALIASINGS[aliasing](q, k, v), mask_mod=K.causal(), config=config)
+    assert_replays_match(fake_cuda, 1)
+
+
+@pytest.mark.parametrize("aliasing", ALIASINGS)
+def test_backward_plan_recorded_with_aliased_inputs_serves_only_the_same_aliasing(fake_cuda, aliasing):
+    """As the forward: autograd saves the aliased q, k, v, and the backward's plans place them by identity."""
+    config = B.BwdConfig("atomic", B.KernelConfig(16, 32, 4, 1))
+
+    def backward(seed, alias):
+        q, k, v, dout = qkv(seed)
+        q, k, v = ALIASINGS[aliasing](q, k, v) if alias else (q, k, v)
+        out, lse = torch.randn_like(q), torch.randn(q.shape[:3])
+        B.attention_backward(q, k, v, out, lse, dout, mask_mod=K.causal(), config=config, dq_mode="atomic")
+        return q, k, v
+
+    backward(0, alias=True)
+    fake_cuda.clear()
+    q, k, v = backward(1, alias=False)
+    assert_replays_match(fake_cuda, 0)
+    dkdv = next(values for kind, _, values in fake_cuda if len(values) > 3 and values[0] is q)
+    assert dkdv[1] is k and dkdv[2] is v
+    fake_cuda.clear()
+    backward(2, alias=True)
+    assert_replays_match(fake_cuda, 2)   # preprocess + dK/dV
+
+
+def test_alias_pattern_joins_the_replay_key(fake_cuda):
+    q, k, v, _ = qkv(0)
+    key = _launch.replay_key
+    assert _launch.alias_pattern((q, q, v, None, v)) == (0, 0, 2, None, 2)
+    assert len({key((q, k, v)), key((q, q, q)), key((q, k, k)), key((q, q, v))}) == 4
+    assert key((q, k, v)) == key(qkv(1)[:3])
+
+
 def test_replay_keys_separate_what_reaches_the_kernel(fake_cuda):
     q, k, v, _ = qkv(0)
     ids = torch.tensor([0] * 20 + [1] * 44, dtype=torch.int32)
