@@ -159,13 +159,19 @@ class TensorIdentity:
     address, shape, strides, dtype and device (in-place ``set_``/``resize_``/``as_strided_``).
     Writes that bypass the version counter (through ``.numpy()``, DLPack, or another kernel's raw
     pointer) are not seen: make a new modifier after such a write. The key keeps nothing alive.
-    O(1) host work, no device synchronization."""
+    O(1) host work, no device synchronization.
+
+    An inference tensor (made under ``torch.inference_mode()``) has no version counter, and inside
+    inference mode it can still be written in place, so no key can tell its contents unchanged: its
+    key takes a fresh object for the version and equals no other key (every call with it is a cache
+    miss: the block mask is rebuilt and the launch is not replayed)."""
 
     __slots__ = ("_ref", "_state", "_hash")
 
     def __init__(self, tensor: torch.Tensor):
         self._ref = weakref.ref(tensor)
-        self._state = (tensor._version, tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
+        version = object() if tensor.is_inference() else tensor._version
+        self._state = (version, tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
         self._hash = hash((id(tensor), self._state[0], self._state[1]))   # the rest is compared on lookup
 
     def __hash__(self) -> int:
@@ -179,7 +185,8 @@ class TensorIdentity:
 
     def __repr__(self) -> str:
         tensor = self._ref()
-        state = "dead" if tensor is None else f"version {self._state[0]}"
+        state = ("dead" if tensor is None else f"version {self._state[0]}" if isinstance(self._state[0], int)
+                 else "inference tensor, never equal")
         return f"TensorIdentity({tuple(self._state[2])}, {self._state[4]}, {self._state[5]}, {state})"
 
 

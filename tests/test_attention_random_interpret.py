@@ -74,3 +74,32 @@ def test_new_ids_at_an_old_address():
     first, second = new_tensor_at_old_address("shared", [0] * 32 + [1] * 32, [0] * 8 + [1] * 40 + [2] * 16,
                                               torch.int32, errors)
     assert max(first) <= 1e-4 and max(second) <= 1e-4, (first, second)
+
+
+def test_inference_mode_calls():
+    """Everything under ``torch.inference_mode()`` (serving): document ids, alibi slopes and block
+    masks (ours, Flex's) made there have no version counter; the calls work, and ids written in
+    place between two calls inside inference mode give the second call's result (nothing is served
+    from a cache)."""
+    seq = 64
+    gen = torch.Generator().manual_seed(2)
+    with torch.inference_mode():
+        q, k, v = (torch.randn(1, 2, seq, 16, generator=gen) for _ in range(3))
+        ids = torch.tensor([0] * 32 + [1] * 32, dtype=torch.int32)
+        slopes = torch.tensor([0.5, 0.25])
+        mask, score = K.and_masks(K.causal(), K.document(ids)), K.alibi(slopes)
+        errors = []
+        for new_ids in ([0] * 32 + [1] * 32, [0] * 8 + [1] * 40 + [2] * 16):
+            ids.copy_(torch.tensor(new_ids, dtype=torch.int32))   # in place: the version counter is absent
+            for modifiers in ({"mask_mod": mask}, {"score_mod": score}, {"mask_mod": mask, "score_mod": score}):
+                got = K.attention(q, k, v, **modifiers)
+                errors.append(float((got - K.reference.attention(q, k, v, **modifiers)).abs().max()))
+        built = K.build_block_mask(mask, 1, 2, seq, seq, block_m=32, block_n=16, device="cpu")
+        got = K.attention(q, k, v, mask_mod=mask, block_mask=built)
+        errors.append(float((got - K.reference.attention(q, k, v, mask_mod=mask)).abs().max()))
+        flex = pytest.importorskip("torch.nn.attention.flex_attention")
+        flex_mask = flex.create_block_mask(lambda b, h, qi, kv: qi >= kv, None, None, seq, seq, device="cpu",
+                                           BLOCK_SIZE=16)
+        got = K.attention(q, k, v, mask_mod=K.causal(), block_mask=flex_mask)
+        errors.append(float((got - K.reference.attention(q, k, v, mask_mod=K.causal())).abs().max()))
+    assert max(errors) <= 1e-4, errors

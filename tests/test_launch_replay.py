@@ -23,6 +23,7 @@ from tritonpatch import env
 from tritonpatch.kernels import _launch
 from tritonpatch.kernels import attention_bwd as B
 from tritonpatch.kernels import attention_fwd as A
+from tritonpatch.kernels.masks import argument_key
 from attention_cases import new_tensor_at_old_address
 
 
@@ -195,6 +196,20 @@ def test_alias_pattern_joins_the_replay_key(fake_cuda):
     assert _launch.alias_pattern((q, q, v, None, v)) == (0, 0, 2, None, 2)
     assert len({key((q, k, v)), key((q, q, q)), key((q, k, k)), key((q, q, v))}) == 4
     assert key((q, k, v)) == key(qkv(1)[:3])
+
+
+def test_inference_tensors_key_but_never_match(fake_cuda):
+    """Inference tensors have no version counter and can be written in place inside inference mode:
+    their keys are made (no error) and equal no other key, so nothing is served from a cache by them."""
+    q, k, v, _ = qkv(0)
+    with torch.inference_mode():
+        ids = torch.tensor([0] * 20 + [1] * 44, dtype=torch.int32)
+        slopes = torch.full((2,), 0.5)
+        doc, bias = K.document(ids), K.alibi(slopes)
+        keys = [A._call_key(q, k, v, doc, bias, None, None, False, None) for _ in range(2)]
+    assert None not in keys and keys[0] != keys[1]
+    identity = argument_key(ids)
+    assert identity != argument_key(ids) and "inference" in repr(identity)
 
 
 def test_replay_keys_separate_what_reaches_the_kernel(fake_cuda):
