@@ -152,8 +152,8 @@ def _registration_digest(run: Callable, version: str | None, stage: str, order: 
     """:func:`implementation_digest` plus the rest of a registration that decides what a compile
     gets: the stage and order the pass runs at, and its options' types and defaults (a Pipeline
     names only the options it sets; the others take the registered defaults when the pass runs)."""
-    settings = {"stage": stage, "order": order,
-                "options": {key: [option.type.__name__, repr(option.default)] for key, option in sorted(options.items())}}
+    defaults = {key: [option.type.__name__, repr(option.default)] for key, option in sorted(options.items())}
+    settings = {"stage": stage, "order": order, "options": defaults}
     payload = json.dumps(settings, sort_keys=True)
     return hashlib.sha256(f"{implementation_digest(run, version)}\0{payload}".encode()).hexdigest()
 

@@ -37,8 +37,8 @@ import re
 
 from . import note
 from .elide import select_parts
-from .ir import (Module, TensorType, base_name, has_side_effect, int_width, parse_for, parse_type, type_of,
-                 with_attribute)
+from .ir import (Module, TensorType, base_name, declared_pure, has_side_effect, int_width, parse_for, parse_type,
+                 type_of, with_attribute)
 from .iterations import (NARROWED, PrefixSuffix, constant_step, iteration_bound, mask_sets, no_wrap_in_loop,
                          possible_runs, scalars_fixed_in_loop, smax, smin, trip_count)
 from .masks import Analysis, IROps, Mask
@@ -244,8 +244,8 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> str | None:
 
 
 def _describe(line) -> str:
-    """``op`` of a line, with the attribute that decides its purity where it has one."""
-    return f"{line.op}, pure = false" if "pure = false" in line.body else line.op
+    """``op`` of a line, saying when it is inline asm not declared pure."""
+    return f"{line.op}, pure = false" if line.op == "tt.elementwise_inline_asm" and not declared_pure(line) else line.op
 
 
 def narrowed_bounds(ops, lower, upper, step: int, mask: Mask, iv: str, checks):
