@@ -211,22 +211,28 @@ def test_segment_checks_match_brute_force(original):
 
 
 # --- the checks catch broken rewrites (independent of the passes) --------------------------------------------
-def _live_first_tile(kernel) -> bool:
-    """A [LO, HI) forward loop with a -inf mask that is not all-false on the first tile at launch."""
-    env = kernel.samples(1)[0]
+def _mixed_first_tile(kernel) -> bool:
+    """A [LO, HI) forward loop with one mask (-inf filled) that is mixed on its first tile for one
+    of the sampled arguments."""
     if kernel.family != "attention_fwd" or kernel.loop_effects or not {"lower=LO", "upper=HI", "step=BN",
                                                                        "bounds-i32"} <= set(kernel.features):
         return False
-    masks = [select.mask for select in kernel.selects if select.neg_inf]
-    tile = kernel.tile_at(env, env["LO"], 32)
-    return env["LO"] < env["HI"] and bool(masks) and all(mask.evaluate(tile).any() for mask in masks)
+    masks = {select.mask for select in kernel.selects}
+    if len(masks) != 1 or not all(select.neg_inf for select in kernel.selects):
+        return False
+    (mask,) = masks
+    for env in kernel.samples(24):
+        values = mask.evaluate(kernel.tile_at(env, env["LO"], 32))
+        if env["LO"] < env["HI"] and values.any() and not values.all():
+            return True
+    return False
 
 
 @pytest.fixture(scope="module")
 def causal_reference(tmp_path_factory):
     """A forward kernel whose loop runs [LO, HI) with a -inf mask, compiled unpatched."""
     from triton.backends.compiler import GPUTarget
-    kernel = generate(next(seed for seed in range(1000) if _live_first_tile(generate(seed))))
+    kernel = generate(next(seed for seed in range(1000) if _mixed_first_tile(generate(seed))))
     directory = str(tmp_path_factory.mktemp("kernels"))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
@@ -277,6 +283,19 @@ def test_a_compile_that_kills_its_process_is_an_error_and_the_run_goes_on(tmp_pa
     assert sorted((r.seed, r.pipeline) for r in results) == sorted(tasks)
     assert {(r.seed, r.status) for r in results} == {(seed, "error" if seed == 3 else "ok") for seed in range(6)}
     assert "died" in next(r for r in results if r.seed == 3).messages[0]
+
+
+def test_elision_check_flags_a_mixed_tile_run_without_its_mask(causal_reference):
+    kernel, reference = causal_reference
+    (loop,) = ScalarProgram(reference.ttir).loops
+    assert loop.masked_selects >= 1
+    select = re.search(r"^ *(%\S+) = arith\.select %\S+, (%\S+), %\S+ : tensor<[^\n]*\n", reference.ttir, re.M)
+    result, kept = select.group(1), select.group(2)
+    unmasked = re.sub(re.escape(result) + r"(?![A-Za-z0-9_$.\-])", kept, reference.ttir.replace(select.group(0), "", 1))
+    assert ScalarProgram(unmasked).loops[0].masked_selects == loop.masked_selects - 1
+    case = type(reference)(kernel.seed, "elide", "ok", 0.0, [], [], unmasked)
+    findings, _ = static_findings(kernel, reference, case, samples=24)
+    assert findings and findings[0].kind == "elided-mixed-tile", findings
 
 
 # --- the fuzz run ---------------------------------------------------------------------------------------------

@@ -30,8 +30,8 @@ def parse_args(argv=None):
     parser.add_argument("--show", action="store_true",
                         help="print each kernel's source and every case's outcome (for reproducing a finding)")
     args = parser.parse_args(argv)
-    if args.kernels < 1:
-        parser.error("--kernels must be at least 1")
+    if args.kernels < 1 or args.samples < 1:
+        parser.error("--kernels and --samples must be at least 1")
     pipelines = args.pipeline or list(PIPELINES)
     for pipeline in pipelines:
         if pipeline == REFERENCE:

@@ -12,7 +12,9 @@ statically:
    of the original loop's iterations inside ``[lb, ub)`` (all of them unless
    ``skip-masked-blocks`` is in the pipeline and the loop has no side effects), evaluated from each
    TTIR's scalar arithmetic (:mod:`.ttir`); every iteration ``skip-masked-blocks`` dropped has a
-   ``-inf``-filled mask that is all-false on its tile (evaluated by the generator's own mask model).
+   ``-inf``-filled mask that is all-false on its tile, and every iteration a rewritten loop runs
+   without the mask has a uniform mask on its tile (both evaluated by the generator's own mask
+   model).
 
 With ``gpu=True`` each kernel is then launched (serially, deterministic inputs) unpatched and with
 every pipeline, and the outputs are compared bit for bit; under ``skip-masked-blocks`` only where
@@ -37,7 +39,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 
 from .generate import Kernel, generate
-from .ttir import ScalarProgram, check_segments, dropped_iterations
+from .ttir import ScalarProgram, check_segments, dropped_iterations, iterations
 
 PASSES = {"skip": "skip-masked-blocks", "elide": "elide-uniform-masks", "hoist": "hoist-masks"}
 REFERENCE = "unpatched"
@@ -210,9 +212,10 @@ def static_findings(kernel: Kernel, reference: Compiled, case: Compiled, samples
     for env in kernel.samples(samples):
         arguments = _ttir_arguments(kernel, env)
         pids = (env["pid"][0], env["pid"][1], 0)
-        by_line = defaultdict(list)
+        by_line, runs = defaultdict(list), defaultdict(list)
         for loop, bounds in patched.loop_bounds(arguments, pids):
             by_line[loop.line].append(bounds)
+            runs[loop.line].append((loop, bounds))
         for loop, bounds in original.loop_bounds(arguments, pids):
             segments = by_line.pop(loop.line, [])
             if bounds is None or not segments or None in segments:
@@ -227,6 +230,8 @@ def static_findings(kernel: Kernel, reference: Compiled, case: Compiled, samples
                                                              f"{', '.join(kernel.loop_effects)}: {problem}")
                 if problem is None and not exact:
                     kind, problem = "skipped-live-tile", _live_tile_dropped(kernel, bounds, segments, loop.width, env)
+                if problem is None:
+                    kind, problem = "elided-mixed-tile", _mixed_tile_elided(kernel, loop, runs[loop.line], env)
             if problem:
                 findings.append(Finding(kernel.seed, case.pipeline, kind, f"{problem} [{_describe_env(kernel, env)}]"))
                 return findings, checked
@@ -245,6 +250,26 @@ def _live_tile_dropped(kernel: Kernel, original, segments, iv_width: int, env: d
         tile = kernel.tile_at(env, start, iv_width)
         if not any(not mask.evaluate(tile).any() for mask in neg_inf):
             return f"skip-masked-blocks dropped iteration start={start}, whose tile has no all-false -inf mask"
+    return None
+
+
+def _mixed_tile_elided(kernel: Kernel, original, runs: list, env: dict) -> str | None:
+    """A rewritten loop with fewer masked selects than the original runs without a mask: where
+    the kernel has a single mask, that mask must be uniform (all-true or all-false) on each of
+    its tiles (up to 8 first and last iterations checked)."""
+    masks = {select.mask for select in kernel.selects}
+    if len(masks) != 1:
+        return None
+    (mask,) = masks
+    for loop, (lower, upper, step) in runs:
+        if loop.masked_selects >= original.masked_selects:
+            continue
+        first, count = iterations(lower, upper, step)
+        for k in sorted(set(range(min(count, DROPPED_CHECKED))) | set(range(max(0, count - DROPPED_CHECKED), count))):
+            values = mask.evaluate(kernel.tile_at(env, first + k * step, loop.width))
+            if values.any() and not values.all():
+                return (f"elide-uniform-masks runs iteration start={first + k * step} in a loop without the mask "
+                        f"([{lower}, {upper}) step {step}), but the mask is mixed on that tile")
     return None
 
 

@@ -22,6 +22,7 @@ _FILE_LOC = re.compile(r'^"[^"]*":(\d+):\d+$')
 _NAMED_LOC = re.compile(r'^"[^"]*"\((#loc\d*)\)$')
 _CALLSITE = re.compile(r"^callsite\((#loc\d*) at (#loc\d*)\)$")
 _OPERANDS = re.compile(_NAME)
+_MASKED_SELECT = re.compile(r"= arith\.select " + _NAME + ", " + _NAME + ", " + _NAME + r" : tensor<[^>]*xi1[,>]")
 
 _BINARY = {
     "arith.addi": lambda a, b: a + b, "arith.subi": lambda a, b: a - b, "arith.muli": lambda a, b: a * b,
@@ -60,12 +61,14 @@ def _compare(pred: str, a: int, b: int, width: int) -> int:
 
 @dataclass(frozen=True)
 class Loop:
-    """A top-level ``scf.for``: the source line of its location and its bound value names."""
+    """A top-level ``scf.for``: the source line of its location, its bound value names, the width
+    of its induction variable, and how many selects with a tensor mask its body holds."""
     line: int | None
     lower: str
     upper: str
     step: str
     width: int
+    masked_selects: int = 0
 
 
 class ScalarProgram:
@@ -78,18 +81,22 @@ class ScalarProgram:
         self.ops: list[tuple[str, str, str]] = []     # (result, op, rest), function-level, in order
         self.loops: list[Loop] = []
         locations = dict(m.groups() for m in map(_LOC_DEF.match, lines) if m)
-        depth, opened = 0, []
+        depth, opened, selects = 0, [], 0
         for text_line in lines:
             stripped = text_line.strip()
             if stripped.startswith("tt.func"):
                 self.arguments = [name for name, _ in _ARG.findall(stripped.split("(", 1)[1])]
+            if depth > 2 and _MASKED_SELECT.search(stripped):
+                selects += 1
             if stripped.startswith("}"):
                 depth -= 1
                 if opened and opened[-1][0] == depth:
                     _, head = opened.pop()
                     if head is not None:
                         ref = _LOC_REF.search(stripped)
-                        self.loops.append(Loop(_resolve_line(ref.group(1), locations) if ref else None, *head))
+                        line = _resolve_line(ref.group(1), locations) if ref else None
+                        self.loops.append(Loop(line, *head, masked_selects=selects))
+                        selects = 0
             if depth == 2 and not stripped.startswith("}"):   # module { tt.func { <here>
                 loop = _FOR.search(stripped)
                 if loop:
