@@ -56,7 +56,7 @@ def test_sampled_bounds_include_empty_reversed_and_ragged_ranges():
     for seed in range(200):
         kernel = generate(seed)
         for env in kernel.samples(24):
-            if "LO" in env and "HI" in env:
+            if {"LO", "HI"} <= set(kernel.used_scalars):
                 kinds["empty" if env["LO"] == env["HI"] else "reversed" if env["LO"] > env["HI"] else "forward"] += 1
         if kernel.scalars.get("N_KV", 0) % kernel.constexprs["BN"]:
             kinds["ragged"] += 1
@@ -254,7 +254,7 @@ def _rebound(ttir: str, bound: str) -> str:
 
 def test_bounds_check_flags_a_loop_widened_past_its_upper_bound(causal_reference):
     kernel, reference = causal_reference
-    case = type(reference)(kernel.seed, "elide", "ok", 0.0, [], [], _rebound(reference.ttir, "upper"))
+    case = Compiled(kernel.seed, "elide", "ok", 0.0, [], [], _rebound(reference.ttir, "upper"))
     findings, _ = static_findings(kernel, reference, case, samples=24)
     assert findings and findings[0].kind == "bounds" and "outside" in findings[0].detail, findings
 
@@ -262,10 +262,10 @@ def test_bounds_check_flags_a_loop_widened_past_its_upper_bound(causal_reference
 def test_skip_check_flags_a_dropped_tile_whose_mask_is_not_all_false(causal_reference):
     kernel, reference = causal_reference
     narrowed = _rebound(reference.ttir, "lower")
-    findings, _ = static_findings(kernel, reference, type(reference)(kernel.seed, "skip", "ok", 0.0, [], [], narrowed),
+    findings, _ = static_findings(kernel, reference, Compiled(kernel.seed, "skip", "ok", 0.0, [], [], narrowed),
                                   samples=24)
     assert findings and findings[0].kind == "skipped-live-tile", findings
-    findings, _ = static_findings(kernel, reference, type(reference)(kernel.seed, "elide", "ok", 0.0, [], [], narrowed),
+    findings, _ = static_findings(kernel, reference, Compiled(kernel.seed, "elide", "ok", 0.0, [], [], narrowed),
                                   samples=24)
     assert findings and "all expected" in findings[0].detail, findings
 
@@ -293,7 +293,7 @@ def test_elision_check_flags_a_mixed_tile_run_without_its_mask(causal_reference)
     result, kept = select.group(1), select.group(2)
     unmasked = re.sub(re.escape(result) + r"(?![A-Za-z0-9_$.\-])", kept, reference.ttir.replace(select.group(0), "", 1))
     assert ScalarProgram(unmasked).loops[0].masked_selects == loop.masked_selects - 1
-    case = type(reference)(kernel.seed, "elide", "ok", 0.0, [], [], unmasked)
+    case = Compiled(kernel.seed, "elide", "ok", 0.0, [], [], unmasked)
     findings, _ = static_findings(kernel, reference, case, samples=24)
     assert findings and findings[0].kind == "elided-mixed-tile", findings
 

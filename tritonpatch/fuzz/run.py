@@ -201,8 +201,9 @@ def static_findings(kernel: Kernel, reference: Compiled, case: Compiled, samples
         return findings, 0
     if case.shared > SM90_SHARED_MEMORY >= reference.shared:
         findings.append(Finding(kernel.seed, case.pipeline, "shared-memory",
-                                f"the patched kernel needs {case.shared} bytes of shared memory, more than an sm_90 "
-                                f"block may have ({SM90_SHARED_MEMORY}); the unpatched kernel needs {reference.shared}"))
+                                f"the patched kernel needs {case.shared} bytes of shared memory, more than an "
+                                f"sm_90 block may have ({SM90_SHARED_MEMORY}); the unpatched kernel needs "
+                                f"{reference.shared}"))
     if not case.ttir or not reference.ttir:
         return findings, 0
     original, patched = ScalarProgram(reference.ttir), ScalarProgram(case.ttir)
