@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import tritonpatch
-import tritonpatch.llvm as llvm
 from compile_helpers import compile_ptx, digest, fresh_process_ptx_digest
+from pipeline_helpers import raw_llvm_options
 from test_llvm_options import llvm_state_unchanged, state, triton_initialized  # noqa: F401 (fixtures)
 from tritonpatch.errors import OptionTypeError
 
@@ -18,11 +18,8 @@ from tritonpatch.errors import OptionTypeError
 ])
 def test_scoped_option_leaves_no_trace(fresh_compiles, kernel, settings):
     default = compile_ptx(kernel)
-    saved = llvm.apply_options(settings)
-    try:
+    with raw_llvm_options(settings):
         patched = compile_ptx(kernel)
-    finally:
-        llvm.restore_options(saved)
     after = compile_ptx(kernel)
     assert patched != default, f"{settings} should change the PTX of {kernel}"
     assert after == default
