@@ -113,25 +113,30 @@ class ProgramId(Node):
         return np.int64(tile.pids[self.axis]), 32
 
 
-_ARITH = {"+": np.add, "-": np.subtract, "*": np.multiply, "&": np.bitwise_and}
-
-
 @dataclass(frozen=True)
-class Arith(Node):
-    """``a op b`` for ``+ - * // % &`` on integers."""
+class Binary(Node):
+    """``a op b``: the shape Arith, Compare and Logic share (each evaluates its own operators)."""
     op: str
     a: Node
     b: Node
-
-    @property
-    def refused(self):
-        return self.op in ("//", "%", "&") or (self.op == "*" and not isinstance(self.b, Const))
 
     def render(self):
         return f"({self.a.render()} {self.op} {self.b.render()})"
 
     def children(self):
         return (self.a, self.b)
+
+
+_ARITH = {"+": np.add, "-": np.subtract, "*": np.multiply, "&": np.bitwise_and}
+
+
+@dataclass(frozen=True)
+class Arith(Binary):
+    """``a op b`` for ``+ - * // % &`` on integers."""
+
+    @property
+    def refused(self):
+        return self.op in ("//", "%", "&") or (self.op == "*" and not isinstance(self.b, Const))
 
     def evaluate(self, tile):
         (a, wa), (b, wb) = self.a.evaluate(tile), self.b.evaluate(tile)
@@ -150,16 +155,8 @@ _COMPARE = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater
 
 
 @dataclass(frozen=True)
-class Compare(Node):
-    op: str
-    a: Node
-    b: Node
-
-    def render(self):
-        return f"({self.a.render()} {self.op} {self.b.render()})"
-
-    def children(self):
-        return (self.a, self.b)
+class Compare(Binary):
+    """``a op b`` for ``< <= > >= == !=``: a boolean tile."""
 
     def evaluate(self, tile):
         (a, _), (b, _) = self.a.evaluate(tile), self.b.evaluate(tile)
@@ -170,16 +167,8 @@ _LOGIC = {"&": np.logical_and, "|": np.logical_or, "^": np.logical_xor}
 
 
 @dataclass(frozen=True)
-class Logic(Node):
-    op: str
-    a: Node
-    b: Node
-
-    def render(self):
-        return f"({self.a.render()} {self.op} {self.b.render()})"
-
-    def children(self):
-        return (self.a, self.b)
+class Logic(Binary):
+    """``a op b`` for ``& | ^`` on boolean tiles."""
 
     def evaluate(self, tile):
         return np.asarray(_LOGIC[self.op](self.a.evaluate(tile), self.b.evaluate(tile)))
