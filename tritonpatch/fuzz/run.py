@@ -319,10 +319,14 @@ def launch(kernel: Kernel, compiled, initial: dict) -> dict:
     return {b.name: buffers[b.name].cpu() for b in kernel.buffers if b.role != "input"}
 
 
+_BIT_VIEWS = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}     # element size -> same-width integer dtype
+
+
 def compare(kernel: Kernel, reference: dict, patched: dict, finite_only: bool) -> str | None:
     """None when ``patched`` matches ``reference``; else where it differs first."""
     import torch
 
+    bit_views = {size: getattr(torch, name) for size, name in _BIT_VIEWS.items()}
     for buffer in kernel.buffers:
         if buffer.role == "input":
             continue
@@ -331,8 +335,8 @@ def compare(kernel: Kernel, reference: dict, patched: dict, finite_only: bool) -
             where = torch.isfinite(ref)
             differ = where & (out != ref)             # exact equality, -0.0 == +0.0
         else:
-            differ = ref.view(torch.int32 if ref.element_size() == 4 else torch.int8) != \
-                out.view(torch.int32 if out.element_size() == 4 else torch.int8)
+            bits = bit_views[ref.element_size()]
+            differ = ref.view(bits) != out.view(bits)
         count = int(differ.sum())
         if count:
             index = tuple(int(i) for i in differ.nonzero()[0])
