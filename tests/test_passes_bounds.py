@@ -181,7 +181,9 @@ def test_rewritten_bounds_stay_inside_the_caller_range(passes):
 def sliding_window_kernel(Q, K, V, Out, stride_kn, N_CTX, WINDOW, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           D: tl.constexpr):
     """Sliding-window attention whose K / V pointers advance by ``BLOCK_N * stride_kn`` each tile:
-    the leading all-false tiles that skip-masked-blocks drops advance them far."""
+    the leading all-false tiles that skip-masked-blocks drops advance them far. The running max
+    starts finite, so the all-masked leading tiles leave every row finite (a ``-inf`` start makes
+    them NaN unpatched, where the pass only promises equality on finite rows)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
@@ -189,7 +191,7 @@ def sliding_window_kernel(Q, K, V, Out, stride_kn, N_CTX, WINDOW, BLOCK_M: tl.co
     step = tl.zeros([BLOCK_N, D], tl.int32) + BLOCK_N * stride_kn        # the increment, fixed before the loop
     k_ptrs = K + offs_n[None, :] * stride_kn + offs_d[:, None]
     v_ptrs = V + offs_n[:, None] * stride_kn + offs_d[None, :]
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)      # finite: rows whose first tiles are all masked stay finite
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     for start_n in range(0, N_CTX, BLOCK_N):
