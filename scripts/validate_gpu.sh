@@ -13,13 +13,27 @@ export PYTHONUNBUFFERED=1
 
 header() {
     python3 - "$@" <<'EOF'
-import datetime, subprocess, sys
+import datetime, os, subprocess, sys, tempfile
 import torch, triton
-commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "?"
-dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+
+
+def git(*args, **kwargs):
+    return subprocess.run(["git", *args], capture_output=True, text=True, **kwargs).stdout.strip()
+
+
+# The tree of the files as they are (tracked and untracked, not ignored): equal to `git rev-parse
+# COMMIT^{tree}` of the commit that holds them, also where the copy's HEAD is an older commit.
+with tempfile.TemporaryDirectory() as scratch:
+    env = dict(os.environ, GIT_INDEX_FILE=os.path.join(scratch, "index"))
+    git("read-tree", "HEAD", env=env)
+    git("add", "-A", ".", env=env)
+    tree = git("write-tree", env=env)[:12] or "?"
+commit = git("rev-parse", "--short", "HEAD") or "?"
+dirty = git("status", "--porcelain", "--untracked-files=no")
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
 print(f"# {gpu} · torch {torch.__version__} · triton {triton.__version__} · python {sys.version.split()[0]} · "
-      f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC · commit {commit}{'+changes' if dirty else ''}")
+      f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC · commit {commit}{'+changes' if dirty else ''}"
+      f" · tree {tree}")
 print("# command: " + " ".join(sys.argv[1:]))
 EOF
 }
