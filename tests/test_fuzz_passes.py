@@ -392,6 +392,36 @@ def test_gpu_mode_runs_with_a_simulated_device(monkeypatch):
     assert len(result.cases) == 6                                  # every case still checked statically
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "int8", "int32"])
+def test_the_comparison_reports_the_first_differing_element_of_every_dtype(dtype):
+    """The GPU comparison is bitwise per element for every output width (a -0.0 / +0.0 or NaN
+    payload change is a difference), exact where finite under skip-masked-blocks, and names the
+    first differing element."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tritonpatch.fuzz.run import compare
+
+    kind = getattr(torch, dtype)
+    kernel = SimpleNamespace(buffers=[SimpleNamespace(name="Out", role="output"),
+                                      SimpleNamespace(name="Count", role="effect")])
+    reference = {"Out": torch.arange(12, dtype=kind).reshape(3, 4), "Count": torch.zeros(2, dtype=torch.int32)}
+    assert compare(kernel, reference, {name: t.clone() for name, t in reference.items()}, finite_only=False) is None
+    patched = {name: t.clone() for name, t in reference.items()}
+    patched["Out"][2, 1] = 99
+    problem = compare(kernel, reference, patched, finite_only=False)
+    assert problem.startswith("Out: 1 of 12 elements differ") and "first at [2, 1]" in problem, problem
+    if kind.is_floating_point:
+        signed = {name: t.clone() for name, t in reference.items()}
+        signed["Out"][0, 0] = -0.0
+        assert "first at [0, 0]" in compare(kernel, reference, signed, finite_only=False)
+        assert compare(kernel, reference, signed, finite_only=True) is None          # -0.0 == +0.0 where finite
+    counted = {name: t.clone() for name, t in reference.items()}
+    counted["Count"][1] = 1
+    assert compare(kernel, reference, counted, finite_only=True).startswith("Count: 1 of 2 elements differ")
+
+
 @pytest.mark.gpu
 def test_gpu_outputs_match_the_unpatched_kernel_bit_for_bit():
     """Every case launched on the GPU: outputs bitwise equal to the unpatched kernel (finite
