@@ -221,6 +221,22 @@ def test_ptxas_flags_reach_cubin():
     assert patched == by_triton
 
 
+def test_a_register_cap_that_ptxas_ignores_is_reported():
+    """Triton's PTX declares launch bounds (.reqntid), which ptxas follows instead of
+    --maxrregcount: the flag gets a warning pointing to maxnreg; other flags get none."""
+    import warnings
+
+    for flag in ("--maxrregcount=32", "-maxrregcount=40"):
+        with pytest.warns(RuntimeWarning, match=r"does not cap registers with .*maxrregcount.*maxnreg"):
+            with tritonpatch.options(ptxas=[flag]):
+                compiled = compile_kernel()
+        assert ".reqntid" in compiled.asm["ptx"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with tritonpatch.options(ptxas=["-O1"]):
+            compile_kernel()
+
+
 def test_ir_pass_runs_after_its_stage():
     """A registered ttir pass rewrites the IR the next stages see (the accumulator starts at 1.0)."""
     from tritonpatch.passes import register_pass, unregister_pass

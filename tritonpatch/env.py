@@ -8,7 +8,7 @@ offending token.
     TRITONPATCH_DISABLE_LSR=1                        llvm option disable-lsr=true
     TRITONPATCH_LLVM_OPTIONS="disable-lsr,unroll-threshold=50"   ``name`` or ``name=value``, comma separated
     TRITONPATCH_PASSES="hoist-masks,skip-blocks(mode=exact)"     pass specs, comma separated
-    TRITONPATCH_PTXAS_OPTIONS="--maxrregcount=200 -O3"           whitespace separated, like Triton's PTXAS_OPTIONS
+    TRITONPATCH_PTXAS_OPTIONS="--def-load-cache=cg -O3"         whitespace separated, like Triton's PTXAS_OPTIONS
     TRITONPATCH_LOG=info|debug                       log which Pipeline each kernel compiled with
     TRITONPATCH_STRICT=1                             a failing IR pass raises instead of falling back
     TRITONPATCH_AUTOLOAD=1                           activate at interpreter start (see _autoload)
@@ -133,15 +133,15 @@ def parse_ptxas_options(value: str, variable: str = PTXAS_OPTIONS) -> list[str]:
     set what Triton sets itself (target, input, output) or that make ptxas compile nothing."""
     if "\0" in value:
         raise PipelineError(f"{variable}={quote(value)}: contains a NUL character; ptxas flags are plain text "
-                            "such as --maxrregcount=128")
+                            "such as --def-load-cache=cg")
     tokens = value.split()
     for token in tokens:
         if not token.startswith("-") or token in ("-", "--"):
-            raise _bad(variable, value, token, "ptxas flags such as --maxrregcount=128 (one token each, no spaces)")
+            raise _bad(variable, value, token, "ptxas flags such as --def-load-cache=cg (one token each, no spaces)")
         reason = _PTXAS_RESERVED.get(token.lstrip("-").split("=", 1)[0])
         if reason:
             raise _bad(variable, value, token, f"a flag tritonpatch can pass on ({reason}); "
-                                                "code-generation flags such as --maxrregcount=128 or -O3")
+                                                "code-generation flags such as --def-load-cache=cg or -O3")
     return tokens
 
 

@@ -97,7 +97,7 @@ def _ptxas_key(token: str) -> str:
 
 def _normalize_ptxas(flags: Iterable[str]) -> tuple[str, ...]:
     if isinstance(flags, str) or not isinstance(flags, Iterable):
-        raise PipelineError(f"ptxas= takes a list of flags such as ['--maxrregcount=128'], got {flags!r}")
+        raise PipelineError(f"ptxas= takes a list of flags such as ['--def-load-cache=cg'], got {flags!r}")
     tokens = []
     for flag in flags:
         if not isinstance(flag, str):
@@ -118,7 +118,7 @@ class Pipeline:
     """A frozen, hashable compile configuration.
 
     ``Pipeline(disable_lsr=True, llvm={"unroll-threshold": 50}, passes=["hoist-masks"],
-    ptxas=["--maxrregcount=200"])``. LLVM option names and values are validated against the LLVM
+    ptxas=["--def-load-cache=cg"])``. LLVM option names and values are validated against the LLVM
     inside Triton (``tritonpatch.llvm``); pass specs against the pass registry (``passes=`` is a
     list of specs, or a mapping of pass name to its options); ptxas flags must each be one
     ``-flag`` or ``-flag=value`` token. The canonical form sorts LLVM options by name
