@@ -2,8 +2,8 @@
 # The GPU half of the test suite and the differential fuzzer, as run on the H200 for docs/validation/.
 #
 #   scripts/validate_gpu.sh install            build and install tritonpatch into the machine's python3
-#   scripts/validate_gpu.sh fuzz OUT [N]       python -m tritonpatch.fuzz --gpu over N kernels (default 320) x 7
-#                                              pass combinations -> OUT/fuzz_passes_gpu.{json,txt}
+#   scripts/validate_gpu.sh fuzz OUT [N] [SEED] python -m tritonpatch.fuzz --gpu over N kernels (default 320) from
+#                                              SEED on (default 1) x 7 pass combinations -> OUT/fuzz_passes_gpu.{json,txt}
 #   scripts/validate_gpu.sh tests OUT [FILE...] every @pytest.mark.gpu test (or those of FILE...) -> OUT/gpu_tests.txt
 #
 # Each writes its log with a header line: GPU, torch, Triton, Python, date, commit.
@@ -45,8 +45,8 @@ case "$mode" in
         python3 -c "import tritonpatch.llvm as l; print('tritonpatch installed; native LLVM options:', l.available())"
         ;;
     fuzz)
-        out=${2:?OUT folder}; kernels=${3:-320}; mkdir -p "$out"
-        command=(python3 -m tritonpatch.fuzz --gpu --seed 1 --kernels "$kernels" --jobs "$(nproc)"
+        out=${2:?OUT folder}; kernels=${3:-320}; seed=${4:-1}; mkdir -p "$out"
+        command=(python3 -m tritonpatch.fuzz --gpu --seed "$seed" --kernels "$kernels" --jobs "$(nproc)"
                  --log "$out/fuzz_passes_gpu.json")
         { header "${command[@]}"; "${command[@]}"; } 2>&1 | tee "$out/fuzz_passes_gpu.txt"
         ;;
