@@ -219,9 +219,9 @@ def _masks(d: _Draft, depth: int, rows_value: int) -> list[tuple[str, Node]]:
     return masks
 
 
-def _scale(d: _Draft) -> str:
-    """`` * <scale>``: none, a constant, or a runtime float argument."""
-    kind = d.rng.choice(("none", "constant", "runtime", "runtime"))
+def _scale(d: _Draft, optional: bool = True) -> str:
+    """`` * <scale>``: none (if ``optional``), a constant, or a runtime float argument."""
+    kind = d.rng.choice(("none", "constant", "runtime", "runtime") if optional else ("constant", "runtime"))
     d.features.append(f"scale-{kind}")
     if kind == "constant":
         return " * 0.18033688011112042"
@@ -401,7 +401,10 @@ def _attention_bwd(d: _Draft, sizes: dict) -> None:
 
 
 def _masked_matmul(d: _Draft, sizes: dict) -> None:
-    """acc += dot(where(mask, q @ k, fill), v): zero, constant or -inf fills."""
+    """acc += dot(where(mask, q @ k, fill), v): zero, constant or -inf fills; the product is
+    sometimes scaled before the select (directly, through ``tl.trans``, or then cast to the input
+    dtype) and offset after it, the shapes where removing the select could let the backend
+    contract the multiply and the add into one FMA."""
     rng, dt = d.rng, DTYPES[sizes["dtype"]]
     b, n_q, n_kv, dim = sizes["batch"], sizes["n_q"], sizes["n_kv"], sizes["dim"]
     d.buffer("Q", sizes["dtype"], (b, n_q, dim), "input")
@@ -420,10 +423,19 @@ def _masked_matmul(d: _Draft, sizes: dict) -> None:
               "other=0.0)")
     d.line(2, "v = tl.load(V + off_b * N_KV * D + offs_c[:, None] * D + offs_d[None, :], mask=col_in[:, None], "
               "other=0.0)")
-    d.line(2, "s = tl.dot(q, k)")
+    before = rng.choice(("none", "none", "scale", "trans-scale", "cast-scale"))
+    d.features.append(f"pre-select-{before}")
+    scale = _scale(d, optional=False) if before != "none" else ""
+    d.line(2, {"none": "s = tl.dot(q, k)",
+               "scale": f"s = tl.dot(q, k){scale}",
+               "trans-scale": f"s = tl.trans(tl.trans(tl.dot(q, k)){scale})",
+               "cast-scale": f"s = (tl.dot(q, k){scale}).to({dt})"}[before])
     masks = _masks(d, 2, sizes["BM"])
     for name, mask in masks:
         _select_before(d, 2, "s", name, mask, ("zero", "zero", "constant", "neg_inf", "negated"))
+    if before != "none" and rng.random() < 0.6:     # an add after the select, a multiply before it:
+        d.line(2, "s = s.to(tl.float32) + 0.25")       # FMA contraction must not cross the elided select
+        d.features.append("add-after-select")
     d.line(2, f"acc += tl.dot(s.to({dt}), v)")
     _effects_in_loop(d, effects, sizes["programs"], "BM", sizes["BM"], "s")
     _effects_after_loop(d, effects, sizes["programs"])
