@@ -55,3 +55,52 @@ def test_bench_lists_and_rejects_unknown_names():
     assert names == {f[len("bench_"):-3] for f in os.listdir(scripts_dir) if f.startswith("bench_") and f.endswith(".py")}
     result = run_cli("bench", "no-such-benchmark")
     assert result.returncode == 2 and "unknown benchmark(s) 'no-such-benchmark'" in result.stderr
+
+
+VERSION_LINE = (r"tritonpatch \d+\.\d+\.\d+\S* \(triton \d+\.\d+\.\d+\S*, "
+                r"native LLVM options: (available|unavailable: .+)\)")
+
+
+def test_version_line_from_the_console_script_and_python_m():
+    import re
+
+    import triton
+
+    import tritonpatch
+
+    script = run_cli("--version")
+    module = subprocess.run([sys.executable, "-m", "tritonpatch", "--version"], capture_output=True, text=True,
+                            timeout=120)
+    assert script.returncode == module.returncode == 0, script.stderr + module.stderr
+    assert script.stdout == module.stdout
+    line = script.stdout.strip()
+    assert re.fullmatch(VERSION_LINE, line), line
+    assert line.startswith(f"tritonpatch {tritonpatch.__version__} (triton {triton.__version__}, ")
+
+
+def test_python_m_runs_the_same_cli():
+    result = subprocess.run([sys.executable, "-m", "tritonpatch", "llvm-options", "disable-lsr"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == run_cli("llvm-options", "disable-lsr").stdout
+
+
+def test_version_says_why_llvm_options_are_unavailable(monkeypatch):
+    from tritonpatch import cli, llvm
+    from tritonpatch.errors import NativeUnavailableError
+
+    def unavailable():
+        raise NativeUnavailableError("tritonpatch._native is not built")
+
+    monkeypatch.setattr(llvm, "native_info", unavailable)
+    assert cli.version_text().endswith("native LLVM options: unavailable: tritonpatch._native is not built)")
+
+
+def test_license_is_mit_as_the_metadata_says():
+    root = os.path.join(os.path.dirname(__file__), "..")
+    with open(os.path.join(root, "LICENSE")) as f:
+        text = f.read()
+    with open(os.path.join(root, "pyproject.toml")) as f:
+        assert 'license = { text = "MIT" }' in f.read()
+    assert text.startswith("MIT License") and "Copyright (c) 2026 the tritonpatch authors" in text
+

@@ -370,9 +370,39 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def version_text() -> str:
+    """``tritonpatch X.Y.Z (triton A.B.C, native LLVM options: available)``, or ``unavailable: why``
+    when the native module cannot reach the LLVM inside this Triton."""
+    import triton
+
+    from . import __version__, llvm
+    from .errors import NativeUnavailableError
+
+    try:
+        llvm.native_info()
+        native = "available"
+    except NativeUnavailableError as exc:
+        native = f"unavailable: {exc}"
+    return f"tritonpatch {__version__} (triton {triton.__version__}, native LLVM options: {native})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print :func:`version_text` and exit (computed only when asked for, since it
+    imports Triton)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tritonpatch", description="Patch Triton's compile pipeline: LLVM options, IR passes, inspection.")
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the tritonpatch and Triton versions and whether LLVM options are available")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--traceback", action="store_true",
