@@ -104,3 +104,23 @@ def test_license_is_mit_as_the_metadata_says():
         assert 'license = { text = "MIT" }' in f.read()
     assert text.startswith("MIT License") and "Copyright (c) 2026 the tritonpatch authors" in text
 
+
+def test_bench_writes_into_bench_out_of_the_working_directory(tmp_path, monkeypatch, capsys):
+    """The default --out is ./bench-out (it was docs/benchmarks of the checkout)."""
+    from tritonpatch import cli
+
+    script = tmp_path / "bench_fake.py"
+    script.write_text("import sys, os\nout = sys.argv[sys.argv.index('--out') + 1]\n"
+                      "open(os.path.join(out, 'fake.json'), 'w').write('{}')\n")
+    monkeypatch.setattr(cli, "_benchmark_scripts", lambda: {"fake": script})
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert cli.main(["bench", "fake"]) == 0
+    assert (work / "bench-out" / "fake.json").exists()
+    assert cli.build_parser().parse_args(["bench"]).out == "bench-out"
+    capsys.readouterr()
+    monkeypatch.setenv("COLUMNS", "200")  # argparse wraps help at the terminal width
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    assert "(default: ./bench-out)" in capsys.readouterr().out

@@ -19,6 +19,7 @@ from .errors import TritonpatchError
 DEFAULT_A = "default"
 DEFAULT_B = "disable-lsr"
 DEFAULT_TARGET = "sm_90"
+DEFAULT_BENCH_OUT = "bench-out"  # relative to the working directory, never into the checkout's docs/
 TRACEBACK_HINT = "--traceback or TRITONPATCH_LOG=debug shows the full traceback"
 MESSAGE_LIMIT = 2000
 
@@ -333,7 +334,8 @@ def _benchmark_scripts() -> dict:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Run benchmark scripts one after another; each writes JSON, markdown and a plot into --out."""
+    """Run benchmark scripts one after another; each writes JSON, markdown and a plot into --out
+    (./bench-out unless given)."""
     import shlex
     import subprocess
     import time
@@ -442,10 +444,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser(
         "bench", parents=[common],
-        help="run benchmark scripts (scripts/bench_<name>.py) writing JSON, markdown and plots")
+        help="run the benchmarks (scripts/bench_<name>.py of a source checkout); each writes JSON, markdown "
+             f"and a plot into --out (default: ./{DEFAULT_BENCH_OUT})",
+        description="Runs the benchmark scripts scripts/bench_<name>.py of the source checkout tritonpatch is "
+                    "installed from (pip install -e .), one after another; each writes JSON, markdown and a plot "
+                    f"into --out, ./{DEFAULT_BENCH_OUT} unless given. Without names it lists them.")
     bench.add_argument("names", nargs="*", help="benchmarks to run (none: list them)")
     bench.add_argument("--list", action="store_true", help="list the available benchmarks")
-    bench.add_argument("--out", default="docs/benchmarks", help="output directory (default: docs/benchmarks)")
+    bench.add_argument("--out", default=DEFAULT_BENCH_OUT,
+                       help=f"output directory, created if missing (default: ./{DEFAULT_BENCH_OUT})")
     bench.add_argument("--script-args", default="", metavar="ARGS",
                        help="extra arguments for every script, e.g. --script-args='--masks causal'")
     bench.set_defaults(run=cmd_bench)
