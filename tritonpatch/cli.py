@@ -19,6 +19,7 @@ from .errors import TritonpatchError
 DEFAULT_A = "default"
 DEFAULT_B = "disable-lsr"
 DEFAULT_TARGET = "sm_90"
+COMPILE_REPEAT = 3  # timed compiles per pipeline in `compare`; the report shows their median
 DEFAULT_BENCH_OUT = "bench-out"  # relative to the working directory, never into the checkout's docs/
 TRACEBACK_HINT = "--traceback or TRITONPATCH_LOG=debug shows the full traceback"
 MESSAGE_LIMIT = 2000
@@ -238,8 +239,8 @@ def _cmd_compare_cache_dir(args: argparse.Namespace) -> int:
         print(json.dumps(reports, indent=2))
         return 0
     rows = [[r["kernel"], r["directory"][:12], str(r["registers"]), str(r["local"]), str(r["dynamic_shared"]),
-             str(sum(r["sass_main_loop"].values()))] for r in reports if "error" not in r]
-    print(_table(rows, ["KERNEL", "ENTRY", "REGS", "LOCAL", "SHARED", "LOOP-SASS"]) if rows
+             str(sum(r["sass_main_loop"].values())), r["pipeline"]] for r in reports if "error" not in r]
+    print(_table(rows, ["KERNEL", "ENTRY", "REGS", "LOCAL", "SHARED", "LOOP-SASS", "PIPELINE"]) if rows
           else f"no readable cubin in {args.cache_dir}")
     return 0
 
@@ -278,12 +279,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     name = spec["kernel"].__name__
     reports = []
     for label, pipeline in pipelines.items():
-        print(f"compiling {name} for {target} with {label} ...", file=sys.stderr)
+        print(f"compiling {name} for {target} with {label} (once untimed, {COMPILE_REPEAT} times timed) ...",
+              file=sys.stderr)
         # Triton prints the whole PTX on stdout when ptxas fails; keep stdout for the report.
         with contextlib.redirect_stdout(io.StringIO()) as compiler_output:
             try:
+                # Warm: the first compile in a process also pays for imports and LLVM set-up, which
+                # made A look slower than B when only A paid for it.
                 reports.append(inspect.compile_report(spec["kernel"], spec["signature"], spec["constexprs"], pipeline,
-                                                      target=target, **spec["options"]))
+                                                      target=target, warm_up=True, repeat=COMPILE_REPEAT,
+                                                      **spec["options"]))
             except Exception as exc:
                 if _wants_traceback(args):
                     sys.stderr.write(compiler_output.getvalue())
@@ -306,12 +311,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
         else:
             print("no CUDA GPU: the spec's [launch] section is skipped (compile-only comparison)", file=sys.stderr)
     comparison = inspect.compare(*reports, outputs_equal=outputs_equal)
-    print(json.dumps(comparison.to_dict(), indent=2) if args.json else inspect.format_comparison(comparison))
     if args.html is not None:
         with open(args.html, "w") as f:
-            f.write(inspect.comparison_html(comparison))
+            f.write(inspect.comparison_html(comparison, command=_command_line(args)))
         print(f"wrote {args.html}", file=sys.stderr)
+    print(json.dumps(comparison.to_dict(), indent=2) if args.json
+          else inspect.format_comparison(comparison, html_path=args.html))
     return 0
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The command as typed (for the HTML report's header)."""
+    import shlex
+
+    return " ".join(["tritonpatch", *(shlex.quote(word) for word in args.argv)])
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -483,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; its exit status (2: an error, reported on one ``error:`` line)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     prog = f"{parser.prog} {args.command}"
     try:
         return args.run(args)

@@ -13,8 +13,10 @@ import collections
 import dataclasses
 import difflib
 import html
+import math
 import os
 import re
+import statistics
 import subprocess
 import tempfile
 import time
@@ -29,8 +31,8 @@ SASS_CLASSES: dict[str, tuple[str, ...]] = {
     "tensor-core": ("HGMMA", "HMMA", "IMMA", "DMMA", "QGMMA", "IGMMA", "BGMMA", "UTCHMMA", "UTCQMMA"),
     "fp": ("FFMA", "FADD", "FMUL", "FMNMX", "FSETP", "FSEL", "FCHK", "FSET", "FRND", "HADD2", "HMUL2", "HFMA2",
            "HMNMX2", "HSETP2", "DADD", "DMUL", "DFMA", "DSETP", "FSWZADD"),
-    "int": ("IMAD", "IADD3", "IADD", "LOP3", "LOP", "SHF", "SHL", "SHR", "ISETP", "IMNMX", "VIMNMX", "LEA", "SEL",
-            "PRMT", "IABS", "POPC", "FLO", "BREV", "SGXT", "IDP", "BMSK", "IMUL", "ISCADD", "BFE", "BFI"),
+    "int": ("IMAD", "IADD3", "IADD", "VIADD", "LOP3", "LOP", "SHF", "SHL", "SHR", "ISETP", "IMNMX", "VIMNMX", "LEA",
+            "SEL", "PRMT", "IABS", "POPC", "FLO", "BREV", "SGXT", "IDP", "BMSK", "IMUL", "ISCADD", "BFE", "BFI"),
     "convert": ("F2F", "F2FP", "F2I", "I2F", "I2FP", "F2IP", "I2I"),
     "mufu": ("MUFU",),
     "move": ("MOV", "S2R", "S2UR", "CS2R", "R2UR", "SHFL", "MOVM"),
@@ -308,11 +310,13 @@ class CompileReport:
     passes: list[dict]
     asm: dict[str, str]  # ttir, ttgir, llir, ptx, sass
     runtime_ms: float | None = None
+    warmed_up: bool = False  # compile_seconds was measured after one untimed compile of the same kernel
 
     def to_dict(self, include_asm: bool = False) -> dict:
         out = {
             "kernel": self.kernel, "target": self.target, "pipeline": self.pipeline.to_dict(),
             "fingerprint": self.pipeline.fingerprint(), "compile_seconds": round(self.compile_seconds, 4),
+            "compile_warmed_up": self.warmed_up,
             "resources": dataclasses.asdict(self.resources), "sass": dataclasses.asdict(self.sass),
             "llir_loops": [dataclasses.asdict(loop) for loop in self.loops], "passes": self.passes,
             "runtime_ms": self.runtime_ms,
@@ -334,9 +338,15 @@ def _pass_reports(collected) -> list[dict]:
 
 
 def compile_report(kernel, signature: Mapping[str, str], constexprs: Mapping[str, Any] | None = None,
-                   pipeline: Pipeline | None = None, target: str = "sm_90", **compile_options) -> CompileReport:
+                   pipeline: Pipeline | None = None, target: str = "sm_90", warm_up: bool = False,
+                   repeat: int = 1, **compile_options) -> CompileReport:
     """Compile ``kernel`` for ``target`` with exactly ``pipeline`` (default: plain Triton) — a real
-    compile, never a cache hit — and measure what came out."""
+    compile, never a cache hit — and measure what came out.
+
+    ``warm_up=True`` compiles once untimed first, so that ``compile_seconds`` leaves out what only
+    the first compile in a process pays (imports, LLVM and pass set-up); two reports compare
+    compile times fairly only when both were warmed up. ``repeat`` compiles that many times and
+    keeps the median time (one compile's time varies by tens of percent on a busy machine)."""
     from .passes import collect_reports
 
     pipeline = pipeline if pipeline is not None else Pipeline()
@@ -344,10 +354,16 @@ def compile_report(kernel, signature: Mapping[str, str], constexprs: Mapping[str
     previous = os.environ.get("TRITON_ALWAYS_COMPILE")
     os.environ["TRITON_ALWAYS_COMPILE"] = "1"
     try:
-        with use_pipeline(pipeline), collect_reports() as reports:
-            start = time.perf_counter()
-            compiled = compile_for_target(kernel, signature, constexprs, target=target, **compile_options)
-            seconds = time.perf_counter() - start
+        if warm_up:
+            with use_pipeline(pipeline), collect_reports():
+                compile_for_target(kernel, signature, constexprs, target=target, **compile_options)
+        times = []
+        for _ in range(max(1, repeat)):
+            with use_pipeline(pipeline), collect_reports() as reports:
+                start = time.perf_counter()
+                compiled = compile_for_target(kernel, signature, constexprs, target=target, **compile_options)
+                times.append(time.perf_counter() - start)
+        seconds = statistics.median(times)
     finally:
         if previous is None:
             os.environ.pop("TRITON_ALWAYS_COMPILE", None)
@@ -360,7 +376,8 @@ def compile_report(kernel, signature: Mapping[str, str], constexprs: Mapping[str
         kernel=compiled.metadata.name, target=target, pipeline=pipeline, compile_seconds=seconds,
         resources=measure_resources(compiled.asm["cubin"], compiled.asm["ptx"], capability, pipeline.ptxas,
                                     compiled.metadata.shared),
-        sass=analyze_sass(sass), loops=llir_loops(compiled.asm["llir"]), passes=_pass_reports(reports), asm=asm)
+        sass=analyze_sass(sass), loops=llir_loops(compiled.asm["llir"]), passes=_pass_reports(reports), asm=asm,
+        warmed_up=warm_up)
 
 
 # --- running on a GPU ------------------------------------------------------------------------------
@@ -444,25 +461,34 @@ def bitwise_equal(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 # --- comparing two reports ------------------------------------------------------------------------
 
+DIFF_STAGES = ("ttgir", "ptx")
+
+
 @dataclasses.dataclass
 class Comparison:
     a: CompileReport
     b: CompileReport
     rows: list[tuple[str, Any, Any]]  # (metric, a, b)
-    diffs: dict[str, str]  # stage -> trimmed unified diff ("" when identical)
+    diffs: dict[str, str]  # stage -> the whole unified diff ("" when identical)
     outputs_equal: bool | None = None  # bitwise, when both ran on a GPU
 
     def to_dict(self) -> dict:
         return {"a": self.a.to_dict(), "b": self.b.to_dict(),
-                "rows": [{"metric": m, "a": x, "b": y} for m, x, y in self.rows], "diffs": self.diffs,
-                "outputs_bitwise_equal": self.outputs_equal}
+                "rows": [{"metric": m, "a": x, "b": y, "change": change_text(m, x, y)} for m, x, y in self.rows],
+                "diffs": self.diffs, "outputs_bitwise_equal": self.outputs_equal}
 
 
-def _trimmed_diff(a: str, b: str, name: str, max_lines: int) -> str:
-    lines = list(difflib.unified_diff(a.splitlines(), b.splitlines(), f"a/{name}", f"b/{name}", n=2, lineterm=""))
-    if len(lines) > max_lines:
-        lines = lines[:max_lines] + [f"... {len(lines) - max_lines} more diff lines"]
-    return "\n".join(lines)
+def _unified_diff(a: str, b: str, name: str) -> str:
+    return "\n".join(difflib.unified_diff(a.splitlines(), b.splitlines(), f"a/{name}", f"b/{name}", n=2, lineterm=""))
+
+
+def diff_counts(diff: str) -> tuple[int, int, int]:
+    """Lines of a unified diff: (all of them, added, removed); the ``---``/``+++`` header lines are
+    counted in the first number only."""
+    lines = diff.splitlines()
+    added = sum(line.startswith("+") and not line.startswith("+++ ") for line in lines)
+    removed = sum(line.startswith("-") and not line.startswith("--- ") for line in lines)
+    return len(lines), added, removed
 
 
 def sass_classes(*reports: CompileReport) -> set[str]:
@@ -479,7 +505,7 @@ def metrics(report: CompileReport, classes: set[str] | None = None) -> dict[str,
         out[field.name.replace("_", " ")] = getattr(report.resources, field.name)
     for scope, counts in (("SASS", report.sass.total), ("SASS main loop", report.sass.main_loop)):
         out[f"{scope} instructions"] = sum(counts.values())
-        out.update({f"{scope} {cls}": counts.get(cls, 0) for cls in SASS_CLASSES if cls in classes})
+        out.update({f"{scope} {cls}": counts.get(cls, 0) for cls in [*SASS_CLASSES, "other"] if cls in classes})
     out["LLIR loops"] = len(report.loops)
     out["LLIR main loop instructions"] = report.loops[0].instructions if report.loops else 0
     if report.runtime_ms is not None:
@@ -487,15 +513,67 @@ def metrics(report: CompileReport, classes: set[str] | None = None) -> dict[str,
     return out
 
 
-def compare(a: CompileReport, b: CompileReport, max_diff_lines: int = 200,
-            outputs_equal: bool | None = None) -> Comparison:
-    """Side-by-side metrics and trimmed IR diffs of two reports of the same kernel
+# Metrics where a smaller number is better: registers, spills, instruction counts, times. The rest
+# (shared memory, loop counts) have no direction: more loops can be the point of a pass.
+_LOWER_IS_BETTER = ("registers", "spill stores", "spill loads", "stack frame", "local memory",
+                    "compile time (s)", "runtime (ms)")
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a drop in ``metric`` is an improvement (registers, spills, instructions, times)."""
+    return metric in _LOWER_IS_BETTER or metric.startswith("SASS ") or metric.endswith(" instructions")
+
+
+def _number(value) -> str:
+    """An integer as an integer; a float with 4 significant digits in positional notation (never
+    ``1.2e+04``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-" if value is None else str(value)
+    if isinstance(value, int) or not math.isfinite(value) or value == 0:
+        return str(value)
+    decimals = max(0, 3 - math.floor(math.log10(abs(value))))
+    text = f"{value:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if decimals else text
+
+
+def _numeric(*values) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def change_direction(metric: str, a, b, lower_better: bool | None = None) -> str:
+    """``better``, ``worse`` or ``same`` for a metric with a direction (``lower_better``, default:
+    :func:`lower_is_better`); ``""`` for one without, or values that are not numbers."""
+    if not _numeric(a, b):
+        return ""
+    if a == b:
+        return "same"
+    if not (lower_is_better(metric) if lower_better is None else lower_better):
+        return ""
+    return "better" if b < a else "worse"
+
+
+def change_text(metric: str, a, b, lower_better: bool | None = None) -> str:
+    """B against A: ``+90 (+70.3%) worse``, ``-0.048 (-19.2%) better``, ``same``, ``+2 (+200.0%)``
+    for a metric without a direction; ``""`` when either value is not a number."""
+    direction = change_direction(metric, a, b, lower_better)
+    if not _numeric(a, b):
+        return ""
+    if a == b:
+        return "same"
+    delta = b - a
+    text = ("+" if delta > 0 else "-") + _number(abs(delta))
+    if a:
+        text += f" ({delta / a:+.1%})"
+    return f"{text} {direction}".rstrip()
+
+
+def compare(a: CompileReport, b: CompileReport, outputs_equal: bool | None = None) -> Comparison:
+    """Side-by-side metrics and whole IR diffs (TTGIR, PTX) of two reports of the same kernel
     (``outputs_equal``: whether both variants' GPU outputs were bitwise equal, if they ran)."""
     classes = sass_classes(a, b)
     metrics_a, metrics_b = metrics(a, classes), metrics(b, classes)
     rows = [(m, metrics_a.get(m), metrics_b.get(m)) for m in metrics_a | metrics_b]
-    diffs = {stage: _trimmed_diff(a.asm[stage], b.asm[stage], f"{a.kernel}.{stage}", max_diff_lines)
-             for stage in ("ttgir", "ptx")}
+    diffs = {stage: _unified_diff(a.asm[stage], b.asm[stage], f"{a.kernel}.{stage}") for stage in DIFF_STAGES}
     return Comparison(a=a, b=b, rows=rows, diffs=diffs, outputs_equal=outputs_equal)
 
 
@@ -503,58 +581,209 @@ def describe_pipeline(pipeline: Pipeline) -> str:
     return "plain Triton" if pipeline.is_empty else repr(pipeline)
 
 
-def _cell(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+def _compile_time_note(a: CompileReport, b: CompileReport) -> str:
+    if a.warmed_up and b.warmed_up:
+        return ("compile time: median of timed compiles after one untimed compile of each pipeline "
+                "(both in a warm process; never a cache hit)")
+    return ("compile time: not warmed up, so the first compile in the process also pays for start-up "
+            "(compile_report(..., warm_up=True) times both warm)")
 
 
-def format_comparison(comparison: Comparison) -> str:
-    """A terminal table: metric, A, B and the change."""
+def _diff_summary(stage: str, diff: str, html_path: str | None) -> str:
+    if not diff:
+        return f"{stage}: identical"
+    lines, added, removed = diff_counts(diff)
+    where = f"the full diff is in {html_path}" if html_path else "--html FILE writes the full diff"
+    return f"{stage}: {lines} diff lines (+{added} -{removed}); {where}"
+
+
+def format_comparison(comparison: Comparison, html_path: str | None = None) -> str:
+    """A terminal table: metric, A, B and the change (better/worse where the metric has a direction);
+    then the passes, the IR diffs' sizes (``html_path``: where the full diffs were written)."""
     a, b = comparison.a, comparison.b
     lines = [f"kernel {a.kernel} for {a.target}",
              f"  A: {describe_pipeline(a.pipeline)}", f"  B: {describe_pipeline(b.pipeline)}", ""]
     width = max(len(m) for m, _, _ in comparison.rows)
-    lines.append(f"{'metric'.ljust(width)}  {'A':>10}  {'B':>10}  change")
+    lines.append(f"{'metric'.ljust(width)}  {'A':>8}  {'B':>8}  change (B vs A)")
     for metric, x, y in comparison.rows:
-        change = ""
-        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and x != y:
-            change = f"{y - x:+.4g}" + (f" ({(y - x) / x:+.1%})" if x else "")
-        lines.append(f"{metric.ljust(width)}  {_cell(x):>10}  {_cell(y):>10}  {change}")
+        lines.append(f"{metric.ljust(width)}  {_number(x):>8}  {_number(y):>8}  {change_text(metric, x, y)}".rstrip())
+    lines.append("")
+    lines.append(_compile_time_note(a, b))
     for report, label in ((a, "A"), (b, "B")):
         lines.extend(f"pass ({label}) {describe_pass(p)}" for p in report.passes)
-    for stage, diff in comparison.diffs.items():
-        lines.append(f"{stage}: " + ("identical" if not diff else f"{diff.count(chr(10)) + 1} diff lines (see --html)"))
+    lines.extend(_diff_summary(stage, diff, html_path) for stage, diff in comparison.diffs.items())
     if comparison.outputs_equal is not None:
         lines.append(f"GPU outputs bitwise equal: {'yes' if comparison.outputs_equal else 'NO'}")
     return "\n".join(lines)
 
 
-def comparison_html(comparison: Comparison) -> str:
-    """A standalone HTML report: the metrics table, a bar chart of SASS classes and the IR diffs."""
+# --- the HTML report ------------------------------------------------------------------------------
+
+_HTML_STYLE = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
+h1{font-size:1.5em} h2{font-size:1.2em;margin-top:1.6em}
+table{border-collapse:collapse} td,th{padding:3px 12px;text-align:left}
+table.metrics td.num,table.metrics th.num{text-align:right;font-variant-numeric:tabular-nums}
+table.metrics tr:nth-child(even){background:#f7f7f7}
+table.metrics tr.changed{background:#fff4d6} table.metrics tr.changed td:first-child{font-weight:600}
+td.better{color:#1a7f37} td.worse{color:#b42318}
+table.meta th{color:#555;font-weight:normal;padding-left:0}
+.tag{display:inline-block;color:#fff;padding:0 .5em;border-radius:3px;font-weight:600}
+.tag.a,.bar.a{background:#4477aa} .tag.b,.bar.b{background:#ee6677}
+.charts{display:flex;flex-wrap:wrap;gap:3em} h3{font-size:1em;margin:.4em 0}
+table.chart td{padding:1px 8px;vertical-align:middle} table.chart td.cls{text-align:right;white-space:nowrap}
+.barline{display:flex;align-items:center;gap:6px;height:15px;font-size:12px;white-space:nowrap}
+.bar{height:11px;min-width:1px}
+pre.diff{background:#f6f8fa;padding:1em;overflow:auto;max-height:40em;font-size:12px;line-height:1.35}
+pre.diff span{display:block} .add{background:#e6ffec;color:#116329} .del{background:#ffebe9;color:#82071e}
+.hunk{color:#0550ae;background:#eef4ff} .file{font-weight:600;color:#555}
+"""
+
+
+def report_environment() -> dict[str, str]:
+    """The versions an HTML report is headed with: tritonpatch, Triton, torch."""
+    import triton
+
+    from . import __version__
+
+    try:
+        import torch
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = "not installed"
+    return {"tritonpatch": __version__, "triton": triton.__version__, "torch": torch_version}
+
+
+def _diff_html(diff: str) -> str:
+    """A unified diff as one span per line, classed add / del / hunk / file for colour."""
+    out = []
+    for line in diff.splitlines():
+        if line.startswith(("--- ", "+++ ")):
+            cls = "file"
+        elif line.startswith("@@"):
+            cls = "hunk"
+        elif line.startswith("+"):
+            cls = "add"
+        elif line.startswith("-"):
+            cls = "del"
+        else:
+            cls = "ctx"
+        out.append(f"<span class={cls}>{html.escape(line) or ' '}</span>")
+    return "".join(out)
+
+
+def _chart_html(title: str, counts_a: Mapping[str, int], counts_b: Mapping[str, int]) -> str:
+    """Horizontal bars, one pair (A, B) per SASS class, each count written after its bar."""
+    classes = [c for c in [*SASS_CLASSES, "other"] if counts_a.get(c) or counts_b.get(c)]
+    peak = max([counts_a.get(c, 0) for c in classes] + [counts_b.get(c, 0) for c in classes] + [1])
+    rows = []
+    for cls in classes:
+        bars = "".join(
+            f"<div class=barline><div class='bar {side}' style='width:{300 * counts.get(cls, 0) / peak:.0f}px'></div>"
+            f"{counts.get(cls, 0)}</div>" for side, counts in (("a", counts_a), ("b", counts_b)))
+        rows.append(f"<tr><td class=cls>{html.escape(cls)}</td><td>{bars}</td></tr>")
+    return (f"<div class=chart><h3>{html.escape(title)}</h3>"
+            f"<table class=chart>{''.join(rows)}</table></div>")
+
+
+def comparison_html(comparison: Comparison, command: str | None = None, generated: str | None = None,
+                    environment: Mapping[str, str] | None = None) -> str:
+    """A standalone HTML report: a header (versions, ``command``, date), the metrics with a change
+    column and the changed rows highlighted, bar charts of the SASS classes of the main loop and of
+    the whole kernel, and the whole IR diffs coloured (+ green, - red)."""
+    import datetime
+
     a, b = comparison.a, comparison.b
-    rows = "".join(f"<tr><td>{html.escape(str(m))}</td><td>{html.escape(str(x))}</td><td>{html.escape(str(y))}</td></tr>"
-                   for m, x, y in comparison.rows)
-    classes = [c for c in SASS_CLASSES if a.sass.total.get(c) or b.sass.total.get(c)]
-    peak = max([a.sass.total.get(c, 0) for c in classes] + [b.sass.total.get(c, 0) for c in classes] + [1])
-    bars = "".join(
-        f"<tr><td>{c}</td><td><div class=a style='width:{300 * a.sass.total.get(c, 0) / peak:.0f}px'>"
-        f"{a.sass.total.get(c, 0)}</div><div class=b style='width:{300 * b.sass.total.get(c, 0) / peak:.0f}px'>"
-        f"{b.sass.total.get(c, 0)}</div></td></tr>" for c in classes)
-    diffs = "".join(f"<h2>{stage} diff</h2><pre>{html.escape(diff) or 'identical'}</pre>"
-                    for stage, diff in comparison.diffs.items())
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>tritonpatch compare {html.escape(a.kernel)}</title>
-<style>body{{font-family:sans-serif;margin:2em}} td{{padding:2px 10px}} pre{{background:#f6f6f6;padding:1em;overflow:auto}}
-.a,.b{{color:white;font-size:11px;margin:1px}} .a{{background:#4477aa}} .b{{background:#ee6677}}</style></head><body>
-<h1>{html.escape(a.kernel)} for {html.escape(a.target)}</h1>
-<p><span class=a>&nbsp;A&nbsp;</span> {html.escape(describe_pipeline(a.pipeline))}<br>
-<span class=b>&nbsp;B&nbsp;</span> {html.escape(describe_pipeline(b.pipeline))}</p>
-<table><tr><th>metric</th><th>A</th><th>B</th></tr>{rows}</table>
-<h2>SASS instructions by class</h2><table>{bars}</table>{diffs}</body></html>"""
+    environment = report_environment() if environment is None else environment
+    generated = generated or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    meta = [*((f"{name} version", version) for name, version in environment.items()),
+            ("command", command or "(Python API)"), ("date", generated)]
+    meta_rows = "".join(f"<tr><th>{html.escape(k)}</th><td><code>{html.escape(v)}</code></td></tr>" for k, v in meta)
+    rows = []
+    for metric, x, y in comparison.rows:
+        change, direction = change_text(metric, x, y), change_direction(metric, x, y)
+        changed = " class=changed" if x != y else ""
+        rows.append(f"<tr{changed}><td>{html.escape(metric)}</td><td class=num>{html.escape(_number(x))}</td>"
+                    f"<td class=num>{html.escape(_number(y))}</td>"
+                    f"<td class='num {direction}'>{html.escape(change)}</td></tr>")
+    notes = [_compile_time_note(a, b), *(f"pass ({label}) {describe_pass(p)}" for report, label in ((a, "A"), (b, "B"))
+                                        for p in report.passes)]
+    if comparison.outputs_equal is not None:
+        notes.append(f"GPU outputs bitwise equal: {'yes' if comparison.outputs_equal else 'NO'}")
+    diffs = []
+    for stage, diff in comparison.diffs.items():
+        if not diff:
+            diffs.append(f"<h2>{stage} diff</h2><p>identical</p>")
+            continue
+        lines, added, removed = diff_counts(diff)
+        diffs.append(f"<h2>{stage} diff</h2><p>{lines} lines: <span class=add>+{added}</span> "
+                     f"<span class=del>-{removed}</span> (the whole diff)</p><pre class=diff>{_diff_html(diff)}</pre>")
+    title = f"{a.kernel} for {a.target}"
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>tritonpatch compare {html.escape(title)}</title>
+<style>{_HTML_STYLE}</style></head><body>
+<h1>tritonpatch compare: {html.escape(title)}</h1>
+<p><span class='tag a'>A</span> {html.escape(describe_pipeline(a.pipeline))}<br>
+<span class='tag b'>B</span> {html.escape(describe_pipeline(b.pipeline))}</p>
+<table class=meta>{meta_rows}</table>
+<h2>Metrics</h2>
+<table class=metrics><tr><th>metric</th><th class=num>A</th><th class=num>B</th><th class=num>change (B vs A)</th></tr>
+{''.join(rows)}</table>
+<ul>{''.join(f'<li>{html.escape(n)}</li>' for n in notes)}</ul>
+<h2>SASS instructions by class</h2>
+<p><span class='tag a'>A</span> upper bar, <span class='tag b'>B</span> lower bar; the main loop is the loop with
+the most tensor-core instructions (then the longest)</p>
+<div class=charts>{_chart_html("main loop", a.sass.main_loop, b.sass.main_loop)}
+{_chart_html("whole kernel", a.sass.total, b.sass.total)}</div>
+{''.join(diffs)}</body></html>"""
 
 
 # --- kernels already in a Triton cache ------------------------------------------------------------
 
+# What tritonpatch's hooks write into a kernel's metadata file (``<kernel>.json`` in the cache):
+# the Pipeline's canonical form (``Pipeline.to_dict()``) and fingerprint, and a note when its
+# passes fell back to the unpatched IR. A compile with an empty Pipeline writes none of them.
+PIPELINE_KEY = "tritonpatch_pipeline"
+FINGERPRINT_KEY = "tritonpatch_fingerprint"
+FALLBACK_KEY = "tritonpatch_fallback"
+
+
+def _option_text(name: str, value) -> str:
+    """``name`` for a true flag, else ``name=value`` (booleans as true/false, as the CLI reads them)."""
+    if value is True:
+        return name
+    return f"{name}={str(value).lower() if isinstance(value, bool) else value}"
+
+
+def describe_recorded_pipeline(metadata: Mapping[str, Any]) -> str:
+    """The Pipeline a cache entry was built with, from its metadata, in the CLI's ``--a``/``--b``
+    form (``disable-lsr``, ``llvm:unroll-threshold=0``, ``passes:skip-masked-blocks``, ...);
+    ``plain Triton`` when the metadata records none; `` (passes fell back)`` appended when they did."""
+    record = metadata.get(PIPELINE_KEY)
+    if isinstance(record, str):
+        text = record
+    elif isinstance(record, Mapping) and any(record.get(k) for k in ("llvm", "passes", "ptxas")):
+        items = []
+        llvm = [(name, value) for name, value in record.get("llvm", ())]
+        items.extend("disable-lsr" for name, value in llvm if name == "disable-lsr" and value is True)
+        other = [_option_text(name, value) for name, value in llvm if not (name == "disable-lsr" and value is True)]
+        if other:
+            items.append("llvm:" + ",".join(other))
+        passes = []
+        for name, options in record.get("passes", ()):
+            settings = ",".join(_option_text(k, v) for k, v in options)
+            passes.append(f"{name}({settings})" if settings else name)
+        if passes:
+            items.append("passes:" + ",".join(passes))
+        if record.get("ptxas"):
+            items.append("ptxas:" + " ".join(record["ptxas"]))
+        text = ";".join(items)
+    else:
+        text = "plain Triton"
+    return text + (" (passes fell back)" if metadata.get(FALLBACK_KEY) else "")
+
 def _cache_entry_report(root: str, name: str) -> dict:
-    """Resources and SASS mix of one cubin of a Triton cache, with its metadata file's launch settings."""
+    """Resources and SASS mix of one cubin of a Triton cache, with the Pipeline and launch settings
+    its metadata file records."""
     import json
 
     with open(os.path.join(root, name), "rb") as f:
@@ -570,7 +799,8 @@ def _cache_entry_report(root: str, name: str) -> dict:
             f.write(cubin)
         usage = parse_resource_usage(_run([_tool("cuobjdump"), "--dump-resource-usage", path]))
     sass = analyze_sass(disassemble(cubin))
-    return {"num_warps": meta.get("num_warps"), "num_stages": meta.get("num_stages"),
+    return {"pipeline": describe_recorded_pipeline(meta), "fingerprint": meta.get(FINGERPRINT_KEY),
+            "num_warps": meta.get("num_warps"), "num_stages": meta.get("num_stages"),
             "dynamic_shared": meta.get("shared"), **usage, "sass_total": sass.total, "sass_main_loop": sass.main_loop}
 
 
