@@ -328,7 +328,7 @@ def _command_line(args: argparse.Namespace) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The seed kernel and the packaged attention under plain Triton vs tuned Pipelines."""
+    """A masked attention kernel and the packaged attention under plain Triton and the Pipelines."""
     from . import demo
 
     env.check_environment()
@@ -451,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo", parents=[common],
-        help="the seed report's kernel and the packaged attention under plain vs tuned pipelines "
+        help="what the Pipelines do to two prefix-LM attention kernels, against plain Triton "
              "(compile-only on a CPU machine; timings vs FlexAttention/SDPA on a GPU)")
     demo.set_defaults(run=cmd_demo)
 
