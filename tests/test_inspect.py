@@ -256,7 +256,7 @@ def test_format_comparison_says_where_the_whole_diff_is():
     assert added == removed == 600 and lines > 1200
     assert f"ptx: {lines} diff lines (+600 -600); the full diff is in report.html" in text
     assert "--html FILE writes the full diff" in inspect.format_comparison(comparison)
-    assert "compile time: median of timed compiles after one untimed compile of each pipeline" in text
+    assert "compile time: each pipeline compiled once untimed, then the median of timed compiles" in text
     cold = inspect.compare(fake_report(warmed_up=False), fake_report())
     assert "compile time: not warmed up" in inspect.format_comparison(cold)
 

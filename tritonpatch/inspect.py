@@ -583,8 +583,7 @@ def describe_pipeline(pipeline: Pipeline) -> str:
 
 def _compile_time_note(a: CompileReport, b: CompileReport) -> str:
     if a.warmed_up and b.warmed_up:
-        return ("compile time: median of timed compiles after one untimed compile of each pipeline "
-                "(both in a warm process; never a cache hit)")
+        return "compile time: each pipeline compiled once untimed, then the median of timed compiles (no cache hits)"
     return ("compile time: not warmed up, so the first compile in the process also pays for start-up "
             "(compile_report(..., warm_up=True) times both warm)")
 
