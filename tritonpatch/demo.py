@@ -209,7 +209,7 @@ def packaged_section(reports: dict[str, inspect.CompileReport]) -> str:
     lines = ["Packaged attention (tritonpatch.kernels, prefix-LM P=1024, D=64, bf16, sm_90).", "",
              wrap("Its block mask sends the full tiles through a loop without the mask and the partial "
                   f"tiles through one with it (SASS per loop: {plain['SASS per loop']}), so it needs no "
-                  "pass; plain Triton builds it as:"),
+                  "pass; plain Triton builds it as:"), "",
              reference_table({"plain Triton": plain}), "", packaged_summary(plain, variant)]
     return "\n".join(lines)
 
