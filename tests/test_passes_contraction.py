@@ -169,7 +169,9 @@ def see_through_kernel(Q, K, V, Row, Col, Out, N_CTX, scale, BLOCK_M: tl.constex
     (broadcast, transpose) or casts that LLVM moves across the select. ``SHAPE`` picks the body:
     "broadcast" (a product broadcast to the select), "trans" (a product transposed twice),
     "trans-then-scale" (a constant multiply after a transposed select), "cast-then-scale"
-    (an f16 select upcast, then scaled by a constant)."""
+    (an f16 select upcast, then scaled by a constant), "select-then-add" (the causal select inside
+    a second, unanalysable select, then a constant add: LLVM pushes the add into both selects and
+    fuses it with the product)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
@@ -188,9 +190,13 @@ def see_through_kernel(Q, K, V, Row, Col, Out, N_CTX, scale, BLOCK_M: tl.constex
         elif SHAPE == "trans-then-scale":
             s = tl.dot(q, tl.load(K + cols[None, :] * D + offs_d[:, None])) * scale
             t = tl.trans(tl.trans(tl.where(causal, s, float("-inf"))) * 2.5 - r[None, :])
-        else:
+        elif SHAPE == "cast-then-scale":
             s = tl.load(K + offs_m[:, None] * N_CTX + cols[None, :])
             t = tl.where(causal, s, float("-inf")).to(tl.float32) * 2.5 - r[:, None]
+        else:
+            s = tl.dot(q, tl.load(K + cols[None, :] * D + offs_d[:, None])) * scale
+            keep = (tl.load(Col + cols) > 0.0)[None, :]                 # not analysable: this select stays
+            t = tl.where(keep, tl.where(causal, s, 0.0), float("-inf")) + 0.25 - r[:, None]
         p = tl.math.exp2(t)
         acc += tl.dot(p.to(tl.float16), tl.load(V + cols[:, None] * D + offs_d[None, :]))
     tl.store(Out + offs_m[:, None] * D + offs_d[None, :], acc)
@@ -200,7 +206,7 @@ SEE_THROUGH_SIGNATURE = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "Row": "*fp32
                          "N_CTX": "i32", "scale": "fp32"}
 
 
-@pytest.mark.parametrize("shape", ["broadcast", "trans", "trans-then-scale", "cast-then-scale"])
+@pytest.mark.parametrize("shape", ["broadcast", "trans", "trans-then-scale", "cast-then-scale", "select-then-add"])
 def test_copies_keep_the_float_work_through_shape_and_cast_ops(shape):
     """Every split copy that computes the softmax (an all-false copy folds exp2(-inf) away) does
     the mixed loop's floating-point work, plus at most one ``x + -0`` per element where the

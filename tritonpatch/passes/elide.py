@@ -26,8 +26,10 @@ constant-operand ops that LLVM's InstCombine moves in front of a select with a c
 ``select(m, x, -inf) * C`` -> ``select(m, x * C, -inf)``), chosen by what produces the value there
 (:func:`boundary`). Shape ops are register renames at LLVM level and InstCombine moves float casts
 across the select too, so both walks see through them; where a constant-operand op follows the
-select through one of them, or a product reaches it through a cast, no exact place for the
-boundary is known and the copy is not emitted:
+select through one of them or through another select (InstCombine pushes the op into that
+select's arms as well: ``select(m2, select(m1, a * b, 0), -inf) + C`` becomes an FMA of ``a * b``
+and ``C``), or a product reaches it through a cast, no exact place for the boundary is known and
+the copy is not emitted:
 
 * an f32 multiply whose only user is the select (directly, not through a shape op): the multiply itself is emitted as ``mul.rn.f32``
   inline assembly, which neither LLVM nor ptxas contracts: the unpatched kernel's rounding, and
@@ -106,13 +108,26 @@ def _is_chain_op(module: Module, line, value: str) -> bool:
         and all(is_constant(module, o) for o in others)
 
 
+def _passes_value_on(line, value: str) -> bool:
+    """Whether ``line`` hands ``value``'s elements on unchanged: a rename, a cast, or another
+    select with ``value`` as one of its arms. InstCombine moves a constant-operand op in front of
+    each of them (into both arms of a select whose other arm is a constant, and again into an
+    inner select), so such an op after them may end up fused with a multiply before the select."""
+    if len(line.results) != 1:
+        return False
+    if line.op in _RENAMES + _CASTS:
+        return True
+    return line.op == "arith.select" and any(base_name(arm) == base_name(value) for arm in line.operands[1:])
+
+
 def _chain_op_past_renames(module: Module, body: range, value: str) -> str | None:
-    """A constant-operand op reached from ``value`` through renames and casts only (at LLVM level
-    these are the select's own elements, so InstCombine may move that op in front of the select
-    too), as "op after renames"; None when there is none."""
+    """A constant-operand op reached from ``value`` through renames, casts and other selects only
+    (at LLVM level the first two are the select's own elements, and InstCombine pushes such an op
+    into the arms of a select with a constant arm; either way it may land in front of the select
+    being elided), as "op after renames"; None when there is none."""
     for index in module.users(value, body):
         line = module.lines[index]
-        if line.op not in _RENAMES + _CASTS or len(line.results) != 1:
+        if not _passes_value_on(line, value):
             continue
         for user in module.users(line.results[0], body):
             if _is_chain_op(module, module.lines[user], line.results[0]):
