@@ -221,6 +221,17 @@ def test_ptxas_flags_reach_cubin():
     assert patched == by_triton
 
 
+def test_a_patched_kernel_records_its_pipeline_in_its_metadata():
+    """The Pipeline's canonical form and fingerprint go into the kernel's metadata (and with it
+    into Triton's cache entry); a plain compile records nothing."""
+    pipeline = tritonpatch.Pipeline(disable_lsr=True, ptxas=["-O1"])
+    with tritonpatch.use_pipeline(pipeline):
+        patched = compile_kernel()
+    assert patched.metadata.tritonpatch_pipeline == pipeline.to_dict()
+    assert patched.metadata.tritonpatch_fingerprint == pipeline.fingerprint()
+    assert not hasattr(compile_kernel().metadata, "tritonpatch_pipeline")
+
+
 def test_a_register_cap_that_ptxas_ignores_is_reported():
     """Triton's PTX declares launch bounds (.reqntid), which ptxas follows instead of
     --maxrregcount: the flag gets a warning pointing to maxnreg; other flags get none."""

@@ -143,8 +143,6 @@ def test_cli_compare_json_html_and_cache_dir(tmp_path):
     assert "plain Triton" in table.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="tritonpatch's hooks do not yet write the Pipeline into the kernel "
-                                       f"metadata ({inspect.PIPELINE_KEY}), so every cache entry reads as plain Triton")
 def test_cli_cache_dir_names_the_pipeline_that_built_each_entry(tmp_path):
     spec = os.path.join(os.path.dirname(__file__), "..", "examples", "masked_attention.toml")
     cache = tmp_path / "cache"

@@ -101,6 +101,9 @@ def _wrap_stages(backend, stages: dict, options, language, pipeline: Pipeline, s
                                 f"the ptxas flags {list(pipeline.ptxas)}; drop ptxas= or that hook")
         stages["cubin"] = _warn_on_ignored_register_cap(
             compat.cubin_stage_with_ptxas_options(backend, options, pipeline.ptxas), pipeline.ptxas)
+    if not pipeline.is_empty:
+        first = next(iter(stages))
+        stages[first] = _recording_pipeline(stages[first], pipeline)
     if pipeline.passes:
         if compat.is_triton_language(language):
             _PatchedCompile(stages, pipeline.passes, env.strict(), ahead=not compat.ir_locations_from_stored_files())
@@ -256,10 +259,30 @@ def _stored_copy(module):
     return parse_module(str(module), module.context) if compat.is_mlir_module(module) else module
 
 
+# What tritonpatch writes into a kernel's metadata (``<kernel>.json`` in Triton's cache, and
+# ``kernel.metadata``): the Pipeline's canonical form (``Pipeline.to_dict()``) and fingerprint, and
+# a note when its passes fell back to the unpatched IR. A compile with an empty Pipeline writes none.
+PIPELINE_KEY = "tritonpatch_pipeline"
+FINGERPRINT_KEY = "tritonpatch_fingerprint"
+FALLBACK_KEY = "tritonpatch_fallback"
+
+
+def _recording_pipeline(stage: Callable, pipeline: Pipeline) -> Callable:
+    """``stage`` (the compile's first), recording ``pipeline`` in the kernel's metadata first, so
+    that a cache entry says what built it (``tritonpatch compare --cache-dir``)."""
+    record, fingerprint = pipeline.to_dict(), pipeline.fingerprint()
+
+    def run(src, metadata):
+        metadata[PIPELINE_KEY] = record
+        metadata[FINGERPRINT_KEY] = fingerprint
+        return stage(src, metadata)
+    return run
+
+
 def _record_fallback(metadata: dict, message: str) -> None:
     """Note in the kernel's metadata (stored with the artifact) that passes were dropped."""
-    previous = metadata.get("tritonpatch_fallback")
-    metadata["tritonpatch_fallback"] = f"{previous}; {message}" if previous else message
+    previous = metadata.get(FALLBACK_KEY)
+    metadata[FALLBACK_KEY] = f"{previous}; {message}" if previous else message
 
 
 def _log_compile(pipeline: Pipeline) -> Callable:

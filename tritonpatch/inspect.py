@@ -23,6 +23,7 @@ import time
 from typing import Any, Mapping
 
 from .env import quote
+from .hooks import FALLBACK_KEY, FINGERPRINT_KEY, PIPELINE_KEY
 from .pipeline import Pipeline, use_pipeline
 from .targets import compile_for_target, parse_target, ptxas_path
 
@@ -738,12 +739,6 @@ the most tensor-core instructions (then the longest)</p>
 
 # --- kernels already in a Triton cache ------------------------------------------------------------
 
-# What tritonpatch's hooks write into a kernel's metadata file (``<kernel>.json`` in the cache):
-# the Pipeline's canonical form (``Pipeline.to_dict()``) and fingerprint, and a note when its
-# passes fell back to the unpatched IR. A compile with an empty Pipeline writes none of them.
-PIPELINE_KEY = "tritonpatch_pipeline"
-FINGERPRINT_KEY = "tritonpatch_fingerprint"
-FALLBACK_KEY = "tritonpatch_fallback"
 
 
 def _option_text(name: str, value) -> str:
