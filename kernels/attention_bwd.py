@@ -422,7 +422,7 @@ class KernelConfig:
 # Hopper candidates. dK/dV: a wide kv tile (the accumulators) walked by narrow q steps; dQ: the
 # mirror image. Timed on the first call per shape (plus disable-lsr on the first); kept small because
 # every candidate compiles. Order and members from the H200 sweeps of scripts/bench_attention.py
-# (--mode fwd_bwd --sweep; docs/benchmarks/attention_bwd_sweep.md). All compile for sm_90 without register
+# (--mode fwd_bwd --sweep; docs/history.md#attention-backward). All compile for sm_90 without register
 # spills (ptxas -v) except at D=128 the dK/dV BM64-BN128 tile (FlexAttention's; 16-136 bytes) and the
 # dQ BM128-BN128 tile (28 bytes), the fastest of the sweep all the same (by 15% and 3%).
 _DKDV_CONFIGS = {

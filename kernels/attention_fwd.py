@@ -75,7 +75,7 @@ def _attend_tiles_specialized(acc, l_i, m_i, q, k_src, v_src, num_full, full_ids
     ``if`` in it), so the mask runs on every tile (APPLY_MASK; off when only full tiles are listed).
     The mask sees both indices shifted by the tile start (``q_idx - start_n``, ``0..BLOCK_N-1``;
     equal for a shift-invariant mask): Triton 3.6's data partitioning miscomputes a loop-variant
-    kv-index row ``start_n + arange`` (docs/benchmarks/warp_specialization.md). k_src / v_src: 2-D
+    kv-index row ``start_n + arange`` (docs/design/warp_specialization.md). k_src / v_src: 2-D
     descriptors of this kv head."""
     cols = tl.arange(0, BLOCK_N)[None, :]
     for j in tl.range(0, num_full + num_partial, warp_specialize=True):
@@ -263,7 +263,7 @@ class FwdConfig:
 
 # Candidates for Hopper (H100/H200), chosen from ptxas reports for sm_90a (registers, spills, shared memory
 # within 227 KB; tests/test_kernels_compile.py holds each to its spill budget) and the H200 sweeps
-# (scripts/bench_attention.py --sweep, docs/benchmarks/attention_fwd_sweep.md); the tuner times them on the
+# (scripts/bench_attention.py --sweep, docs/history.md#attention-forward); the tuner times them on the
 # first call per shape. The 64-row one-warpgroup tiles waste less of the partial tiles and, with 2 stages,
 # fit 2-4 programs per SM (by registers and shared memory), whose softmax and matmuls can overlap: they won
 # at D=64 and on the sparser masks at D=128 (sliding window, document). At D=64 a register cap fits one more
@@ -277,7 +277,7 @@ _HOPPER_CONFIGS = {
           FwdConfig(64, 32, 4, 3, True), FwdConfig(128, 64, 8, 3, True), FwdConfig(128, 64, 8, 3)],
 }
 _INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
-# Measured on H200 (docs/benchmarks/warp_specialization.md): 3 stages do not fit (D=128) or give NaN.
+# Measured on H200 (docs/design/warp_specialization.md): 3 stages do not fit (D=128) or give NaN.
 WARP_SPECIALIZED_CONFIG = FwdConfig(128, 128, 4, 2, use_tma=True, warp_specialize=True)
 # The split: WARP_SPECIALIZED_CONFIG's kernel over the full tiles, then the two-loop kernel over the partial ones.
 SPLIT_CONFIG = FwdConfig(128, 128, 4, 2, use_tma=True, warp_specialize=True, split=True)

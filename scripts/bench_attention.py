@@ -163,12 +163,10 @@ def _compare(name, out, lse, ref, ref_lse) -> dict:
 
 # ------------------------------------------------------------------------------------------------
 SWEEP = {  # head dim -> forward configs; each compiles for sm_90a within 227 KB of shared memory and without
-    # spills on the causal mask (ptxas -v). Round 2 (session 6) added 256-row q tiles at D=64 (0.67-0.84x the
-    # incumbents at S=8192) and 64-row ones at D=128 (BM64-BN64-w4-s3 won sliding window and document); round 3:
-    # the incumbents, the best 256-row tile and the 64-row tiles around that winner; round 5 (D=64): the
-    # 64-row winners with a register cap that fits one more program per SM (182 -> 168: 2 -> 3 by registers;
-    # 108 -> 96: 4 -> 5); round 6 (D=128, sliding window and document): the 64-row winners and BM64-BN32 with
-    # 2 stages (128 registers, 49 KB: 4 programs per SM) (docs/benchmarks/attention_fwd_sweep.md).
+    # spills on the causal mask (ptxas -v): the shipped tuning candidates, the 64-row q tiles with a register
+    # cap that fits one more program per SM at D=64 (182 -> 168 registers: 2 -> 3 programs; 108 -> 96: 4 -> 5),
+    # and at D=128 the one-warpgroup tiles light enough for 2-4 programs per SM. What earlier sweeps measured
+    # and why these remain: docs/history.md#attention-forward.
     64: [A.FwdConfig(64, 128, 4, 2, True), A.FwdConfig(64, 128, 4, 2, True, max_registers=168),
          A.FwdConfig(64, 64, 4, 2, True), A.FwdConfig(64, 64, 4, 2, True, max_registers=96),
          A.FwdConfig(128, 128, 4, 3, True)],
@@ -212,10 +210,9 @@ def sweep(device, masks, head_dims, seq_lens, every_pipeline=False) -> list:
     return rows
 
 
-BWD_SWEEP = {  # kernel -> head_dim -> (block_m, block_n, num_warps, num_stages); each with and without TMA.
-    # Round 2 (round 1: docs/benchmarks/attention_bwd_sweep.md): around the winners of round 1; spills
-    # (ptxas -v, separate mode) noted where there are any. Round 3 (session 6, D=128 only): the incumbents
-    # and one-warpgroup tiles light enough for two programs per SM, as won the forward's sweep.
+BWD_SWEEP = {  # kernel -> head_dim -> (block_m, block_n, num_warps, num_stages); each with and without TMA:
+    # the tiles around the shipped winners, with the spills ptxas -v reports in separate mode, and at D=128
+    # one-warpgroup tiles light enough for two programs per SM (docs/history.md#attention-backward).
     "dkdv": {64: [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 8, 2),   # the last spills 48 B
                   (128, 128, 8, 2), (32, 64, 4, 3), (64, 128, 8, 2)],                 # BM128-BN128: 200 B
              128: [(64, 128, 8, 3), (16, 64, 4, 2), (16, 64, 4, 3), (32, 64, 4, 2)]},  # 136, 0, 20, 116 B

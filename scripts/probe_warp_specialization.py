@@ -1,5 +1,5 @@
 """Probe: does Triton's warp specialization on Hopper (``tl.range(..., warp_specialize=True)``) work,
-and pay off, for an attention loop? (docs/benchmarks/warp_specialization.md)
+and pay off, for an attention loop? (docs/design/warp_specialization.md)
 
 A minimal online-softmax forward over device-side TMA descriptors (what Triton 3.6's Hopper warp
 specialization needs), one kv loop over a list of tile ids, optionally with a causal mask in the

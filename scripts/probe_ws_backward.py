@@ -1,6 +1,6 @@
 """Probe (compile-only, no GPU): does Triton warp-specialize an attention dK/dV loop on sm_90?
 
-The forward's warp-specialized kernel (docs/benchmarks/warp_specialization.md) is what lifts our D=128
+The forward's warp-specialized kernel (docs/design/warp_specialization.md) is what lifts our D=128
 forward past FlexAttention; the backward would need the same. This compiles a minimal FA-style dK/dV
 loop (one kv tile; per q tile: S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T, dK += dS^T Q;
 Q and dO through device-side TMA descriptors as in the forward's variant) with and without
@@ -12,7 +12,7 @@ and ``ttg.warp_specialize`` regions it produces.
 fp32 dK/dV sums stored through pointers or descriptors, and the dQ kernel's loop likewise. For each
 variant: whether the warp-specialized build's results equal the unspecialized build's, and the
 ``do_bench`` median at B*H=64, S=8192, D=128 against the unspecialized kernel with our tiles.
-Findings: docs/benchmarks/warp_specialization.md ("The backward on the H200").
+Findings: docs/design/warp_specialization.md ("The backward on the H200").
 
 Usage: python scripts/probe_ws_backward.py         (compile-only; one line per variant)
        python scripts/probe_ws_backward.py --gpu   (correctness and time of the specialized loop)

@@ -47,7 +47,7 @@ CANDIDATES = [("dkdv", d, c) for d, cs in B._DKDV_CONFIGS.items() for c in cs] +
              [("dq", d, c) for d, cs in B._DQ_CONFIGS.items() for c in cs]
 # Measured exceptions (bytes of spill stores/loads on Triton 3.6; dK/dV with the atomic dQ): FlexAttention's
 # D=128 dK/dV tile spills 136 bytes at 3 stages (112 at 2), the D=128 dQ BM128-BN128 tile 28, and both were
-# still the fastest in the H200 sweep (docs/benchmarks/attention_bwd_sweep.md).
+# still the fastest in the H200 sweep (docs/history.md#attention-backward).
 SPILL_BUDGET = {("dkdv", 128, "BM64-BN128-w8-s3"): 160, ("dkdv", 128, "BM64-BN128-w8-s2"): 128,
                 ("dq", 128, "BM128-BN128-w8-s2-tma"): 32}
 
