@@ -1,4 +1,4 @@
-"""The seed report's masked attention loop as a standalone kernel, for `tritonpatch compare`:
+"""The field report's masked attention loop as a standalone kernel, for `tritonpatch compare`:
 
     tritonpatch compare examples/masked_attention.toml --a default --b disable-lsr
 """
@@ -9,7 +9,7 @@ import triton.language as tl
 @triton.jit
 def masked_attention_kernel(Q, K, V, Out, stride_qm, stride_kn, stride_vn, stride_om, N_CTX, PREFIX,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """One q-block of attention over every kv-block with the seed report's prefix-LM mask
+    """One q-block of attention over every kv-block with the field report's prefix-LM mask
     ``(q <= P & kv <= P) | q >= kv``, pointer arithmetic inside the loop (LSR's territory)."""
     start_m = tl.program_id(0)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -5,15 +5,15 @@ per (kv block, batch*head)); each step computes S, dP, dS, accumulates dK and dV
 adds its dQ tile (a tl.dot result, in the MMA layout) into global dQ. Only that write differs:
 
 - ``atomic_add``: ``tl.atomic_add`` (acq_rel, Triton's default), ``atomic_add_relaxed``: sem="relaxed";
-- ``red_add``: the helper the seed report asked for, defined below: ``red.global.add`` on pairs of
+- ``red_add``: the helper the field report asked for, defined below: ``red.global.add`` on pairs of
   neighbouring elements (``.v2.f32``, ``.bf16x2``) straight from the MMA layout, no layout
   conversion. It lost to ``atomic_add_relaxed`` in every case measured, so it was not added to
   tritonpatch; it stays here to reproduce docs/benchmarks/language.md;
 - ``store``: ``tl.store`` (wrong result, the cost of writing without a reduction);
-- ``none``: no dQ write (the dQ dot is dead code: the ceiling, as in the seed report).
+- ``none``: no dQ write (the dQ dot is dead code: the ceiling, as in the field report).
 
 dQ accumulates in fp32 or bf16. TFLOP/s = 5·B·H·N²·D / time (causal attention backward, as the
-seed report counts it). Times are triton.testing.do_bench medians on fresh random inputs.
+field report counts it). Times are triton.testing.do_bench medians on fresh random inputs.
 
 Usage:
     python scripts/bench_language.py --out DIR             # GPU: check, then time -> DIR/language.{json,md,png}
