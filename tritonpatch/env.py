@@ -7,7 +7,7 @@ offending token.
 
     TRITONPATCH_DISABLE_LSR=1                        llvm option disable-lsr=true
     TRITONPATCH_LLVM_OPTIONS="disable-lsr,unroll-threshold=50"   ``name`` or ``name=value``, comma separated
-    TRITONPATCH_PASSES="hoist-masks,skip-blocks(mode=exact)"     pass specs, comma separated
+    TRITONPATCH_PASSES="hoist-masks,elide-uniform-masks(max_atoms=4)"  pass specs, comma separated
     TRITONPATCH_PTXAS_OPTIONS="--def-load-cache=cg -O3"         whitespace separated, like Triton's PTXAS_OPTIONS
     TRITONPATCH_LOG=info|debug                       log which Pipeline each kernel compiled with
     TRITONPATCH_STRICT=1                             a failing IR pass raises instead of falling back
