@@ -65,7 +65,7 @@ def replay_key(tensors: tuple, *parts):
     16-byte alignment (None stays None), which of ``tensors`` are the same object (:func:`alias_pattern`),
     the current CUDA device and the Pipeline a compile would use now. None (nothing is replayed) for
     CPU tensors, under the interpreter or with ``TRITONPATCH_FAST_LAUNCH=0``."""
-    from tritonpatch.pipeline import current_cache_tag
+    from tritonpatch._current import current_cache_tag
 
     if not _replays_launches(tensors[0]):
         return None

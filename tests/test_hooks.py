@@ -341,9 +341,10 @@ def test_log_names_kernel_and_pipeline(caplog):
 
 def test_environment_pipeline_applies(reference, monkeypatch):
     """TRITONPATCH_* variables act like an outermost options() block."""
+    from tritonpatch import _current
     from tritonpatch import pipeline as pipeline_module
 
-    monkeypatch.setattr(pipeline_module, "_environment",
+    monkeypatch.setattr(_current, "_environment",
                         pipeline_module.pipeline_from_environ({"TRITONPATCH_DISABLE_LSR": "1"}))
     assert ptx() == reference["lsr"]
     assert ptx(**UNROLL) == reference["both"]

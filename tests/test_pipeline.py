@@ -15,6 +15,7 @@ import pytest
 import tritonpatch
 import tritonpatch.llvm as tllvm
 from tritonpatch import Pipeline, PipelineError, current_pipeline, options, use_pipeline
+from tritonpatch import _current
 from tritonpatch import pipeline as pipeline_module
 
 native = pytest.mark.skipif(not tllvm.available(), reason="tritonpatch._native is not usable here")
@@ -32,7 +33,7 @@ def leave_triton_as_found():
 @pytest.fixture(autouse=True)
 def no_environment(monkeypatch):
     """The TRITONPATCH_* variables of the shell running the tests play no part."""
-    monkeypatch.setattr(pipeline_module, "_environment", Pipeline())
+    monkeypatch.setattr(_current, "_environment", Pipeline())
 
 
 def test_empty_pipeline():
@@ -228,7 +229,7 @@ def test_threads_and_tasks_do_not_see_each_other():
 @native
 def test_precedence(monkeypatch):
     """per-kernel > innermost options() > environment > defaults."""
-    monkeypatch.setattr(pipeline_module, "_environment", Pipeline(disable_lsr=True, ptxas=["-O1"]))
+    monkeypatch.setattr(_current, "_environment", Pipeline(disable_lsr=True, ptxas=["-O1"]))
     assert current_pipeline() == Pipeline(disable_lsr=True, ptxas=["-O1"])
     with options(disable_lsr=False):
         assert current_pipeline() == Pipeline(disable_lsr=False, ptxas=["-O1"])

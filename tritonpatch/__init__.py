@@ -13,7 +13,7 @@ from .errors import (NativeUnavailableError, OptionTypeError, PassError, Pipelin
                      UnknownOptionError, UnsafeOptionError)
 
 _LAZY = {
-    "Pipeline": "pipeline", "options": "pipeline", "use_pipeline": "pipeline", "current_pipeline": "pipeline",
+    "Pipeline": "pipeline", "options": "scope", "use_pipeline": "scope", "current_pipeline": "_current",
     "install": "hooks", "uninstall": "hooks", "installed": "hooks",
     "jit": "authoring", "autotune": "authoring",  # these import Triton
 }

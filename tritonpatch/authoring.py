@@ -27,7 +27,8 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.jit import JITFunction
 
 from .errors import PipelineError
-from .pipeline import Pipeline, use_pipeline
+from .pipeline import Pipeline
+from .scope import use_pipeline
 
 __all__ = ["jit", "autotune", "PipelineJITFunction", "PipelineAutotuner", "PipelineConfig", "PIPELINE_KWARG"]
 

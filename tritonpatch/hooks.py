@@ -37,7 +37,8 @@ from typing import Callable
 from . import env
 from ._llvm_scope import scope
 from .errors import PassError, PipelineError
-from .pipeline import Pipeline, compile_pipeline, current_cache_tag, environment_pipeline, keyed_cache_tag
+from ._current import compile_pipeline, current_cache_tag, environment_pipeline, keyed_cache_tag
+from .pipeline import Pipeline
 
 __all__ = ["install", "uninstall", "installed"]
 

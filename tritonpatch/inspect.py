@@ -24,7 +24,8 @@ from typing import Any, Mapping
 
 from .env import quote
 from .hooks import FALLBACK_KEY, FINGERPRINT_KEY, PIPELINE_KEY
-from .pipeline import Pipeline, use_pipeline
+from .pipeline import Pipeline
+from .scope import use_pipeline
 from .targets import compile_for_target, parse_target, ptxas_path
 
 # SASS opcode (the part before the first '.') -> instruction class.

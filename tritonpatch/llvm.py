@@ -446,9 +446,12 @@ def set_option(name: str, value: Any) -> Any:
     any other value is given to LLVM as set, even one equal to the default, because LLVM code can
     tell a given option from an untouched one. Returns the layer's previous value, ``None`` when
     it had none, so ``set_option(name, previous)`` undoes the call. Installs tritonpatch into Triton."""
-    from .pipeline import set_process_llvm_option
+    from ._current import set_process_llvm_option
+    from .scope import ensure_installed
 
-    return set_process_llvm_option(name, value)
+    previous = set_process_llvm_option(name, value)
+    ensure_installed()
+    return previous
 
 
 def llvm_options(settings: Mapping[str, Any]):
@@ -460,6 +463,6 @@ def llvm_options(settings: Mapping[str, Any]):
     are unaffected. LLVM itself is not changed while the block runs: inside it, outside a compile,
     ``get_option`` reads LLVM's default. Code that must change LLVM's live values without compiling
     uses :func:`apply_options` / :func:`restore_options`."""
-    from .pipeline import options
+    from .scope import options
 
     return options(llvm=settings)

@@ -1,31 +1,22 @@
-"""Pipelines: what a compile should change (LLVM options, IR passes, ptxas options), and which
-Pipeline is in effect for the compile happening now.
+"""The Pipeline: what a compile should change (LLVM options, IR passes, ptxas options), as a
+frozen, hashable value with a canonical form, a fingerprint and a cache tag; and the Pipeline the
+``TRITONPATCH_*`` variables of an environment ask for.
 
-Precedence, most specific first: a per-kernel Pipeline (:func:`use_pipeline`, used by
-``tritonpatch.jit``) replaces everything; otherwise the innermost :func:`options` block, merged key
-by key over the enclosing blocks, over the process-wide layer of ``tritonpatch.llvm.set_option``
-and over the ``TRITONPATCH_*`` environment variables; otherwise Triton's defaults (the empty
-Pipeline, which changes nothing).
-
-The blocks live in :mod:`contextvars`, so threads and asyncio tasks do not see each other's
-settings, and resolving the effective Pipeline is O(1) (Triton 3.7+ asks for it on every kernel
-launch).
+Which Pipeline is in effect for a compile is :mod:`._current`'s concern; the blocks that change
+it (``options()``, ``use_pipeline()``) are :mod:`.scope`'s.
 """
 from __future__ import annotations
 
-import contextvars
 import functools
 import hashlib
-import inspect
 import json
 import os
-import threading
 from typing import Any, Iterable, Mapping
 
 from . import __version__, env
 from .errors import NativeUnavailableError, OptionTypeError, PipelineError, UnknownOptionError
 
-__all__ = ["Pipeline", "options", "use_pipeline", "current_pipeline", "environment_pipeline"]
+__all__ = ["Pipeline", "pipeline_from_environ"]
 
 _FINGERPRINT_VERSION = "tritonpatch-pipeline-1"
 # _strict_setting() is the raw TRITONPATCH_STRICT value (or None), which a memoized cache tag of a
@@ -252,7 +243,7 @@ def _pass_text(spec) -> str:
 EMPTY = Pipeline._from_canonical((), (), ())
 
 
-# --- the environment's Pipeline -----------------------------------------------------------------
+# --- the Pipeline of an environment -------------------------------------------------------------
 
 def pipeline_from_environ(environ: Mapping[str, str]) -> Pipeline:
     """The Pipeline the ``TRITONPATCH_*`` variables in ``environ`` ask for. A bad value raises
@@ -278,175 +269,6 @@ def pipeline_from_environ(environ: Mapping[str, str]) -> Pipeline:
                                     tuple(settings.get("ptxas", ())))
 
 
-_environment_lock = threading.Lock()
-_environment: Pipeline | None = None
-
-
-def environment_pipeline() -> Pipeline:
-    """The Pipeline of this process's ``TRITONPATCH_*`` variables, read once."""
-    global _environment
-    if _environment is None:
-        with _environment_lock:
-            if _environment is None:
-                _environment = pipeline_from_environ(os.environ)
-    return _environment
-
-
-# --- the process-wide layer (tritonpatch.llvm.set_option) ---------------------------------------
-
-_process_lock = threading.Lock()
-_process_layer: Pipeline = EMPTY
-_base_memo: tuple = (object(), None, EMPTY)  # (environment, process layer, their merge); stale at first
-
-
-def base_pipeline() -> Pipeline:
-    """The environment's Pipeline with the process-wide layer of ``set_option`` over it: what a
-    compile outside every ``options()`` block uses (O(1) until either changes)."""
-    global _base_memo
-    memo = _base_memo
-    if memo[0] is _environment and memo[1] is _process_layer:
-        return memo[2]
-    environment, layer = environment_pipeline(), _process_layer
-    merged = environment.merge(layer)
-    _base_memo = (environment, layer, merged)
-    return merged
-
-
-def set_process_llvm_option(name: str, value: Any) -> Any:
-    """``tritonpatch.llvm.set_option``: put ``name=value`` into the process-wide layer, or take
-    ``name`` out of it for ``None``; return the layer's previous value (``None``: it had none)."""
-    global _process_layer
-    from . import llvm
-
-    if not isinstance(name, str) or not name.lstrip("-"):
-        raise PipelineError(f"LLVM option names are non-empty strings, got {name!r}")
-    canonical = name.lstrip("-")
-    normalized = None if value is None else llvm.normalize_value(canonical, value)
-    if value is None:
-        llvm.get_option(canonical)  # an unknown name is an error here too (naming the close matches)
-    with _process_lock:
-        layer = dict(_process_layer.llvm)
-        previous = layer.pop(canonical, None)
-        if normalized is not None:
-            layer[canonical] = normalized
-        _process_layer = Pipeline._from_canonical(tuple(sorted(layer.items())), (), ())
-    _install()
-    return previous
-
-
-# --- the effective Pipeline ---------------------------------------------------------------------
-
-_MERGE_MEMO_SIZE = 64
-
-
-class _Frame:
-    """One entry into an ``options()`` layer: the layer over the enclosing frame (or over
-    :func:`base_pipeline`). The merge is resolved lazily and kept until what it was merged over
-    changes (a ``set_option`` call), so a launch resolves it in O(1)."""
-
-    __slots__ = ("parent", "layer", "merged", "_resolved")
-
-    def __init__(self, parent: "_Frame | None", layer: Pipeline, merged: dict):
-        self.parent = parent
-        self.layer = layer
-        self.merged = merged  # base -> base.merge(layer), shared by the entries of one options()
-        self._resolved = (None, EMPTY)
-
-    def resolve(self) -> Pipeline:
-        parent = self.parent
-        base = base_pipeline() if parent is None else parent.resolve()
-        resolved = self._resolved
-        if resolved[0] is base:
-            return resolved[1]
-        scoped = self.merged.get(base)
-        if scoped is None:
-            if len(self.merged) >= _MERGE_MEMO_SIZE:
-                self.merged.clear()
-            scoped = self.merged[base] = base.merge(self.layer)
-        self._resolved = (base, scoped)
-        return scoped
-
-
-class _Fixed:
-    """A per-kernel Pipeline (``use_pipeline``): exactly this one, whatever encloses it."""
-
-    __slots__ = ("pipeline",)
-
-    def __init__(self, pipeline: Pipeline):
-        self.pipeline = pipeline
-
-    def resolve(self) -> Pipeline:
-        return self.pipeline
-
-
-# The innermost options() frame; the per-kernel Pipeline; and the one of the two in effect (what
-# current_pipeline() resolves: Triton 3.7+ asks for it on every launch).
-_scoped: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar("tritonpatch_options", default=None)
-_forced: contextvars.ContextVar[_Fixed | None] = contextvars.ContextVar("tritonpatch_kernel", default=None)
-_effective: contextvars.ContextVar["_Frame | _Fixed | None"] = contextvars.ContextVar("tritonpatch_effective",
-                                                                                      default=None)
-
-
-def current_pipeline() -> Pipeline:
-    """The Pipeline a compile started here and now would use."""
-    state = _effective.get()
-    return base_pipeline() if state is None else state.resolve()
-
-
-def current_cache_tag() -> str:
-    """``current_pipeline().cache_tag``, on the per-launch path."""
-    state = _effective.get()
-    pipeline = base_pipeline() if state is None else state.resolve()
-    return pipeline.cache_tag if pipeline.passes else pipeline._tag
-
-
-class _KeyedCompile(threading.local):
-    """What the last cache-key computation in this thread resolved: ``(state, pipeline)``."""
-    record: tuple | None = None
-
-
-_keyed = _KeyedCompile()
-
-
-def keyed_cache_tag() -> str:
-    """:func:`current_cache_tag` for the cache key of a compile about to run in this thread: the
-    Pipeline is remembered so that the compile's stages use the very Pipeline its key names, even
-    if ``set_option`` changes the process-wide layer in between. (Triton 3.7+ calls this on every
-    launch: the base case is inlined.)"""
-    state = _effective.get()
-    if state is None:
-        memo = _base_memo
-        pipeline = memo[2] if memo[0] is _environment and memo[1] is _process_layer else base_pipeline()
-    else:
-        pipeline = state.resolve()
-    _keyed.record = (state, pipeline)
-    return pipeline.cache_tag if pipeline.passes else pipeline._tag
-
-
-def compile_pipeline() -> Pipeline:
-    """The Pipeline for the stages of the compile starting now in this thread: the one its cache
-    key was computed with (:func:`keyed_cache_tag`) if that happened in the same ``options()`` /
-    ``use_pipeline()`` context, else :func:`current_pipeline`."""
-    record, _keyed.record = _keyed.record, None
-    if record is not None and record[0] is _effective.get():
-        return record[1]
-    return current_pipeline()
-
-
-_hooks = None
-
-
-def _install() -> None:
-    """Install tritonpatch into Triton unless done (runs on every block entry: keep it cheap)."""
-    global _hooks
-    if _hooks is None:
-        from . import hooks
-
-        _hooks = hooks
-    if not _hooks.installed():
-        _hooks.install()
-
-
 _passes_module = None
 
 
@@ -460,102 +282,3 @@ def _pass_registry():
 
         _passes_module = module
     return module
-
-
-class use_pipeline:
-    """``with use_pipeline(p):`` compiles with exactly ``p``, ignoring ``options()``, ``set_option``
-    and the environment (per-kernel pipelines: ``tritonpatch.jit`` enters one around each launch,
-    so it is kept light). One object per ``with``."""
-
-    __slots__ = ("pipeline", "fixed", "tokens")
-
-    def __init__(self, pipeline: Pipeline):
-        if not isinstance(pipeline, Pipeline):
-            raise PipelineError(f"use_pipeline() takes a Pipeline, got {pipeline!r}")
-        self.pipeline = pipeline
-        self.fixed = _Fixed(pipeline)
-
-    def __enter__(self) -> Pipeline:
-        _install()
-        self.tokens = (_forced.set(self.fixed), _effective.set(self.fixed))
-        return self.pipeline
-
-    def __exit__(self, *exc_info) -> None:
-        forced, effective = self.tokens
-        _effective.reset(effective)
-        _forced.reset(forced)
-
-
-class _Block:
-    """One entry into an options() layer: sets its frame, restores the previous one."""
-
-    __slots__ = ("layer", "merged", "tokens")
-
-    def __init__(self, layer: Pipeline, merged: dict):
-        self.layer = layer
-        self.merged = merged
-
-    def __enter__(self) -> Pipeline:
-        _install()
-        frame = _Frame(_scoped.get(), self.layer, self.merged)
-        forced = _forced.get()
-        self.tokens = (_scoped.set(frame), _effective.set(frame if forced is None else forced))
-        return frame.resolve()
-
-    def __exit__(self, *exc_info) -> None:
-        scoped, effective = self.tokens
-        _effective.reset(effective)
-        _scoped.reset(scoped)
-
-
-# The options() blocks entered by `with` in this context, innermost last: one object may be entered
-# by several threads or asyncio tasks at once, and each exits its own entry.
-_open_blocks: contextvars.ContextVar[tuple] = contextvars.ContextVar("tritonpatch_open_blocks", default=())
-
-
-class options:
-    """Compile the kernels of a block (or of every call of a decorated function) with these settings.
-
-    ``with tritonpatch.options(disable_lsr=True, llvm={...}, passes=[...], ptxas=[...]):``. The
-    keywords are those of :class:`Pipeline` and are validated immediately. Blocks nest by merging
-    key by key over the enclosing block (and over ``set_option``'s layer and the ``TRITONPATCH_*``
-    variables); the settings
-    are held in a context variable, so other threads and asyncio tasks are unaffected. Entering a
-    block installs tritonpatch into Triton if that has not happened yet. As a decorator (sync or
-    async functions) each call enters the block afresh.
-    """
-
-    def __init__(self, **settings: Any):
-        self.layer = Pipeline(**settings)
-        self._merged: dict = {}
-
-    def __enter__(self) -> Pipeline:
-        block = _Block(self.layer, self._merged)
-        effective = block.__enter__()
-        _open_blocks.set(_open_blocks.get() + ((self, block),))
-        return effective
-
-    def __exit__(self, *exc_info) -> None:
-        stack = _open_blocks.get()
-        owner, block = stack[-1]
-        if owner is not self:
-            raise RuntimeError("tritonpatch.options blocks must be exited in the reverse order of entry")
-        _open_blocks.set(stack[:-1])
-        block.__exit__(*exc_info)
-
-    def __call__(self, func):
-        if inspect.iscoroutinefunction(func):
-            @functools.wraps(func)
-            async def async_wrapper(*args, **kwargs):
-                with _Block(self.layer, self._merged):
-                    return await func(*args, **kwargs)
-            return async_wrapper
-
-        @functools.wraps(func)
-        def wrapper(*args, **kwargs):
-            with _Block(self.layer, self._merged):
-                return func(*args, **kwargs)
-        return wrapper
-
-    def __repr__(self):
-        return f"tritonpatch.options({self.layer!r})"
