@@ -245,7 +245,7 @@ def static_facts() -> list:
     registers and spills. Pointers are marked 16-byte aligned as a JIT launch would."""
     from triton.compiler import ASTSource
 
-    from tritonpatch.inspect import disassemble, measure_resources
+    from tritonpatch.inspection import disassemble, measure_resources
     from tritonpatch.targets import parse_target
 
     signature = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "DO": "*bf16", "DQ": None, "DK": "*bf16",

@@ -1,4 +1,4 @@
-"""tritonpatch.inspect: output parsers, SASS/LLIR analysis and compare(), on samples and live compiles."""
+"""tritonpatch.inspection: output parsers, SASS/LLIR analysis and compare(), on samples and live compiles."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import pytest
 from compile_helpers import KERNELS
 from test_cli import run_cli
 from tritonpatch import Pipeline
-from tritonpatch import inspect
+from tritonpatch import inspection
 
 CUOBJDUMP_SAMPLE = """
 Resource usage:
@@ -39,15 +39,15 @@ SASS_SAMPLE = """
 
 
 def test_parse_resource_usage_and_ptxas_samples():
-    assert inspect.parse_resource_usage(CUOBJDUMP_SAMPLE) == {"registers": 183, "stack": 16, "shared": 1024, "local": 24}
-    assert inspect.parse_ptxas_verbose(PTXAS_SAMPLE) == {"stack_frame": 16, "spill_stores": 8, "spill_loads": 12,
+    assert inspection.parse_resource_usage(CUOBJDUMP_SAMPLE) == {"registers": 183, "stack": 16, "shared": 1024, "local": 24}
+    assert inspection.parse_ptxas_verbose(PTXAS_SAMPLE) == {"stack_frame": 16, "spill_stores": 8, "spill_loads": 12,
                                                          "registers": 255}
     with pytest.raises(ValueError, match="REG"):
-        inspect.parse_resource_usage("nothing here")
+        inspection.parse_resource_usage("nothing here")
 
 
 def test_sass_sample_classes_and_main_loop():
-    stats = inspect.analyze_sass(SASS_SAMPLE)
+    stats = inspection.analyze_sass(SASS_SAMPLE)
     assert stats.total == {"constant": 1, "branch": 3, "tensor-core": 1, "fp": 1, "mufu": 1, "int": 1,
                            "store-global": 1}
     # The loop is .L_x_0 .. the backward BRA: HGMMA, FFMA, MUFU, IADD3, BRA.
@@ -69,21 +69,21 @@ exit:
   ret void
 }
 """
-    (loop,) = inspect.llir_loops(llir)
+    (loop,) = inspection.llir_loops(llir)
     assert loop.header == "loop" and loop.blocks == 1
     assert loop.opcodes == {"phi": 1, "add": 1, "store": 1, "icmp": 1, "br": 1}
 
 
 def _report(name, pipeline=None):
     fn, signature, constexprs, options = KERNELS[name]
-    return inspect.compile_report(fn, signature, constexprs, pipeline, **options)
+    return inspection.compile_report(fn, signature, constexprs, pipeline, **options)
 
 
 def test_live_compile_report_is_consistent():
     report = _report("masked_attention")
     # cuobjdump read the cubin Triton built; ptxas -v recompiled the PTX: two tools, one answer.
-    verbose = inspect.parse_ptxas_verbose(inspect._run([
-        inspect._tool("ptxas"), "-v", "--gpu-name=sm_90a", _write(report.asm["ptx"]), "-o", os.devnull]))
+    verbose = inspection.parse_ptxas_verbose(inspection.run_tool([
+        inspection.tool_path("ptxas"), "-v", "--gpu-name=sm_90a", _write(report.asm["ptx"]), "-o", os.devnull]))
     assert report.resources.registers == verbose["registers"] > 0
     assert report.sass.total["tensor-core"] == report.asm["sass"].count("HGMMA")
     assert report.sass.main_loop["tensor-core"] == report.sass.total["tensor-core"]  # every dot is in the loop
@@ -103,7 +103,7 @@ def _write(text):
 def test_compare_reports_known_differences():
     unrolled = _report("fixed_trip_loop")
     rolled = _report("fixed_trip_loop", Pipeline(llvm={"unroll-threshold": 0}))
-    comparison = inspect.compare(unrolled, rolled)
+    comparison = inspection.compare(unrolled, rolled)
     rows = {metric: (a, b) for metric, a, b in comparison.rows}
     assert rows["LLIR loops"] == (0, 1)  # fully unrolled by default, kept as a loop without unrolling
     assert unrolled.loops == [] and rolled.loops[0].opcodes["phi"] >= 1  # (ptxas may still unroll the SASS)
@@ -111,12 +111,12 @@ def test_compare_reports_known_differences():
 
     default = _report("masked_attention")
     no_lsr = _report("masked_attention", Pipeline(disable_lsr=True))
-    comparison = inspect.compare(default, no_lsr)
+    comparison = inspection.compare(default, no_lsr)
     assert comparison.diffs["ptx"]
     assert default.sass.main_loop != no_lsr.sass.main_loop
-    text = inspect.format_comparison(comparison)
+    text = inspection.format_comparison(comparison)
     assert "plain Triton" in text and "disable-lsr" in text
-    assert "<table class=metrics>" in inspect.comparison_html(comparison)
+    assert "<table class=metrics>" in inspection.comparison_html(comparison)
 
 
 def test_cli_compare_json_html_and_cache_dir(tmp_path):
@@ -178,7 +178,7 @@ def run_cli_env(env, *args):
 ])
 def test_launch_sections_are_checked(launch, message):
     with pytest.raises(ValueError, match=message):
-        inspect.check_launch(launch)
+        inspection.check_launch(launch)
 
 
 def test_example_launch_section_is_valid():
@@ -204,12 +204,12 @@ def test_cli_compare_times_both_variants_and_checks_outputs_on_a_gpu():
 def fake_report(pipeline=None, registers=128, sass_total=None, main_loop=None, ptx="", sass=SASS_SAMPLE,
                 compile_seconds=0.5, warmed_up=True, passes=()):
     """A CompileReport with the given numbers, without compiling anything."""
-    resources = inspect.Resources(registers=registers, spill_stores=0, spill_loads=0, stack_frame=0,
+    resources = inspection.Resources(registers=registers, spill_stores=0, spill_loads=0, stack_frame=0,
                                   local_memory=0, static_shared=0, dynamic_shared=24576)
     total = sass_total or {"int": 700, "fp": 370, "tensor-core": 8}
-    stats = inspect.SassStats(total=total, main_loop=main_loop or {"int": 240, "fp": 230, "tensor-core": 8},
+    stats = inspection.SassStats(total=total, main_loop=main_loop or {"int": 240, "fp": 230, "tensor-core": 8},
                               loops=1, opcodes={})
-    return inspect.CompileReport(kernel="k", target="sm_90", pipeline=pipeline or Pipeline(),
+    return inspection.CompileReport(kernel="k", target="sm_90", pipeline=pipeline or Pipeline(),
                                  compile_seconds=compile_seconds, resources=resources, sass=stats, loops=[],
                                  passes=list(passes), asm={"ttir": "", "ttgir": "same\n", "llir": "", "ptx": ptx,
                                                            "sass": sass},
@@ -226,44 +226,44 @@ def _fake_comparison():
     b = fake_report(Pipeline(disable_lsr=True), registers=218, sass_total={"int": 300000, "fp": 370,
                                                                              "tensor-core": 8},
                     main_loop={"int": 187, "fp": 230, "tensor-core": 8}, ptx=_long_ptx("b"), compile_seconds=0.566)
-    return inspect.compare(a, b)
+    return inspection.compare(a, b)
 
 
 def test_change_column_integers_as_integers_with_direction():
-    assert inspect.change_text("registers", 128, 218) == "+90 (+70.3%) worse"
-    assert inspect.change_text("SASS int", 150000, 300000) == "+150000 (+100.0%) worse"  # was +1.5e+05
-    assert inspect.change_text("SASS main loop int", 242, 187) == "-55 (-22.7%) better"
-    assert inspect.change_text("compile time (s)", 0.604, 0.566) == "-0.038 (-6.3%) better"
-    assert inspect.change_text("LLIR loops", 1, 3) == "+2 (+200.0%)"  # no direction: more loops can be the point
-    assert inspect.change_text("spill stores", 0, 16) == "+16 worse"
-    assert inspect.change_text("registers", 5, 5) == "same"
-    assert inspect.change_text("kernel", "a", "b") == ""
-    assert [inspect._number(v) for v in (12345.678, 0.0001234, 1.5, 3)] == ["12346", "0.0001234", "1.5", "3"]
+    assert inspection.change_text("registers", 128, 218) == "+90 (+70.3%) worse"
+    assert inspection.change_text("SASS int", 150000, 300000) == "+150000 (+100.0%) worse"  # was +1.5e+05
+    assert inspection.change_text("SASS main loop int", 242, 187) == "-55 (-22.7%) better"
+    assert inspection.change_text("compile time (s)", 0.604, 0.566) == "-0.038 (-6.3%) better"
+    assert inspection.change_text("LLIR loops", 1, 3) == "+2 (+200.0%)"  # no direction: more loops can be the point
+    assert inspection.change_text("spill stores", 0, 16) == "+16 worse"
+    assert inspection.change_text("registers", 5, 5) == "same"
+    assert inspection.change_text("kernel", "a", "b") == ""
+    assert [inspection.format_number(v) for v in (12345.678, 0.0001234, 1.5, 3)] == ["12346", "0.0001234", "1.5", "3"]
 
 
 def test_format_comparison_says_where_the_whole_diff_is():
     comparison = _fake_comparison()
-    text = inspect.format_comparison(comparison, html_path="report.html")
+    text = inspection.format_comparison(comparison, html_path="report.html")
     rows = {line.split("  ")[0].strip(): line for line in text.splitlines()}
     assert rows["registers"].split()[1:] == ["128", "218", "+90", "(+70.3%)", "worse"]
     assert rows["SASS int"].split()[2:5] == ["150000", "300000", "+150000"]
     assert "e+" not in text
     assert "ttgir: identical" in text
     # The whole diff is kept (it was cut at 200 lines and reported as "201 diff lines").
-    lines, added, removed = inspect.diff_counts(comparison.diffs["ptx"])
+    lines, added, removed = inspection.diff_counts(comparison.diffs["ptx"])
     assert added == removed == 600 and lines > 1200
     assert f"ptx: {lines} diff lines (+600 -600); the full diff is in report.html" in text
-    assert "--html FILE writes the full diff" in inspect.format_comparison(comparison)
+    assert "--html FILE writes the full diff" in inspection.format_comparison(comparison)
     assert "compile time: each pipeline compiled once untimed, then the median of timed compiles" in text
-    cold = inspect.compare(fake_report(warmed_up=False), fake_report())
-    assert "compile time: not warmed up" in inspect.format_comparison(cold)
+    cold = inspection.compare(fake_report(warmed_up=False), fake_report())
+    assert "compile time: not warmed up" in inspection.format_comparison(cold)
 
 
 def test_html_report_structure():
     import re
 
     comparison = _fake_comparison()
-    page = inspect.comparison_html(comparison, command="tritonpatch compare spec.toml --html r.html",
+    page = inspection.comparison_html(comparison, command="tritonpatch compare spec.toml --html r.html",
                                    generated="2026-12-02 01:30 UTC",
                                    environment={"tritonpatch": "0.1.0", "triton": "3.6.0", "torch": "2.13.0"})
     for field in ("tritonpatch version", "triton version", "torch version", "command", "date"):
@@ -284,7 +284,7 @@ def test_html_report_structure():
 
 
 def test_cache_entries_name_their_pipeline():
-    describe = inspect.describe_recorded_pipeline
+    describe = inspection.describe_recorded_pipeline
     assert describe({}) == "plain Triton"
     assert describe({"tritonpatch_pipeline": Pipeline().to_dict()}) == "plain Triton"
     assert describe({"tritonpatch_pipeline": Pipeline(disable_lsr=True).to_dict()}) == "disable-lsr"
@@ -304,15 +304,16 @@ def test_cache_entries_name_their_pipeline():
 def test_compile_report_warms_up_and_takes_the_median(monkeypatch):
     """warm_up compiles once untimed; repeat=N times N compiles and keeps their median."""
     calls = []
-    real = inspect.compile_for_target
+    from tritonpatch.inspection import report as report_module
+    real = report_module.compile_for_target
 
     def counting(*args, **kwargs):
         calls.append(args[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(inspect, "compile_for_target", counting)
+    monkeypatch.setattr(report_module, "compile_for_target", counting)
     fn, signature, constexprs, options = KERNELS["fixed_trip_loop"]
-    report = inspect.compile_report(fn, signature, constexprs, warm_up=True, repeat=2, **options)
+    report = inspection.compile_report(fn, signature, constexprs, warm_up=True, repeat=2, **options)
     assert len(calls) == 3 and report.warmed_up and report.compile_seconds > 0
     calls.clear()
-    assert not inspect.compile_report(fn, signature, constexprs, **options).warmed_up and len(calls) == 1
+    assert not inspection.compile_report(fn, signature, constexprs, **options).warmed_up and len(calls) == 1

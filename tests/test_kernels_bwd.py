@@ -54,7 +54,7 @@ SPILL_BUDGET = {("dkdv", 128, "BM64-BN128-w8-s3"): 160, ("dkdv", 128, "BM64-BN12
 
 @pytest.mark.parametrize("kernel, head_dim, config", CANDIDATES, ids=lambda x: getattr(x, "label", lambda: x)())
 def test_tuned_candidates_compile_for_sm90_within_spill_budget(kernel, head_dim, config):
-    from tritonpatch.inspect import measure_resources
+    from tritonpatch.inspection import measure_resources
 
     compiled = compile_sm90(kernel, torch.bfloat16, head_dim, config, K.causal())
     ptx = compiled.asm["ptx"]

@@ -66,7 +66,7 @@ SPILL_BUDGET = {(64, "BM128-BN128-w4-s3-tma"): 128}
 @pytest.mark.parametrize("head_dim, config", CANDIDATES, ids=CANDIDATE_IDS)
 def test_tuned_candidates_compile_for_sm90_without_spills(head_dim, config):
     """Every forward config the Hopper tuner may pick (sliding window: mask work in the partial loop)."""
-    from tritonpatch.inspect import measure_resources
+    from tritonpatch.inspection import measure_resources
 
     compiled = compile_forward(config, head_dim, torch.bfloat16, K.sliding_window(1024))
     ptx = compiled.asm["ptx"]

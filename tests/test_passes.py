@@ -16,7 +16,7 @@ from tritonpatch.errors import PassError, PipelineError
 from tritonpatch.passes import (available_passes, collect_reports, parse_pass_spec, pass_stage, register_pass,
                                 run_stage_passes, unregister_pass, validate_pass_spec)
 from tritonpatch.passes.ir import Module, parse_for, parse_line
-from tritonpatch.inspect import disassemble, sass_class, sass_loops
+from tritonpatch.inspection import disassemble, sass_class, sass_loops
 from tritonpatch.targets import compile_for_target
 
 from tritonpatch.kernels.seed import SIGNATURE, seed_attention_fwd, seed_constexprs

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from test_passes import (always_compile, assert_all_true_loop_keeps_the_float_work,  # noqa: F401
                          compile_like_a_launch, float_work, full_loops, loop_facts)
-from tritonpatch.inspect import disassemble
+from tritonpatch.inspection import disassemble
 
 SHAPES = [{"BLOCK_M": 32, "BLOCK_N": 64, "D": 64}, {"BLOCK_M": 64, "BLOCK_N": 64, "D": 128}]
 

@@ -189,7 +189,7 @@ def load_kernel_spec(path: str) -> dict:
         raise CommandError(f"{path}: kernel {env.quote(kernel)}: {module_name} has no attribute {attr!r}")
     launch = spec.get("launch")
     if launch is not None:
-        from .inspect import check_launch
+        from .inspection import check_launch
 
         try:
             check_launch(launch)
@@ -221,7 +221,7 @@ def _compile_failure(exc: Exception) -> str:
 
 
 def _cmd_compare_cache_dir(args: argparse.Namespace) -> int:
-    from . import inspect
+    from . import inspection
 
     given = [flag for flag, value in (("SPEC", args.spec), ("--a", args.a), ("--b", args.b),
                                       ("--target", args.target), ("--html", args.html)) if value is not None]
@@ -230,7 +230,7 @@ def _cmd_compare_cache_dir(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.cache_dir):
         what = "is not a directory" if os.path.exists(args.cache_dir) else "does not exist"
         raise CommandError(f"--cache-dir {args.cache_dir} {what} (Triton's default cache is ~/.triton/cache)")
-    reports = inspect.cache_dir_reports(args.cache_dir)
+    reports = inspection.cache_dir_reports(args.cache_dir)
     for report in reports:
         if "error" in report:
             print(f"tritonpatch compare: warning: skipped {report['directory']}/{report['kernel']}.cubin: "
@@ -251,7 +251,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     import contextlib
     import io
 
-    from . import inspect, targets
+    from . import inspection, targets
     from .hooks import install
 
     if args.cache_dir is not None:
@@ -286,14 +286,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
             try:
                 # Warm: the first compile in a process also pays for imports and LLVM set-up, which
                 # made A look slower than B when only A paid for it.
-                reports.append(inspect.compile_report(spec["kernel"], spec["signature"], spec["constexprs"], pipeline,
+                reports.append(inspection.compile_report(spec["kernel"], spec["signature"], spec["constexprs"], pipeline,
                                                       target=target, warm_up=True, repeat=COMPILE_REPEAT,
                                                       **spec["options"]))
             except Exception as exc:
                 if _wants_traceback(args):
                     sys.stderr.write(compiler_output.getvalue())
                 raise CommandError(f"{name} does not compile for {target} with {label} "
-                                   f"({inspect.describe_pipeline(pipeline)}): {_compile_failure(exc)} "
+                                   f"({inspection.describe_pipeline(pipeline)}): {_compile_failure(exc)} "
                                    f"({TRACEBACK_HINT})") from exc
         sys.stderr.write(compiler_output.getvalue())
     outputs_equal = None
@@ -304,19 +304,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
             outputs = []
             for label, report in zip("AB", reports):
                 print(f"timing {label} on {torch.cuda.get_device_name()} ...", file=sys.stderr)
-                report.runtime_ms, produced = inspect.run_on_gpu(spec["kernel"], spec["launch"], spec["constexprs"],
+                report.runtime_ms, produced = inspection.run_on_gpu(spec["kernel"], spec["launch"], spec["constexprs"],
                                                                  spec["options"], report.pipeline)
                 outputs.append(produced)
-            outputs_equal = inspect.bitwise_equal(*outputs)
+            outputs_equal = inspection.bitwise_equal(*outputs)
         else:
             print("no CUDA GPU: the spec's [launch] section is skipped (compile-only comparison)", file=sys.stderr)
-    comparison = inspect.compare(*reports, outputs_equal=outputs_equal)
+    comparison = inspection.compare(*reports, outputs_equal=outputs_equal)
     if args.html is not None:
         with open(args.html, "w") as f:
-            f.write(inspect.comparison_html(comparison, command=_command_line(args)))
+            f.write(inspection.comparison_html(comparison, command=_command_line(args)))
         print(f"wrote {args.html}", file=sys.stderr)
     print(json.dumps(comparison.to_dict(), indent=2) if args.json
-          else inspect.format_comparison(comparison, html_path=args.html))
+          else inspection.format_comparison(comparison, html_path=args.html))
     return 0
 
 

@@ -17,7 +17,7 @@ import sys
 import time
 import warnings
 
-from . import inspect
+from . import inspection
 from .pipeline import Pipeline
 
 SEED_PIPELINES = {
@@ -32,20 +32,20 @@ WIDTH = 100  # every line of the demo's output fits in this many columns
 
 # --- the numbers shown ----------------------------------------------------------------------------
 
-def _tile_loops(report: inspect.CompileReport) -> list[collections.Counter]:
+def _tile_loops(report: inspection.CompileReport) -> list[collections.Counter]:
     """SASS class counts of each loop that holds tensor-core instructions (the loops over kv
     tiles), in address order; every loop if none does."""
     loops = []
-    for counts in inspect.sass_loops(report.asm["sass"]):
+    for counts in inspection.sass_loops(report.asm["sass"]):
         classes: collections.Counter = collections.Counter()
         for opcode, n in counts.items():
-            classes[inspect.sass_class(opcode)] += n
+            classes[inspection.sass_class(opcode)] += n
         loops.append(classes)
     with_mma = [loop for loop in loops if loop["tensor-core"]]
     return with_mma or loops
 
 
-def demo_metrics(report: inspect.CompileReport) -> dict[str, object]:
+def demo_metrics(report: inspection.CompileReport) -> dict[str, object]:
     """The rows of the demo's tables, by name. A pass that splits a loop makes several loops; the
     leanest one (fewest instructions) is the copy that runs tiles without the mask work."""
     loops = _tile_loops(report)
@@ -65,7 +65,7 @@ def demo_metrics(report: inspect.CompileReport) -> dict[str, object]:
 def change(name: str, before, after) -> str:
     """The change column: ``+90 (+70.3%) worse``, ``same``; empty for rows that are not numbers.
     Every number but the loop count is better lower (more loops is what a split is for)."""
-    return inspect.change_text(name, before, after, lower_better=name != "loops (SASS)")
+    return inspection.change_text(name, before, after, lower_better=name != "loops (SASS)")
 
 
 def variant_table(plain: dict, variant: dict, variant_name: str) -> str:
@@ -104,7 +104,7 @@ def short_change(name: str, before: int, after: int) -> str:
     if before == after:
         return "same"
     words = [f"{(after - before) / before:+.1%}" if before else f"{after - before:+d}",
-             inspect.change_direction(name, before, after, lower_better=name != "loops (SASS)")]
+             inspection.change_direction(name, before, after, lower_better=name != "loops (SASS)")]
     return ", ".join(w for w in words if w)
 
 
@@ -144,7 +144,7 @@ def seed_sentence(name: str, plain: dict, variant: dict, unmasked: dict | None) 
                 f"each copy of the loop is code of its own), but the loop over fully visible tiles, most "
                 f"tiles of a long sequence, runs {variant[lean]} instructions per tile instead of "
                 f"{plain[lean]} ({short_change(lean, plain[lean], variant[lean])}){reference}.")
-    return f"{name}: {inspect.describe_pipeline(SEED_PIPELINES[name])}."
+    return f"{name}: {inspection.describe_pipeline(SEED_PIPELINES[name])}."
 
 
 def packaged_summary(plain: dict, variant: dict) -> str:
@@ -158,20 +158,20 @@ def packaged_summary(plain: dict, variant: dict) -> str:
 
 # --- compiling ------------------------------------------------------------------------------------
 
-def seed_reports() -> dict[str, inspect.CompileReport]:
+def seed_reports() -> dict[str, inspection.CompileReport]:
     """The seed kernel (mask on every tile) under each demo Pipeline, plus the unmasked kernel."""
     from tritonpatch.kernels.seed import SIGNATURE, seed_attention_fwd, seed_constexprs
 
     options = {"num_warps": 8, "num_stages": 3}
-    reports = {name: inspect.compile_report(seed_attention_fwd, SIGNATURE, seed_constexprs(masked=True), pipeline,
+    reports = {name: inspection.compile_report(seed_attention_fwd, SIGNATURE, seed_constexprs(masked=True), pipeline,
                                             **options)
                for name, pipeline in SEED_PIPELINES.items()}
-    reports[UNMASKED] = inspect.compile_report(seed_attention_fwd, SIGNATURE, seed_constexprs(masked=False),
+    reports[UNMASKED] = inspection.compile_report(seed_attention_fwd, SIGNATURE, seed_constexprs(masked=False),
                                                **options)
     return reports
 
 
-def packaged_reports() -> dict[str, inspect.CompileReport]:
+def packaged_reports() -> dict[str, inspection.CompileReport]:
     """The packaged forward kernel with the prefix-LM mask, D=64, bf16, plain vs disable-lsr."""
     import torch
 
@@ -182,12 +182,12 @@ def packaged_reports() -> dict[str, inspect.CompileReport]:
     mask = prefix_lm(1024)
     signature = kernel_signature(torch.bfloat16, 64, config, mask, None)
     constexprs = kernel_constexprs(64, config, mask, None)
-    return {name: inspect.compile_report(_attn_fwd_kernel, signature, constexprs, pipeline,
+    return {name: inspection.compile_report(_attn_fwd_kernel, signature, constexprs, pipeline,
                                          num_warps=config.num_warps, num_stages=config.num_stages)
             for name, pipeline in (("plain Triton", Pipeline()), ("disable-lsr", Pipeline(disable_lsr=True)))}
 
 
-def seed_section(reports: dict[str, inspect.CompileReport]) -> str:
+def seed_section(reports: dict[str, inspection.CompileReport]) -> str:
     columns = {name: demo_metrics(report) for name, report in reports.items()}
     plain, unmasked = columns["plain Triton"], columns.get(UNMASKED)
     lines = ["Seed kernel: attention with a prefix-LM mask, (q<=P & kv<=P) | q>=kv, applied by tl.where",
@@ -199,12 +199,12 @@ def seed_section(reports: dict[str, inspect.CompileReport]) -> str:
             continue
         lines += [wrap(seed_sentence(name, plain, columns[name], unmasked)), "",
                   variant_table(plain, columns[name], name)]
-        lines.extend(f"    pass {inspect.describe_pass(entry)}" for entry in reports[name].passes)
+        lines.extend(f"    pass {inspection.describe_pass(entry)}" for entry in reports[name].passes)
         lines.append("")
     return "\n".join(lines).rstrip()
 
 
-def packaged_section(reports: dict[str, inspect.CompileReport]) -> str:
+def packaged_section(reports: dict[str, inspection.CompileReport]) -> str:
     plain, variant = demo_metrics(reports["plain Triton"]), demo_metrics(reports["disable-lsr"])
     lines = ["Packaged attention (tritonpatch.kernels, prefix-LM P=1024, D=64, bf16, sm_90).", "",
              wrap("Its block mask sends the full tiles through a loop without the mask and the partial "
