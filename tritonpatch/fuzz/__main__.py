@@ -5,6 +5,7 @@ import argparse
 import shlex
 import sys
 
+from .generate import generate
 from .run import PIPELINES, REFERENCE, SAMPLES, pass_names, run, summary, write_log
 
 
@@ -17,6 +18,10 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="first kernel seed (default 0)")
     parser.add_argument("--kernels", type=int, default=24, help="number of kernels: seeds SEED .. SEED+N-1 "
                                                                  "(default 24)")
+    parser.add_argument("--feature", action="append", metavar="F",
+                        help="keep only the kernels of the seed range that have one of these features (repeatable), "
+                             "e.g. masked_matmul, pre-select-trans-scale, select-neg_inf, tl.range; --show prints a "
+                             "kernel's features")
     parser.add_argument("--pipeline", action="append", metavar="P",
                         help=f"a pass combination such as skip, elide+hoist, skip+elide+hoist (repeatable; "
                              f"default: all {len(PIPELINES)}); the unpatched reference always runs")
@@ -44,6 +49,14 @@ def parse_args(argv=None):
     return args
 
 
+def selected_seeds(seeds, features: list[str] | None) -> list[int]:
+    """``seeds``, or those whose kernel has at least one of ``features`` (generation is cheap)."""
+    if not features:
+        return list(seeds)
+    wanted = set(features)
+    return [seed for seed in seeds if wanted.intersection(generate(seed).features)]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.gpu:
@@ -51,8 +64,14 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("--gpu needs a CUDA GPU; run without --gpu for the compile-only checks", file=sys.stderr)
             return 2
-    result = run(range(args.seed, args.seed + args.kernels), args.pipelines, gpu=args.gpu, jobs=args.jobs,
-                 samples=args.samples, show=args.show)
+    seeds = selected_seeds(range(args.seed, args.seed + args.kernels), args.feature)
+    if not seeds:
+        print(f"no kernel of seeds {args.seed}..{args.seed + args.kernels - 1} has a feature of {args.feature}",
+              file=sys.stderr)
+        return 2
+    if args.feature:
+        print(f"{len(seeds)} of {args.kernels} kernels have a feature of {args.feature}", flush=True)
+    result = run(seeds, args.pipelines, gpu=args.gpu, jobs=args.jobs, samples=args.samples, show=args.show)
     print(summary(result))
     if args.log:
         command = "python -m tritonpatch.fuzz " + " ".join(shlex.quote(a) for a in (argv if argv is not None
