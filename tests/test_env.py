@@ -284,3 +284,17 @@ def test_autoload_bad_values_warn_in_one_bounded_line(tmp_path):
         assert len(warnings[0]) <= _autoload.WARNING_LIMIT + 30, (label, len(warnings[0]))
         assert cases[label][1] in warnings[0], (label, warnings[0])
         assert out.strip() == "False", (label, out)  # unpatched
+
+
+def test_one_reading_of_boolean_words():
+    """Variables, pass options and LLVM bool values read the same words (any case, blanks around)."""
+    from tritonpatch.passes import parse_pass_spec
+
+    for word in ("1", "true", "YES", " on "):
+        assert env.bool_word(word) is True
+    for word in ("0", "False", "no", "OFF"):
+        assert env.bool_word(word) is False
+    for word in ("", "2", "enable", "truthy"):
+        assert env.bool_word(word) is None
+    assert parse_pass_spec("elide-uniform-masks(all_false_loops=no)") == ("elide-uniform-masks",
+                                                                            (("all_false_loops", False),))

@@ -172,7 +172,7 @@ def cubin_stage_with_ptxas_options(backend, options, flags: tuple[str, ...]) -> 
     return lambda src, metadata: backend.make_cubin(src, metadata, patched, arch)
 
 
-_BOOL_WORDS = frozenset({"1", "true", "on"})
+_BOOL_WORDS = frozenset({"1", "true", "on"})      # Triton's own reading of DISABLE_LLVM_OPT (C++), not tritonpatch's
 
 
 def disable_llvm_opt_names() -> tuple[str, ...]:

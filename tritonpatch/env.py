@@ -45,7 +45,7 @@ MAX_COMPILE_THREADS = 1024
 QUOTE_LIMIT = 80
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"", "0", "false", "no", "off"})
+_FALSE = frozenset({"0", "false", "no", "off"})
 _LLVM_NAME = re.compile(r"^-{0,2}[A-Za-z0-9][A-Za-z0-9_.$-]*$")
 _ASCII_DIGITS = re.compile(r"^[0-9]+$")
 # ptxas flags that tritonpatch cannot pass on (long and short spelling): Triton gives ptxas the target,
@@ -75,16 +75,22 @@ def _bad(variable: str, value: str, token: str, expected: str) -> PipelineError:
     return PipelineError(f"{variable}={quote(value)}: bad token {quote(token)}; expected {expected}")
 
 
+def bool_word(text: str) -> bool | None:
+    """``1/true/yes/on`` -> True, ``0/false/no/off`` -> False (any case, surrounding blanks
+    ignored), anything else -> None: the one reading of a boolean word in variables, pass options
+    and LLVM option values."""
+    word = text.strip().lower()
+    return True if word in _TRUE else False if word in _FALSE else None
+
+
 def parse_bool(variable: str, environ: Mapping[str, str] | None = None) -> bool:
-    """``1/true/yes/on`` -> True, unset or ``0/false/no/off/''`` -> False; anything else raises."""
+    """``1/true/yes/on`` -> True, unset, blank or ``0/false/no/off`` -> False; anything else raises."""
     environ = os.environ if environ is None else environ
     value = environ.get(variable, "")
-    word = value.strip().lower()
-    if word in _TRUE:
-        return True
-    if word in _FALSE:
-        return False
-    raise _bad(variable, value, value.strip(), "1/true/yes/on or 0/false/no/off")
+    flag = bool_word(value) if value.strip() else False
+    if flag is None:
+        raise _bad(variable, value, value.strip(), "1/true/yes/on or 0/false/no/off")
+    return flag
 
 
 def parse_llvm_options(value: str, variable: str = LLVM_OPTIONS) -> dict[str, Any]:
@@ -208,9 +214,10 @@ def tuning_cache_dir(environ: Mapping[str, str] | None = None) -> str | None:
     value = raw.strip()
     if not value:
         return os.path.join(os.path.expanduser("~"), ".cache", "tritonpatch", "tuning")
-    if value.lower() in _FALSE:
+    flag = bool_word(value)
+    if flag is False:
         return None
-    if value.lower() in _TRUE:
+    if flag is True:
         raise _bad(TUNING_CACHE, raw, value, f"a directory, or 0 to keep tuning decisions in memory only "
                                              f"(for a directory named {value!r}, write ./{value})")
     if "\0" in value:

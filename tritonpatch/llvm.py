@@ -32,6 +32,7 @@ import threading
 from collections import Counter
 from typing import Any, Mapping
 
+from .env import bool_word
 from .errors import NativeUnavailableError, OptionTypeError, UnknownOptionError, UnsafeOptionError
 
 __all__ = [
@@ -48,7 +49,6 @@ _INT_RANGES = {
     "unsigned long": (0, 2**64 - 1),
     "unsigned long long": (0, 2**64 - 1),
 }
-_BOOL_WORDS = {"true": True, "1": True, "on": True, "false": False, "0": False, "off": False}
 _FLOAT_MAX = struct.unpack("f", bytes.fromhex("ffff7f7f"))[0]  # the largest finite float32
 SETTABLE_TYPES = frozenset({"bool", "float", "double", "string", "boolOrDefault", "enum", *_INT_RANGES})
 
@@ -231,10 +231,10 @@ def _normalize_type(opt: LLVMOption, value: Any) -> Any:
             return value
         if isinstance(value, int) and value in (0, 1):
             return bool(value)
-        if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
-            return _BOOL_WORDS[value.strip().lower()]
+        if isinstance(value, str) and bool_word(value) is not None:
+            return bool_word(value)
         unset = " or None/'unset'" if kind == "boolOrDefault" else ""
-        raise bad(f"a bool (True/False, 1/0, 'true'/'false'){unset}")
+        raise bad(f"a bool (True/False, 1/0, 'true'/'false', 'on'/'off', 'yes'/'no'){unset}")
     if kind in _INT_RANGES:
         lo, hi = _INT_RANGES[kind]
         if isinstance(value, str):

@@ -29,7 +29,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from ..env import quote
+from ..env import bool_word, quote
 from ..errors import PassError, PipelineError
 
 PassSpec = tuple[str, tuple[tuple[str, object], ...]]
@@ -250,8 +250,8 @@ def _coerce(pass_name: str, key: str, option: PassOption, value: Any) -> Any:
     if option.type is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-            return value.strip().lower() in ("1", "true", "yes", "on")
+        if isinstance(value, str) and bool_word(value) is not None:
+            return bool_word(value)
     elif option.type in (int, float):
         if isinstance(value, option.type) and not isinstance(value, bool):
             return value
