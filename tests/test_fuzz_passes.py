@@ -23,7 +23,7 @@ from tritonpatch.fuzz.ttir import ScalarProgram, check_segments, dropped_iterati
 # the bugs the passes had at 5875a21 (empty / reversed ranges narrowed outside [lb, ub): seeds 109,
 # 112, 122; impure inline asm dropped by skipping: 124, 128), so it fails on that code.
 CI_SEEDS = range(100, 132)
-SLOW_SEEDS = range(132, 196)
+SLOW_SEEDS = range(132, 164)             # 32 more kernels: about 75 s on two cores
 
 
 # --- the generator ---------------------------------------------------------------------------------------
