@@ -3,20 +3,20 @@
 ``triton.jit`` decides at decoration time (from ``TRITON_INTERPRET``) whether functions are compiled
 or interpreted, the Triton standard library included, so the interpreter is a per-process choice.
 
-Triton 3.6's interpreter converts scalars to loop bounds with ``int(array_of_shape_1)``, which
-numpy >= 2.4 rejects ("only 0-dimensional arrays can be converted to Python scalars"); Triton 3.9
-fixed it. :func:`_fix_interpreter_index` applies the same fix when the installed Triton still has
-the old code and the interpreter is on.
+Under the interpreter, :func:`._triton_compat.fix_interpreter_index` is applied at import (Triton
+3.6's interpreter and numpy >= 2.4). Every use of Triton's private runtime lives in
+:mod:`._triton_compat`.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 from collections import OrderedDict
 
 import torch
 import triton
+
+from ._triton_compat import async_compile_active, async_compile_mode, fix_interpreter_index
 
 
 def interpreting() -> bool:
@@ -32,24 +32,6 @@ def check_device(tensor: torch.Tensor, what: str) -> None:
         return
     raise ValueError(f"{what}: the Triton kernel needs CUDA tensors (got {tensor.device}); for CPU tensors "
                      "set TRITON_INTERPRET=1 before importing triton, or use tritonpatch.kernels.reference")
-
-
-@contextlib.contextmanager
-def device_allocator(needed: bool):
-    """Scratch memory for kernels that build TMA descriptors on the device, scoped to the launch:
-    the caller's own ``triton.set_allocator`` choice is used when there is one, and Triton's
-    allocator (a context variable) is left as it was."""
-    from triton.runtime import _allocation
-
-    if not needed or not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        yield
-        return
-    token = _allocation._allocator.set(
-        lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    try:
-        yield
-    finally:
-        _allocation._allocator.reset(token)
 
 
 def launch(kernel, grid, args: tuple, kwargs: dict, warmup: bool = False):
@@ -218,12 +200,10 @@ def parallel_compiles():
     Sequential under the interpreter, with one thread, or inside a caller's own AsyncCompileMode."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from triton.runtime import _async_compile
-
     from tritonpatch import env
 
     threads = env.compile_threads()
-    if interpreting() or threads == 1 or _async_compile.active_mode.get() is not None:
+    if interpreting() or threads == 1 or async_compile_active():
         yield
         return
     # Hooked in before the first submit: a candidate compiling outside tritonpatch's hook does not take
@@ -233,7 +213,7 @@ def parallel_compiles():
 
     tritonpatch.install()
     with ThreadPoolExecutor(threads, thread_name_prefix="tritonpatch-compile") as executor, \
-            _async_compile.AsyncCompileMode(executor, ignore_errors=True):
+            async_compile_mode(executor):
         yield
 
 
@@ -276,21 +256,5 @@ def pipeline_scope(pipeline):
     return tritonpatch.use_pipeline(pipeline)
 
 
-def _fix_interpreter_index() -> None:
-    """Make ``tensor.__index__`` accept the interpreter's shape-[1] scalars (Triton < 3.9 + numpy >= 2.4)."""
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-    if getattr(original, "_tritonpatch_index_fix", False) or "squeeze" in inspect.getsource(original):
-        return
-
-    def patch_lang_tensor(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patch_lang_tensor._tritonpatch_index_fix = True
-    interpreter._patch_lang_tensor = patch_lang_tensor
-
-
 if interpreting():
-    _fix_interpreter_index()
+    fix_interpreter_index()

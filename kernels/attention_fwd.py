@@ -16,8 +16,9 @@ import triton
 import triton.language as tl
 
 from . import _tuning_cache
-from ._launch import (LaunchPlans, LRUCache, check_device, device_allocator, fastest, interpreting,
-                      parallel_compiles, pipeline_scope, pipeline_variants, replay_key)
+from ._launch import (LaunchPlans, LRUCache, check_device, fastest, interpreting, parallel_compiles, pipeline_scope,
+                      pipeline_variants, replay_key)
+from ._triton_compat import device_allocator
 from .block_mask import BlockMask, build_block_mask
 from .masks import MaskMod, ScoreMod, allow_all, launch_key
 

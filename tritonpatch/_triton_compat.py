@@ -150,6 +150,20 @@ def unpatch_cache_keys() -> None:
 
 # --- stages -------------------------------------------------------------------------------------
 
+def libtriton_path() -> str:
+    """The file of Triton's native library (``triton._C.libtriton``): the LLVM the native module reads."""
+    import triton._C.libtriton as libtriton
+
+    return libtriton.__file__
+
+
+def parse_mlir_file(path: str, context):
+    """An MLIR module parsed from ``path`` in ``context`` by Triton's bindings (every version)."""
+    from triton._C.libtriton import ir
+
+    return ir.parse_mlir_module(path, context)
+
+
 def is_mlir_module(value) -> bool:
     """True for the MLIR modules the ``ttir`` / ``ttgir`` stages return (every version: ``ir.module``)."""
     from triton._C.libtriton import ir

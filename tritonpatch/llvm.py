@@ -126,18 +126,20 @@ def _open_registry():
             f"tritonpatch._native is not built ({exc}); reinstall tritonpatch with "
             "`pip install -e .` (it needs a C++17 compiler, CMake and pybind11)") from exc
     try:
-        import triton._C.libtriton as libtriton
+        from ._triton_compat import libtriton_path
+
+        library = libtriton_path()
     except ImportError as exc:
         raise NativeUnavailableError(f"cannot import Triton's libtriton ({exc}); install triton") from exc
     try:
-        return _native.Registry(libtriton.__file__)
+        return _native.Registry(library)
     except RuntimeError as exc:
         import triton
         # A library replaced on disk is a fact about this process, not about the Triton version.
         support = "" if "no longer the file loaded" in str(exc) else (
             " Supported: triton 3.6.0 to 3.9.0 with an unstripped libtriton.so;")
         raise NativeUnavailableError(
-            f"LLVM options are unavailable with triton {triton.__version__} ({libtriton.__file__}): {exc}."
+            f"LLVM options are unavailable with triton {triton.__version__} ({library}): {exc}."
             f"{support} the rest of tritonpatch works without this.") from exc
 
 

@@ -330,13 +330,13 @@ def _kernel_name(text: str) -> str:
 
 def parse_module(text: str, context):
     """Parse IR text with Triton in ``context`` and verify it; returns the new ``ir.module``."""
-    from triton._C.libtriton import ir
+    from .._triton_compat import parse_mlir_file
 
     fd, path = tempfile.mkstemp(suffix=".mlir", prefix="tritonpatch_")
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
-        module = ir.parse_mlir_module(path, context)
+        module = parse_mlir_file(path, context)
     finally:
         os.unlink(path)
     module.context = context

@@ -1,0 +1,64 @@
+"""Every use of Triton's private runtime by the kernels, in one place (as ``tritonpatch._triton_compat``
+is for the compiler hooks): scoped scratch memory for device-built TMA descriptors, Triton's
+asynchronous compile mode, and one interpreter fix.
+
+Triton 3.6's interpreter converts scalars to loop bounds with ``int(array_of_shape_1)``, which
+numpy >= 2.4 rejects ("only 0-dimensional arrays can be converted to Python scalars"); Triton 3.9
+fixed it. :func:`fix_interpreter_index` applies the same fix when the installed Triton still has
+the old code.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+
+
+@contextlib.contextmanager
+def device_allocator(needed: bool):
+    """Scratch memory for kernels that build TMA descriptors on the device, scoped to the launch:
+    the caller's own ``triton.set_allocator`` choice is used when there is one, and Triton's
+    allocator (a context variable) is left as it was."""
+    from triton.runtime import _allocation
+
+    if not needed or not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        yield
+        return
+    token = _allocation._allocator.set(
+        lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    try:
+        yield
+    finally:
+        _allocation._allocator.reset(token)
+
+
+def async_compile_active() -> bool:
+    """Whether the caller already compiles inside Triton's ``AsyncCompileMode``."""
+    from triton.runtime import _async_compile
+
+    return _async_compile.active_mode.get() is not None
+
+
+def async_compile_mode(executor):
+    """Triton's ``AsyncCompileMode`` on ``executor``: kernels warmed up inside compile there; a failed
+    compile is left to fail again, with its error, at launch."""
+    from triton.runtime import _async_compile
+
+    return _async_compile.AsyncCompileMode(executor, ignore_errors=True)
+
+
+def fix_interpreter_index() -> None:
+    """Make ``tensor.__index__`` accept the interpreter's shape-[1] scalars (Triton < 3.9 + numpy >= 2.4)."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_tritonpatch_index_fix", False) or "squeeze" in inspect.getsource(original):
+        return
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patch_lang_tensor._tritonpatch_index_fix = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
