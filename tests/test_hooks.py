@@ -19,6 +19,7 @@ import tritonpatch.llvm as tllvm
 from pipeline_helpers import BOTH, LSR, UNROLL, child_environment, compile_kernel, fresh_process_ptx, strided_sum
 from tritonpatch.targets import CompileOnlyDriver
 from tritonpatch import hooks
+from tritonpatch._llvm_gate import gate
 from tritonpatch._llvm_scope import scope
 
 pytestmark = pytest.mark.skipif(not tllvm.available(), reason="tritonpatch._native is not usable here")
@@ -388,7 +389,7 @@ def test_fork_while_another_thread_holds_options():
         assert tllvm.get_option("disable-lsr").value is True
         pid = os.fork()
         if pid == 0:  # child: report through the exit status only
-            ok = tllvm.get_option("disable-lsr").value is False and scope._holders == 0
+            ok = tllvm.get_option("disable-lsr").value is False and gate._holders == 0
             os._exit(0 if ok else 1)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
@@ -401,13 +402,14 @@ def test_fork_while_another_thread_holds_options():
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_fork_while_other_threads_hold_options_and_the_llvm_lock():
     """The child restores the options a parent thread had applied even when a third thread held
-    tritonpatch.llvm's lock at fork time. In a fresh process where the scope's fork handler is
-    registered first (the hooks import it before tritonpatch.llvm), the child used to wait for that
-    lock forever."""
+    the registry's lock (``tritonpatch._llvm_registry``) at fork time. In a fresh process where the
+    scope's fork handler was registered first (the hooks import the scope before anything imports
+    the registry), the child used to wait for that lock forever."""
     code = textwrap.dedent("""
         import os, sys, threading, time
         from tritonpatch._llvm_scope import scope   # its fork handler first, as when the hooks load
         import tritonpatch, tritonpatch.llvm as tllvm
+        from tritonpatch import _llvm_registry
         settings = tritonpatch.Pipeline(disable_lsr=True).llvm
         applied, locked, release = threading.Event(), threading.Event(), threading.Event()
 
@@ -416,7 +418,7 @@ def test_fork_while_other_threads_hold_options_and_the_llvm_lock():
             applied.set(); release.wait(30); scope.exit()
 
         def lock_holder():
-            with tllvm._lock:
+            with _llvm_registry._lock:
                 locked.set(); release.wait(30)
 
         threads = [threading.Thread(target=holder), threading.Thread(target=lock_holder)]

@@ -6,6 +6,7 @@ import ctypes
 import pytest
 
 import tritonpatch.llvm as llvm
+from tritonpatch import _llvm_registry
 from tritonpatch.errors import NativeUnavailableError, OptionTypeError, UnknownOptionError, UnsafeOptionError
 
 
@@ -202,7 +203,7 @@ def test_restores_an_option_triton_set_itself(fresh_compiles, monkeypatch):
     from compile_helpers import compile_ptx
 
     before = llvm.get_option("disable-lsr")
-    saved = llvm._registry().snapshot("disable-lsr")
+    saved = _llvm_registry.native_registry().snapshot("disable-lsr")
     monkeypatch.setenv("DISABLE_LLVM_OPT", "disable-lsr")
     try:
         compile_ptx("fixed_trip_loop")
@@ -213,7 +214,7 @@ def test_restores_an_option_triton_set_itself(fresh_compiles, monkeypatch):
 
 def test_native_refuses_what_python_refuses():
     """The native module itself never runs a callback it cannot undo, nor unsets a non-boolOrDefault."""
-    registry = llvm._registry()
+    registry = _llvm_registry.native_registry()
     with pytest.raises(ValueError, match="runs a callback"):
         registry.parse("opt-bisect-limit", "20")
     with pytest.raises(ValueError, match="not a boolOrDefault"):
@@ -242,7 +243,7 @@ def test_unavailable_native_gives_an_actionable_error(monkeypatch):
 
     import tritonpatch
 
-    monkeypatch.setattr(llvm, "_registry_instance", None)
+    monkeypatch.setattr(_llvm_registry, "_registry_instance", None)
     monkeypatch.delattr(tritonpatch, "_native", raising=False)
     monkeypatch.setitem(sys.modules, "tritonpatch._native", None)  # as if the build were missing
     with pytest.raises(NativeUnavailableError, match="pip install"):

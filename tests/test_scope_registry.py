@@ -15,8 +15,9 @@ pytestmark = pytest.mark.skipif(not tllvm.available(), reason="tritonpatch._nati
 PRELUDE = textwrap.dedent("""
     import json, sys, threading, time
     from tritonpatch._llvm_scope import scope
+    from tritonpatch import _llvm_registry
     import tritonpatch.llvm as llvm
-    assert llvm._registry_instance is None
+    assert _llvm_registry._registry_instance is None
 """)
 
 
@@ -54,7 +55,7 @@ def test_first_open_waits_for_a_compile_in_its_llvm_stages():
 
 def test_a_compile_waits_while_the_registry_calibrates():
     result = run("""
-        real_open = llvm._open_registry
+        real_open = _llvm_registry._open_registry
         calibrating, order = threading.Event(), []
 
         def slow_open():
@@ -63,7 +64,7 @@ def test_a_compile_waits_while_the_registry_calibrates():
             order.append("calibrated")
             return real_open()
 
-        llvm._open_registry = slow_open
+        _llvm_registry._open_registry = slow_open
         opener = threading.Thread(target=llvm.available)
         opener.start()
         calibrating.wait(60)

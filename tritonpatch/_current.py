@@ -17,6 +17,7 @@ import os
 import threading
 from typing import Any
 
+from . import _llvm_registry as llvm_registry
 from .errors import PipelineError
 from .pipeline import EMPTY, Pipeline, pipeline_from_environ
 
@@ -61,14 +62,12 @@ def set_process_llvm_option(name: str, value: Any) -> Any:
     ``name`` out of it for ``None``; return the layer's previous value (``None``: it had none).
     The caller installs tritonpatch into Triton."""
     global _process_layer
-    from . import llvm
-
     if not isinstance(name, str) or not name.lstrip("-"):
         raise PipelineError(f"LLVM option names are non-empty strings, got {name!r}")
     canonical = name.lstrip("-")
-    normalized = None if value is None else llvm.normalize_value(canonical, value)
+    normalized = None if value is None else llvm_registry.normalize_value(canonical, value)
     if value is None:
-        llvm.get_option(canonical)  # an unknown name is an error here too (naming the close matches)
+        llvm_registry.get_option(canonical)  # an unknown name is an error here too (naming the close matches)
     with _process_lock:
         layer = dict(_process_layer.llvm)
         previous = layer.pop(canonical, None)

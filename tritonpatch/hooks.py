@@ -36,8 +36,9 @@ from typing import Callable
 
 from . import env
 from ._llvm_scope import scope
-from .errors import PassError, PipelineError
 from ._current import compile_pipeline, current_cache_tag, environment_pipeline, keyed_cache_tag
+from .errors import PassError, PipelineError
+from .passes import apply_stage_passes, parse_module
 from .pipeline import Pipeline
 
 __all__ = ["install", "uninstall", "installed"]
@@ -198,8 +199,6 @@ class _PatchedCompile:
         return self._run_ahead(name, output, outcome, metadata)
 
     def _passes(self, name: str, module, metadata: dict):
-        from .passes import apply_stage_passes
-
         outcome = apply_stage_passes(name, module, self.specs, strict=self.strict)
         if outcome.fallback is not None:
             _record_fallback(metadata, outcome.fallback)
@@ -255,7 +254,6 @@ def _stored_copy(module):
     are those of a stage-by-stage compile; a re-parsed copy prints some SSA value names (loop
     arguments) differently, so the stored ``ttgir`` text of a patched compile can differ in names."""
     from . import _triton_compat as compat
-    from .passes import parse_module
 
     return parse_module(str(module), module.context) if compat.is_mlir_module(module) else module
 

@@ -14,6 +14,8 @@ import os
 from typing import Any, Iterable, Mapping
 
 from . import __version__, env
+from . import passes as ir_passes
+from ._llvm_registry import normalize_value
 from .errors import NativeUnavailableError, OptionTypeError, PipelineError, UnknownOptionError
 
 __all__ = ["Pipeline", "pipeline_from_environ"]
@@ -41,14 +43,12 @@ def _canonical_value(value: Any, where: str) -> Any:
 
 
 def _normalize_llvm(settings: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    from . import llvm
-
     normalized = {}
     for name, value in settings.items():
         if not isinstance(name, str) or not name.lstrip("-"):
             raise PipelineError(f"LLVM option names are non-empty strings, got {name!r}")
         canonical = name.lstrip("-")
-        normalized[canonical] = llvm.normalize_value(canonical, value)
+        normalized[canonical] = normalize_value(canonical, value)
     return tuple(sorted(normalized.items()))
 
 
@@ -63,17 +63,13 @@ def _normalize_passes(passes: Iterable[Any] | Mapping[str, Any]) -> tuple:
         passes = items
     elif isinstance(passes, (str, bytes)) or not isinstance(passes, Iterable):
         raise PipelineError(f"passes= takes a list of pass specs or a mapping of pass name to options, got {passes!r}")
-    try:
-        from .passes import parse_pass_spec, validate_pass_spec
-    except ImportError as exc:
-        raise PipelineError(f"IR passes are unavailable in this installation ({exc})") from exc
     specs = []
     for item in passes:
         if isinstance(item, str):
-            spec = parse_pass_spec(item)
+            spec = ir_passes.parse_pass_spec(item)
         elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
             opts = item[1]
-            spec = validate_pass_spec(item[0], dict(opts.items() if isinstance(opts, Mapping) else opts))
+            spec = ir_passes.validate_pass_spec(item[0], dict(opts.items() if isinstance(opts, Mapping) else opts))
         else:
             raise PipelineError(f"a pass spec is 'name', 'name(key=value,...)' or (name, {{options}}), got {item!r}")
         for key, value in spec[1]:
@@ -149,9 +145,7 @@ class Pipeline:
         set_(self, "_hash", hash((llvm, passes, ptxas)))
         tag = f"-tritonpatch-{__version__}-{self._fingerprint}" if (llvm or passes or ptxas) else ""
         if passes:
-            from .passes import source_digest
-
-            tag += f"-{source_digest()[:16]}"
+            tag += f"-{ir_passes.source_digest()[:16]}"
         set_(self, "_tag", tag)
         set_(self, "_pass_tag", (None, None, tag))  # (pass registry generation, TRITONPATCH_STRICT, cache tag)
 
@@ -174,11 +168,11 @@ class Pipeline:
         compile never loads an artifact a non-strict one built after its passes fell back)."""
         if not self.passes:
             return self._tag
-        memo, registry = self._pass_tag, _pass_registry()
-        generation, strict = registry.generation, _strict_setting()
+        memo = self._pass_tag
+        generation, strict = ir_passes.generation, _strict_setting()
         if memo[0] == generation and memo[1] == strict:
             return memo[2]
-        tag = f"{self._tag}{registry.implementation_tag(self.passes)}{'-strict' if env.strict() else ''}"
+        tag = f"{self._tag}{ir_passes.implementation_tag(self.passes)}{'-strict' if env.strict() else ''}"
         object.__setattr__(self, "_pass_tag", (generation, strict, tag))
         return tag
 
@@ -267,18 +261,3 @@ def pipeline_from_environ(environ: Mapping[str, str]) -> Pipeline:
             raise PipelineError(f"{env.PASSES}={env.quote(environ.get(env.PASSES))}: bad token {env.quote(text)}: {exc}") from exc
     return Pipeline._from_canonical(tuple(sorted(llvm.items())), _merge_by_key(passes, key=lambda s: s[0]),
                                     tuple(settings.get("ptxas", ())))
-
-
-_passes_module = None
-
-
-def _pass_registry():
-    """``tritonpatch.passes``, imported once (the cache tag of a Pipeline with passes needs it on
-    every launch)."""
-    global _passes_module
-    module = _passes_module
-    if module is None:
-        from . import passes as module
-
-        _passes_module = module
-    return module

@@ -8,24 +8,18 @@ import functools
 import inspect
 from typing import Any
 
+from . import hooks
 from ._current import _effective, _Fixed, _forced, _Frame, _scoped
 from .errors import PipelineError
 from .pipeline import Pipeline
 
 __all__ = ["options", "use_pipeline", "ensure_installed"]
 
-_hooks = None
-
 
 def ensure_installed() -> None:
     """Install tritonpatch into Triton unless done (runs on every block entry: keep it cheap)."""
-    global _hooks
-    if _hooks is None:
-        from . import hooks
-
-        _hooks = hooks
-    if not _hooks.installed():
-        _hooks.install()
+    if not hooks.installed():
+        hooks.install()
 
 
 class use_pipeline:
