@@ -2,11 +2,11 @@
 (flash, cuDNN), side by side.
 
 Usage (on a CUDA machine):
-    python scripts/bench_attention.py --out DIR                   # forward grid -> DIR/attention_fwd.{json,md,png}
-    python scripts/bench_attention.py --mode fwd_bwd --out DIR    # fwd+bwd grid -> DIR/attention_fwd_bwd.{json,md,png}
-    python scripts/bench_attention.py --check --out DIR           # forward correctness vs the fp32 reference
-    python scripts/bench_attention.py --sweep --out DIR           # time a wider forward config space
-    python scripts/bench_attention.py --mode fwd_bwd --sweep --out DIR   # the same for the backward kernels
+    python scripts/benchmarks/attention.py --out DIR                # forward -> DIR/attention_fwd.{json,md,png}
+    python scripts/benchmarks/attention.py --mode fwd_bwd --out DIR # fwd+bwd -> DIR/attention_fwd_bwd.{json,md,png}
+    python scripts/benchmarks/attention.py --check --out DIR        # forward correctness vs the fp32 reference
+    python scripts/benchmarks/attention.py --sweep --out DIR        # time a wider forward config space
+    python scripts/benchmarks/attention.py --mode fwd_bwd --sweep --out DIR   # the same for the backward kernels
 
 Useful TFLOP/s = 4·B·H·Sq·Skv·D × (fraction of allowed (q, kv) pairs) / time, × 3.5 for fwd+bwd
 (the backward's five matmuls count 2.5). Times are ``triton.testing.do_bench`` medians on fresh
@@ -17,78 +17,27 @@ cache is off unless TRITONPATCH_TUNING_CACHE is set.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import sys
 import time
 
 import torch
-import triton
 
 import tritonpatch.kernels as K
 from tritonpatch.kernels import attention_bwd as B
 from tritonpatch.kernels import attention_fwd as A
 from tritonpatch.kernels._launch import pipeline_variants
 
-MASKS = ("causal", "prefix_lm", "sliding_window", "document")
+from _common import (BATCH, HEADS, MASKS, allowed_fraction, bench_ms, compiled_flex_attention, environment_line,
+                     log, make_mask, pyplot, random_doc_ids, random_qkv, read_json, run_environment, save_figure,
+                     tune_in_this_run, write_json, write_lines)
+
 HEAD_DIMS = (64, 128)
 SEQ_LENS = (4096, 8192, 16384)
-BATCH, HEADS = 4, 16
-WINDOW = 1024
-NUM_DOCS = 8
 MODES = {"fwd": 1.0, "fwd_bwd": 3.5}   # mode -> useful FLOPs in units of the forward's
 WARMUP_ONLY = False   # --warmup: run each row once (compiles, tuning), time nothing, write nothing
 TARGETS = {"fwd": "≥ 1.10× FlexAttention on every row; causal D=128 ≥ 0.90× cuDNN",
            "fwd_bwd": "≥ 1.10× FlexAttention on every row; causal D=128 ≥ 0.85× cuDNN"}
-
-
-def log(*parts):
-    print(f"[{time.strftime('%H:%M:%S')}]", *parts, flush=True)
-
-
-def random_doc_ids(seq_len: int, num_docs: int, device, seed: int = 0) -> torch.Tensor:
-    """Sorted document ids of ``num_docs`` random-length documents covering ``seq_len`` positions."""
-    gen = torch.Generator().manual_seed(seed)
-    cuts = torch.sort(torch.randperm(seq_len - 1, generator=gen)[: num_docs - 1] + 1).values
-    ids = torch.zeros(seq_len, dtype=torch.int32)
-    ids[cuts] = 1
-    return torch.cumsum(ids, 0).to(torch.int32).to(device)
-
-
-def make_mask(name: str, seq_len: int, device):
-    """(our MaskMod, Flex mask_mod) for one benchmark mask."""
-    if name == "causal":
-        return K.causal(), lambda b, h, q, kv: q >= kv
-    if name == "prefix_lm":
-        prefix = seq_len // 4
-        return K.prefix_lm(prefix), lambda b, h, q, kv: (kv < prefix) | (q >= kv)
-    if name == "sliding_window":
-        return K.sliding_window(WINDOW), lambda b, h, q, kv: (q >= kv) & (q - kv <= WINDOW)
-    if name == "document":
-        ids = random_doc_ids(seq_len, NUM_DOCS, device)
-        return K.and_masks(K.causal(), K.document(ids)), lambda b, h, q, kv: (ids[q] == ids[kv]) & (q >= kv)
-    raise ValueError(name)
-
-
-def allowed_fraction(mask: K.MaskMod, q_len: int, kv_len: int, device, rows: int = 1024) -> float:
-    """Exact fraction of allowed pairs, evaluating the mask in row chunks (no S×S tensor)."""
-    total = 0
-    kv = torch.arange(kv_len, device=device)[None, None, None, :]
-    zero = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
-    for start in range(0, q_len, rows):
-        q = torch.arange(start, min(start + rows, q_len), device=device)[None, None, :, None]
-        total += int(mask(zero, zero, q, kv).sum().item())
-    return total / (q_len * kv_len)
-
-
-def bench_ms(fn, grad_to_none=None) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median")
-
-
-def rand_qkv(batch, heads, seq_len, head_dim, device, dtype=torch.bfloat16):
-    return [torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=dtype) for _ in range(3)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -113,7 +62,7 @@ def check(device, head_dims=HEAD_DIMS, seq=1536, dtype=torch.bfloat16) -> list:
         "softcap": dict(score_mod=K.softcap(20.0)),
     }
     for head_dim in head_dims:
-        q, k, v = rand_qkv(2, 8, seq, head_dim, device, dtype)
+        q, k, v = random_qkv(2, 8, seq, head_dim, device, dtype)
         for use_tma in (False, True):
             cfg = A.FwdConfig(128, 64, 8 if head_dim == 128 else 4, 3, use_tma)
             names = cases if (head_dim == 128) != use_tma else ("causal", "causal&document")
@@ -182,7 +131,7 @@ def sweep(device, masks, head_dims, seq_lens, every_pipeline=False) -> list:
     rows = []
     for seq in seq_lens:
         for head_dim in head_dims:
-            q, k, v = rand_qkv(BATCH, HEADS, seq, head_dim, device)
+            q, k, v = random_qkv(BATCH, HEADS, seq, head_dim, device)
             for mask_name in masks:
                 mask, _ = make_mask(mask_name, seq, device)
                 frac = allowed_fraction(mask, seq, seq, device)
@@ -230,7 +179,7 @@ def sweep_bwd(device, head_dims=HEAD_DIMS, seq=8192) -> list:
     mask = K.causal()
     frac = allowed_fraction(mask, seq, seq, device)
     for head_dim in head_dims:
-        q, k, v = rand_qkv(BATCH, HEADS, seq, head_dim, device)
+        q, k, v = random_qkv(BATCH, HEADS, seq, head_dim, device)
         dout = torch.randn_like(q)
         out, lse = A.attention_forward(q, k, v, mask_mod=mask)
         fixed = {kernel: B.candidate_configs(kernel, head_dim, device)[0] for kernel in ("dkdv", "dq")}
@@ -256,16 +205,8 @@ def sweep_bwd(device, head_dims=HEAD_DIMS, seq=8192) -> list:
 
 
 # ------------------------------------------------------------------------------------------------
-def flex_fn():
-    from torch.nn.attention.flex_attention import flex_attention
-    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, 512)
-    return torch.compile(flex_attention, dynamic=False)
-
-
 def bench(device, mode, masks, head_dims, seq_lens, on_row=lambda rows: None) -> list:
-    flex = flex_fn()
+    flex = compiled_flex_attention()
     rows = []
     for seq in seq_lens:
         for mask_name in masks:
@@ -291,7 +232,7 @@ def bench_row(flex, mode: str, mask_name: str, head_dim: int, seq: int, device) 
     mask, flex_mask_mod = make_mask(mask_name, seq, device)
     frac = allowed_fraction(mask, seq, seq, device)
     flops = MODES[mode] * 4 * BATCH * HEADS * seq * seq * head_dim * frac
-    q, k, v = rand_qkv(BATCH, HEADS, seq, head_dim, device)
+    q, k, v = random_qkv(BATCH, HEADS, seq, head_dim, device)
     leaves = None
     if mode == "fwd_bwd":
         leaves = [t.requires_grad_() for t in (q, k, v)]
@@ -351,19 +292,6 @@ def block_mask_build_time(device, seq_len: int = 131072) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
-def run_environment(gpu: str | None = None) -> dict:
-    """Where, when and how a benchmark ran: the header of every JSON report under docs/benchmarks
-    (``gpu``: a label for runs without one; default: the current CUDA device's name)."""
-    return {"gpu": gpu or torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(),
-            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-            "command": "python " + " ".join(sys.argv)}
-
-
-def environment() -> dict:
-    return dict(run_environment(), batch=BATCH, heads=HEADS, dtype="bfloat16")
-
-
 TITLES = {"fwd": "Attention forward", "fwd_bwd": "Attention forward + backward"}
 
 
@@ -371,8 +299,7 @@ def write_markdown(path, report, rows) -> None:
     env, build, mode = report["environment"], report.get("block_mask_build"), report.get("mode", "fwd")
     factor = "3.5 × " if mode == "fwd_bwd" else ""
     lines = [f"# {TITLES[mode]}: tritonpatch vs FlexAttention vs SDPA", "",
-             f"- command: `{env['command']}`", f"- GPU: {env['gpu']}; torch {env['torch']}; triton {env['triton']}; "
-             f"python {env['python']}; date {env['date_utc']} UTC",
+             f"- command: `{env['command']}`", environment_line(env),
              f"- B={env['batch']} H={env['heads']} bf16; useful TFLOP/s = {factor}4·B·H·S²·D × allowed fraction / time "
              "(do_bench median); prefix-LM P=S/4, sliding window 1024 (causal), document = 8 random documents (causal)",
              f"- targets: {TARGETS[mode]}", "",
@@ -396,18 +323,13 @@ def write_markdown(path, report, rows) -> None:
         lines += ["", "Correctness vs the fp32 reference (bf16, rel. error ≤ 1e-2): "
                   f"{passed}/{len(checks)} cases pass; "
                   "worst rel. error " + format(max(c.get("rel_err", float("nan")) for c in checks), ".2e")]
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_lines(path, lines)
 
 
 def write_plot(path, rows, mode) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     impls = [("ours", "tritonpatch"), ("flex", "FlexAttention"), ("sdpa_flash", "SDPA flash"),
              ("sdpa_cudnn", "SDPA cuDNN")]
-    fig, ax = plt.subplots(figsize=(max(10, len(rows) * 0.7), 5))
+    fig, ax = pyplot().subplots(figsize=(max(10, len(rows) * 0.7), 5))
     width = 0.2
     for i, (key, label) in enumerate(impls):
         xs = [j + (i - 1.5) * width for j, r in enumerate(rows) if f"{key}_tflops" in r]
@@ -418,14 +340,12 @@ def write_plot(path, rows, mode) -> None:
     ax.set_xticklabels([f"{r['mask']}\nD{r['head_dim']} S{r['seq_len'] // 1024}k" for r in rows], fontsize=6)
     ax.set_ylabel(f"useful TFLOP/s (bf16, {mode.replace('_', '+')})")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def main() -> int:
     global WARMUP_ONLY
-    # tune in this run: no decisions from earlier runs (TRITONPATCH_TUNING_CACHE, unless set)
-    os.environ.setdefault("TRITONPATCH_TUNING_CACHE", "0")
+    tune_in_this_run()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=".", help="directory for the JSON/markdown/plot")
     parser.add_argument("--mode", choices=list(MODES), default="fwd", help="time the forward or forward+backward")
@@ -445,10 +365,7 @@ def main() -> int:
                         "(rows of several runs of one mode are merged)")
     args = parser.parse_args()
     if args.from_json:
-        reports = []
-        for path in args.from_json:
-            with open(path) as f:
-                reports.append(json.load(f))
+        reports = [read_json(path) for path in args.from_json]
         rows = [row for r in reports for row in r.get("rows", [])]
         rows.sort(key=lambda r: (r["seq_len"], MASKS.index(r["mask"]), r["head_dim"]))
         sweeps, commands = [], {}   # sweep rows and, per round, the commands that measured it
@@ -472,19 +389,18 @@ def main() -> int:
             bench(torch.device("cuda"), args.mode, *grid)
         return 0
     if not torch.cuda.is_available():
-        print("bench_attention.py needs a CUDA GPU", file=sys.stderr)
+        print("scripts/benchmarks/attention.py needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda")
     os.makedirs(args.out, exist_ok=True)
-    env = environment()
+    env = run_environment(batch=BATCH, heads=HEADS, dtype="bfloat16")
     log(env)
     report = {"environment": env, "mode": args.mode}
     json_path = os.path.join(args.out, f"attention_{args.mode}.json")
 
     def save(**updates):
         report.update(updates)
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=1, default=str)
+        write_json(json_path, report)
 
     status = 0
     if args.check:
@@ -504,8 +420,7 @@ def write_sweep_markdown(path, report) -> None:
     """The backward sweep (--mode fwd_bwd --sweep) as one table per head dim and kernel, fastest first."""
     env, sweep = report["environment"], report["sweep"]
     lines = ["# Attention backward: kernel config sweep (causal, bf16, B=4 H=16 S=8192)", "",
-             f"- command: `{env['command']}` (one run per round)",
-             f"- GPU: {env['gpu']}; torch {env['torch']}; triton {env['triton']}; date {env['date_utc']} UTC",
+             f"- command: `{env['command']}` (one run per round)", environment_line(env, with_python=False),
              "- each row times the whole backward with one kernel's config varied and the other kernel fixed at "
              "its first tuning candidate of that round; TFLOP/s = 2.5 × 4·B·H·S²·D × allowed fraction / time"]
     for head_dim in sorted({r["head_dim"] for r in sweep}):
@@ -516,8 +431,7 @@ def write_sweep_markdown(path, report) -> None:
                       "| round | dQ mode | config | whole backward | ms | TFLOP/s |", "|---|---|---|---|---|---|"]
             lines += [f"| {r.get('round', 1)} | {r.get('dq_mode', 'separate')} | {r['config']} | "
                       f"{r['whole_backward']} | {r['ms']:.3f} | {r['tflops']:.1f} |" for r in rows]
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_lines(path, lines)
 
 
 def write_fwd_sweep_markdown(path, report) -> None:
@@ -527,7 +441,7 @@ def write_fwd_sweep_markdown(path, report) -> None:
     commands = report.get("sweep_commands") or {sweep[0].get("round", 1): [env["command"]]}
     lines = ["# Attention forward: kernel config sweep (bf16, B=4 H=16)", ""]
     lines += [f"- round {rnd}: " + "; ".join(f"`{c}`" for c in cmds) for rnd, cmds in sorted(commands.items())]
-    lines += [f"- GPU: {env['gpu']}; torch {env['torch']}; triton {env['triton']}; date {env['date_utc']} UTC",
+    lines += [environment_line(env, with_python=False),
               "- TFLOP/s = 4·B·H·S²·D × allowed fraction / time (do_bench median); 'vs tuner' = the fastest of "
               "the tuner's candidates when it ran (marked *) / this config"]
     group_of = lambda r: (r.get("round", 1), r["mask"], r["head_dim"], r["seq_len"])
@@ -541,8 +455,7 @@ def write_fwd_sweep_markdown(path, report) -> None:
                   "| config | ms | TFLOP/s | vs tuner |", "|---|---|---|---|"]
         lines += [f"| {r['config']}{' *' if r.get('tuner_candidate') else ''} | {r['ms']:.3f} | {r['tflops']:.1f} | "
                   + (f"{tuner_best / r['ms']:.3f} |" if tuner_best else "— |") for r in rows]
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_lines(path, lines)
 
 
 def write_reports(report: dict, out_dir: str) -> None:

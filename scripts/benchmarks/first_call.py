@@ -9,8 +9,8 @@ modes tuned) and the first call of compiled FlexAttention, wall clock with a syn
 the other, the behaviour before parallel tuning compiles).
 
 Usage (CUDA machine):
-    python scripts/bench_first_call.py --threads 1,16 --out DIR   # -> DIR/first_call.{json,md,png}, 2 runs per value
-    python scripts/bench_first_call.py --from-json FILE --out DIR  # rewrite the markdown and plot
+    python scripts/benchmarks/first_call.py --threads 1,16 --out DIR   # -> DIR/first_call.{json,md,png}, 2 runs each
+    python scripts/benchmarks/first_call.py --from-json FILE --out DIR  # rewrite the markdown and plot
 """
 from __future__ import annotations
 
@@ -22,24 +22,26 @@ import sys
 import tempfile
 import time
 
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
+
+import tritonpatch.kernels as K
+
+from _common import (BATCH, HEADS, compiled_flex_attention, environment_line, make_mask, pyplot, random_qkv,
+                     read_json, run_environment, save_figure, write_json, write_lines)
+
 
 def one_run(mask: str, head_dim: int, seq: int) -> dict:
     """In this (fresh) process: the first fwd+bwd call of ours, then of Flex."""
-    import torch
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    import tritonpatch.kernels as K
-
-    masks = {"causal": (K.causal(), lambda b, h, q, kv: q >= kv)}
-    ours_mask, flex_mask = masks[mask]
-    q, k, v, dout = (torch.randn(4, 16, seq, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    ours_mask, flex_mask = make_mask(mask, seq, "cuda")
+    q, k, v, dout = random_qkv(BATCH, HEADS, seq, head_dim, "cuda", count=4)
     leaves = [t.requires_grad_() for t in (q, k, v)]
     start = time.time()
     K.attention(*leaves, mask_mod=ours_mask).backward(dout)
     torch.cuda.synchronize()
     ours = time.time() - start
     block_mask = create_block_mask(flex_mask, None, None, seq, seq, device="cuda")
-    flex = torch.compile(flex_attention, dynamic=False)
+    flex = compiled_flex_attention()
     start = time.time()
     flex(*leaves, block_mask=block_mask).backward(dout)
     torch.cuda.synchronize()
@@ -57,8 +59,7 @@ def main() -> int:
     parser.add_argument("--from-json", help="only rewrite the markdown and plot from this JSON report")
     args = parser.parse_args()
     if args.from_json:
-        with open(args.from_json) as f:
-            write_reports(json.load(f), args.out)
+        write_reports(read_json(args.from_json), args.out)
         return 0
     if args.child:
         print(json.dumps(one_run(args.mask, args.head_dim, args.seq)))
@@ -76,12 +77,9 @@ def main() -> int:
                            caches=caches, mask=args.mask, head_dim=args.head_dim, seq_len=args.seq)
                 print(row, flush=True)
                 rows.append(row)
-    from bench_attention import run_environment   # imports torch: only now, after the measured processes
-
-    report = dict(run_environment(), cpus=os.cpu_count(), rows=rows)
+    report = run_environment(cpus=os.cpu_count(), rows=rows)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "first_call.json"), "w") as f:
-        json.dump(report, f, indent=1)
+    write_json(os.path.join(args.out, "first_call.json"), report)
     write_reports(report, args.out)
     return 0
 
@@ -90,9 +88,7 @@ def write_reports(report: dict, out_dir: str) -> None:
     """first_call.md (table) and first_call.png (bars) from a report."""
     os.makedirs(out_dir, exist_ok=True)
     lines = ["# First call of attention fwd+bwd (compiles and tuning, empty caches)", "",
-             f"- command: `{report['command']}`",
-             f"- GPU: {report['gpu']} ({report['cpus']} CPUs); torch {report['torch']}; triton {report['triton']}; "
-             f"date {report['date_utc']} UTC",
+             f"- command: `{report['command']}`", environment_line(report, with_python=False),
              "- wall clock of the first `attention(...).backward(dout)` (ours: forward and both backward dQ modes "
              "tuned) and of the first compiled FlexAttention call, in a fresh process with empty caches and in a "
              "second one on the first one's caches (Triton, Inductor, tritonpatch tuning decisions)", "",
@@ -101,14 +97,9 @@ def write_reports(report: dict, out_dir: str) -> None:
     lines += [f"| {r['mask']} | {r['head_dim']} | {r['seq_len']} | {r['compile_threads']} | "
               f"{r.get('caches', 'empty')} | {r['ours_first_call_s']:.1f} | {r['flex_first_call_s']:.1f} |"
               for r in report["rows"]]
-    with open(os.path.join(out_dir, "first_call.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    write_lines(os.path.join(out_dir, "first_call.md"), lines)
     rows = report["rows"]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = pyplot().subplots(figsize=(6, 3.5))
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], [r["ours_first_call_s"] for r in rows], 0.4, label="tritonpatch")
     ax.bar([x + 0.2 for x in xs], [r["flex_first_call_s"] for r in rows], 0.4, label="FlexAttention")
@@ -117,8 +108,7 @@ def write_reports(report: dict, out_dir: str) -> None:
                        fontsize=7)
     ax.set_ylabel("first fwd+bwd call (s)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "first_call.png"), dpi=120)
+    save_figure(fig, os.path.join(out_dir, "first_call.png"))
 
 
 if __name__ == "__main__":

@@ -3,17 +3,17 @@
 For each case, N calls are queued behind a long ``torch.cuda._sleep`` so that the GPU is busy while
 the host enqueues them: wall time / N is the host time of one call, and events around the N calls
 (executed back to back once the GPU wakes up) give the GPU time of one call. A call is host-bound
-when its host time exceeds its GPU time; ``do_bench`` (what bench_attention.py reports) then
+when its host time exceeds its GPU time; ``do_bench`` (what attention.py reports) then
 measures the host. Cases: our forward and forward+backward with replayed launches (the default) and
 with ``TRITONPATCH_FAST_LAUNCH=0`` (every launch through Triton's JIT), compiled FlexAttention
 likewise, and for the tuned forward kernel its launch layers (our launcher building the arguments;
 Triton's ``kernel[grid]`` on prebuilt arguments; the compiled kernel's ``run`` alone). Each
-ours/Flex case is also timed with ``do_bench`` as bench_attention.py times it. ``--profile`` adds
+ours/Flex case is also timed with ``do_bench`` as attention.py times it. ``--profile`` adds
 cProfile listings.
 
 Usage (CUDA machine):
-    python scripts/bench_launch_overhead.py --out DIR            # -> DIR/launch_overhead.{json,md}
-    python scripts/bench_launch_overhead.py --from-json FILE --out DIR
+    python scripts/benchmarks/launch_overhead.py --out DIR            # -> DIR/launch_overhead.{json,md}
+    python scripts/benchmarks/launch_overhead.py --from-json FILE --out DIR
 """
 from __future__ import annotations
 
@@ -21,21 +21,26 @@ import argparse
 import contextlib
 import cProfile
 import io
-import json
 import os
 import pstats
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
+from triton import knobs
+
+import tritonpatch.kernels as K
+from tritonpatch.kernels import _launch, attention_fwd
+
+from _common import (BATCH, HEADS, bench_ms, compiled_flex_attention, environment_line, make_mask, random_qkv,
+                     read_json, run_environment, tune_in_this_run, write_json, write_lines)
 
 SLEEP_CYCLES = 1_500_000_000   # ~0.8 s on an H200: longer than enqueueing any case below
 
 
 def host_and_gpu_us(fn, calls: int) -> tuple[float, float]:
     """(host µs, GPU µs) per call of ``fn`` (see the module docstring)."""
-    import torch
-
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -53,8 +58,6 @@ def host_and_gpu_us(fn, calls: int) -> tuple[float, float]:
 
 
 def profile_text(fn, calls: int, top: int = 35) -> str:
-    import torch
-
     fn()
     torch.cuda.synchronize()
     profiler = cProfile.Profile()
@@ -70,8 +73,6 @@ def profile_text(fn, calls: int, top: int = 35) -> str:
 
 def capture_forward_launch(call):
     """(kernel, grid, args, kwargs) of the forward kernel launch made by ``call()`` (not replayed)."""
-    from tritonpatch.kernels import _launch
-
     captured = []
     original = _launch.launch
 
@@ -104,9 +105,6 @@ def fast_launch(enabled: bool):
 
 def direct_runner(kernel, grid, args, kwargs):
     """A function launching the compiled kernel with Triton's binding and cache lookup skipped."""
-    import torch
-    from triton import knobs
-
     compiled = kernel[grid](*args, **kwargs)
     device = torch.cuda.current_device()
     binder = kernel.device_caches[device][4]
@@ -123,26 +121,18 @@ def direct_runner(kernel, grid, args, kwargs):
 
 
 def measure_case(mask_name: str, head_dim: int, seq: int, batch: int, heads: int, calls: int, profile: bool) -> dict:
-    import torch
-    import triton
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    import tritonpatch.kernels as K
-    from bench_attention import make_mask
-    from tritonpatch.kernels import attention_fwd
-
     torch.manual_seed(0)
     ours_mask, flex_mask = make_mask(mask_name, seq, "cuda")
-    q, k, v, dout = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q, k, v, dout = random_qkv(batch, heads, seq, head_dim, "cuda", count=4)
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     block_mask = create_block_mask(flex_mask, None, None, seq, seq, device="cuda")
-    flex = torch.compile(flex_attention, dynamic=False)
+    flex = compiled_flex_attention()
 
     def ours_fwd():
         return K.attention(q, k, v, mask_mod=ours_mask)
 
     def ours_fwd_bwd():
-        qg.grad = kg.grad = vg.grad = None   # as bench_attention.py (grad_to_none): no accumulation
+        qg.grad = kg.grad = vg.grad = None   # as attention.py (grad_to_none): no accumulation
         K.attention(qg, kg, vg, mask_mod=ours_mask).backward(dout)
 
     def flex_fwd():
@@ -180,7 +170,7 @@ def measure_case(mask_name: str, head_dim: int, seq: int, batch: int, heads: int
     for name, (fn, fast, bench) in layers.items():
         with fast_launch(fast):
             host, gpu = host_and_gpu_us(fn, calls // 4 if "bwd" in name else calls)
-            median = triton.testing.do_bench(fn, return_mode="median") * 1e3 if bench else None
+            median = bench_ms(fn) * 1e3 if bench else None
         row["layers"][name] = {"host_us": host, "gpu_us": gpu, "do_bench_us": median}
         print(f"{mask_name} D{head_dim} S{seq} | {name:50s} host {host:8.1f} us  gpu {gpu:8.1f} us  "
               f"do_bench {median or 0:8.1f} us", flush=True)
@@ -194,41 +184,35 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="document:64:4096,document:128:4096,causal:128:1024",
                         help="comma-separated mask:head_dim:seq_len")
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--heads", type=int, default=HEADS)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--profile", action="store_true", help="also record cProfile listings (in the JSON)")
     parser.add_argument("--out", default=".")
     parser.add_argument("--from-json", help="only rewrite the markdown from this JSON report")
     args = parser.parse_args()
     if args.from_json:
-        with open(args.from_json) as f:
-            write_markdown(json.load(f), args.out)
+        write_markdown(read_json(args.from_json), args.out)
         return 0
-    os.environ.setdefault("TRITONPATCH_TUNING_CACHE", "0")
-    from bench_attention import run_environment
-
+    tune_in_this_run()
     rows = []
     for case in args.cases.split(","):
         mask_name, head_dim, seq = case.split(":")
         rows.append(measure_case(mask_name, int(head_dim), int(seq), args.batch, args.heads, args.calls,
                                  args.profile))
-    report = dict(run_environment(), rows=rows)
+    report = run_environment(rows=rows)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "launch_overhead.json"), "w") as f:
-        json.dump(report, f, indent=1)
+    write_json(os.path.join(args.out, "launch_overhead.json"), report)
     write_markdown(report, args.out)
     return 0
 
 
 def write_markdown(report: dict, out_dir: str) -> None:
     lines = ["# Host time vs GPU time per attention call", "",
-             f"- command: `{report['command']}`",
-             f"- GPU: {report['gpu']}; torch {report['torch']}; triton {report['triton']}; "
-             f"date {report['date_utc']} UTC",
+             f"- command: `{report['command']}`", environment_line(report, with_python=False),
              "- host µs: wall time per call while the GPU is kept busy; GPU µs: events around the same calls run "
              "back to back; host > GPU means the call is host-bound. do_bench µs: `triton.testing.do_bench` "
-             "median of the call (what bench_attention.py reports).", "",
+             "median of the call (what scripts/benchmarks/attention.py reports).", "",
              "| mask | D | S | B×H | fwd config | call / layer | host µs | GPU µs | host/GPU | do_bench µs |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
@@ -238,8 +222,7 @@ def write_markdown(report: dict, out_dir: str) -> None:
                          f"{r['fwd_config']} | {name} | {m['host_us']:.1f} | {m['gpu_us']:.1f} | "
                          f"{m['host_us'] / m['gpu_us']:.2f} | {median} |")
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "launch_overhead.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_lines(os.path.join(out_dir, "launch_overhead.md"), lines)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@ passes differ. Variants: unmasked (``MASKED=False``), masked, masked + each pass
 skip, masked + all three, masked + elide without its all-false loops + skip. For every pass variant the output on fresh random inputs is compared
 bit for bit with the unpatched masked kernel (skip: where the unpatched output is finite).
 
-    python scripts/bench_mask_passes.py --out docs/benchmarks            # GPU: full run (re-measures in place)
-    python scripts/bench_mask_passes.py --compile-only                   # CPU: sm_90 compile + pass reports
-    python scripts/bench_mask_passes.py --from-json mask_passes.json     # rewrite the table and plot
+    python scripts/benchmarks/mask_passes.py --out docs/benchmarks          # GPU: full run (re-measures in place)
+    python scripts/benchmarks/mask_passes.py --compile-only                 # CPU: sm_90 compile + pass reports
+    python scripts/benchmarks/mask_passes.py --from-json mask_passes.json   # rewrite the table and plot
 
 Writes mask_passes.json, mask_passes.md and mask_passes.png into ``--out``.
 """
@@ -16,22 +16,24 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import platform
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="bench_mask_passes_cache_"))
+# A private Triton cache (unless TRITON_CACHE_DIR is set), before Triton is imported: every variant compiles here.
+os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="mask_passes_cache_"))
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 
 import tritonpatch  # noqa: E402
 from tritonpatch.passes import collect_reports  # noqa: E402
 from tritonpatch.kernels.seed import SIGNATURE, seed_attention_fwd, seed_constexprs  # noqa: E402
+
+from _common import (REPO_ROOT, bench_ms, checkout_commit, command_line, pyplot, read_json,  # noqa: E402
+                     save_figure, write_json, write_lines)
 
 VARIANTS = [  # (label, MASKED, passes)
     ("unmasked", False, []),
@@ -55,7 +57,7 @@ def parse_args(argv=None):
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--prefix", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds over all variants (median kept)")
-    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks"))
+    parser.add_argument("--out", default=os.path.join(REPO_ROOT, "docs", "benchmarks"))
     parser.add_argument("--compile-only", action="store_true", help="compile every variant for sm_90 (no GPU)")
     parser.add_argument("--from-json", help="rewrite mask_passes.md/.png in --out from this measured JSON (no GPU)")
     return parser.parse_args(argv)
@@ -84,7 +86,6 @@ def launch(q, k, v, out, args, masked):
 
 def reference(q, k, v, args):
     """fp32 torch attention with the seed's mask (a sanity bound, not the bit-identity check)."""
-    import torch
     idx = torch.arange(args.seq, device=q.device)
     qi, ki = idx[:, None], idx[None, :]
     allowed = ((qi <= args.prefix) & (ki <= args.prefix)) | (qi >= ki)
@@ -94,9 +95,6 @@ def reference(q, k, v, args):
 
 
 def run_gpu(args) -> dict:
-    import torch
-    from triton.testing import do_bench
-
     torch.manual_seed(0)
     shape = (args.batch, args.heads, args.seq, args.head_dim)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -139,8 +137,7 @@ def run_gpu(args) -> dict:
             out, masked = entry["out"], entry["masked"]
             with tritonpatch.options(passes=entry["passes"]):
                 launch(q, k, v, out, args, masked)            # compiled already: served from the JIT cache
-                entry["ms"].append(do_bench(lambda: launch(q, k, v, out, args, masked),
-                                            warmup=25, rep=200, return_mode="median"))
+                entry["ms"].append(bench_ms(lambda: launch(q, k, v, out, args, masked), rep=200))
     unmasked_ms = sorted(results["unmasked"]["ms"])[len(results["unmasked"]["ms"]) // 2]
     table = []
     for label, entry in results.items():
@@ -169,27 +166,16 @@ NOTES = [
 ]
 
 
-def _commit() -> str:
-    """The checkout's commit (short hash), with '+changes' when tracked files differ from it."""
-    import subprocess
-
-    def git(*args):
-        return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True).stdout.strip()
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def write(args, data) -> None:
     os.makedirs(args.out, exist_ok=True)
-    for key, value in (("command", "python " + " ".join(sys.argv)), ("triton", triton.__version__),
+    for key, value in (("command", command_line()), ("triton", triton.__version__),
                        ("python", platform.python_version()), ("date", datetime.date.today().isoformat()),
-                       ("commit", _commit())):
+                       ("commit", checkout_commit())):
         data.setdefault(key, value)          # kept when rewriting from a measured JSON (--from-json)
     data.update({"shape": {"B": args.batch, "H": args.heads, "S": args.seq, "D": args.head_dim, "P": args.prefix,
                            "dtype": "bf16", "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": NUM_WARPS,
                            "num_stages": NUM_STAGES}})
-    with open(os.path.join(args.out, "mask_passes.json"), "w") as handle:
-        json.dump(data, handle, indent=2)
+    write_json(os.path.join(args.out, "mask_passes.json"), data, indent=2)
     rows = {row["variant"]: row for row in data["table"]}
     lines = [f"# Seed kernel through the mask passes ({data['gpu']})", "",
              f"- command: `{data['command']}` (raw data `mask_passes.json`)",
@@ -216,12 +202,8 @@ def write(args, data) -> None:
               f"(skip-masked-blocks: where the unpatched output is finite).", "",
               f"Time / unmasked against the design targets: {targets}.", "", "## Notes", ""]
     lines += [f"* {note}" for note in NOTES]
-    with open(os.path.join(args.out, "mask_passes.md"), "w") as handle:
-        handle.write("\n".join(lines) + "\n")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    write_lines(os.path.join(args.out, "mask_passes.md"), lines)
+    fig, ax = pyplot().subplots(figsize=(9, 4.5))
     labels = [row["variant"] for row in data["table"]]
     ax.barh(labels, [row["vs_unmasked"] for row in data["table"]], color="tab:blue")
     for _, target in DESIGN_TARGETS:
@@ -229,8 +211,7 @@ def write(args, data) -> None:
     ax.set_xlabel("time / unmasked (lower is better; dashed: design targets 1.05 and 0.75)")
     ax.invert_yaxis()
     ax.set_title(f"Seed kernel, {data['gpu']}, B{args.batch} H{args.heads} S{args.seq} D{args.head_dim} P{args.prefix}")
-    fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "mask_passes.png"), dpi=120)
+    save_figure(fig, os.path.join(args.out, "mask_passes.png"))
 
 
 def main(argv=None) -> None:
@@ -239,8 +220,7 @@ def main(argv=None) -> None:
         compile_only(args)
         return
     if args.from_json:
-        with open(args.from_json) as handle:
-            data = json.load(handle)
+        data = read_json(args.from_json)
     else:
         data = run_gpu(args)
     write(args, data)

@@ -3,27 +3,25 @@ in docs/benchmarks/attention_fwd.md timed under plain Triton and under ``Pipelin
 side by side on the same inputs, with a bit-for-bit check of the outputs (LSR only rewrites address
 arithmetic). The tuner itself tries disable-lsr on its first candidate only.
 
-Usage (on a CUDA machine): python scripts/bench_pipeline_axis.py --out DIR
+Usage (on a CUDA machine): python scripts/benchmarks/pipeline_axis.py --out DIR
     -> DIR/pipeline_axis.{json,md,png}
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_attention import bench_ms, environment, log, make_mask, rand_qkv  # noqa: E402
+import tritonpatch
+from tritonpatch.kernels import attention_fwd as A
 
-import tritonpatch  # noqa: E402
-from tritonpatch.kernels import attention_fwd as A  # noqa: E402
+from _common import (BATCH, HEADS, bench_ms, environment_line, log, make_mask, pyplot, random_qkv, run_environment,
+                     save_figure, write_json, write_lines)
 
 CASES = [("causal", 64, 8192), ("causal", 128, 8192), ("prefix_lm", 128, 8192)]
-BATCH, HEADS = 4, 16
 NO_LSR = tritonpatch.Pipeline(disable_lsr=True)
 WINNERS = {64: A.FwdConfig(128, 128, 4, 3, use_tma=True), 128: A.FwdConfig(128, 128, 8, 2, use_tma=True)}
 
@@ -31,7 +29,7 @@ WINNERS = {64: A.FwdConfig(128, 128, 4, 3, use_tma=True), 128: A.FwdConfig(128, 
 def run_case(mask_name: str, head_dim: int, seq: int) -> dict:
     """The winning config of this head dim under plain Triton and under disable-lsr."""
     device = torch.device("cuda")
-    q, k, v = rand_qkv(BATCH, HEADS, seq, head_dim, device)
+    q, k, v = random_qkv(BATCH, HEADS, seq, head_dim, device)
     mask, _ = make_mask(mask_name, seq, device)
     config = WINNERS[head_dim]
     timings, outputs = {}, {}
@@ -51,24 +49,16 @@ def run_case(mask_name: str, head_dim: int, seq: int) -> dict:
 
 def write(out: str, env: dict, rows: list) -> None:
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "pipeline_axis.json"), "w") as f:
-        json.dump({"environment": env, "rows": rows}, f, indent=1)
+    write_json(os.path.join(out, "pipeline_axis.json"), {"environment": env, "rows": rows})
     lines = ["# The Pipeline axis on the packaged attention forward: plain Triton vs disable-lsr", "",
-             f"- command: `{env['command']}`",
-             f"- GPU: {env['gpu']}; torch {env['torch']}; triton {env['triton']}; python {env['python']}; "
-             f"date {env['date_utc']} UTC",
+             f"- command: `{env['command']}`", environment_line(env),
              f"- B={BATCH} H={HEADS} bf16; do_bench medians on the same random inputs; ratio < 1: disable-lsr faster", "",
              "| mask | D | S | config | plain ms | disable-lsr ms | ratio | outputs bitwise equal |",
              "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['mask']} | {r['head_dim']} | {r['seq_len']} | {r['config']} | {r['plain_ms']:.3f} | "
               f"{r['disable_lsr_ms']:.3f} | {r['ratio']:.3f} | {r['bitwise_equal']} |" for r in rows]
-    with open(os.path.join(out, "pipeline_axis.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.8), 4))
+    write_lines(os.path.join(out, "pipeline_axis.md"), lines)
+    fig, ax = pyplot().subplots(figsize=(max(8, len(rows) * 0.8), 4))
     ax.bar(range(len(rows)), [r["ratio"] for r in rows], color="#4477aa")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(rows)))
@@ -76,8 +66,7 @@ def write(out: str, env: dict, rows: list) -> None:
                        fontsize=7)
     ax.set_ylabel("disable-lsr time / plain time")
     ax.set_title(f"disable-lsr on the attention forward candidates ({env['gpu']})")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "pipeline_axis.png"), dpi=120)
+    save_figure(fig, os.path.join(out, "pipeline_axis.png"))
 
 
 def main() -> int:
@@ -85,9 +74,9 @@ def main() -> int:
     parser.add_argument("--out", default=os.path.join("docs", "benchmarks"))
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("bench_pipeline_axis needs a CUDA GPU")
+        raise SystemExit("scripts/benchmarks/pipeline_axis.py needs a CUDA GPU")
     rows = [run_case(*case) for case in CASES]
-    write(args.out, environment(), rows)
+    write(args.out, run_environment(batch=BATCH, heads=HEADS, dtype="bfloat16"), rows)
     return 0
 
 

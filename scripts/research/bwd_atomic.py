@@ -7,12 +7,12 @@ deterministic ``dq_mode="separate"`` (a dQ kernel), on the report's shapes: B=4,
 fp16, N_CTX 2048..32768. TFLOP/s use the report's (Triton tutorial's) convention:
 bwd = 2.5 × fwd, fwd = 4·B·H·N²·D × 0.5 for causal. Target: atomic within 5% of no-write at N ≥ 8192.
 
-Usage (CUDA machine):
-    python scripts/bench_bwd_atomic.py --out DIR                 # table -> DIR/attention_bwd.{json,md,png}
-    python scripts/bench_bwd_atomic.py --warmup                  # run one row once (fills the compile caches)
-    TRITON_INTERPRET=1 python scripts/bench_bwd_atomic.py --cpu-smoke --out DIR   # every path, tiny, no GPU
+Usage (CUDA machine; from the repository root):
+    python -m scripts.research.bwd_atomic --out DIR          # table -> DIR/attention_bwd.{json,md,png}
+    python -m scripts.research.bwd_atomic --warmup           # run one row once (fills the compile caches)
+    TRITON_INTERPRET=1 python -m scripts.research.bwd_atomic --cpu-smoke --out DIR   # every path, tiny, no GPU
 Times: ``triton.testing.do_bench`` medians (warm-up excluded) on fresh random inputs. Forward+backward
-against FlexAttention and SDPA: ``scripts/bench_attention.py --mode fwd_bwd``.
+against FlexAttention and SDPA: ``scripts/benchmarks/attention.py --mode fwd_bwd``.
 """
 from __future__ import annotations
 
@@ -23,14 +23,12 @@ import sys
 import time
 
 import torch
-import triton
 
 import tritonpatch.kernels as K
 from tritonpatch.kernels import attention_bwd as B
 from tritonpatch.kernels import attention_fwd as A
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_attention import run_environment  # noqa: E402
+from scripts.benchmarks._common import bench_ms, log, pyplot, run_environment, save_figure
 
 BATCH, HEADS, HEAD_DIM = 4, 8, 64
 SEQ_LENS = (2048, 4096, 8192, 16384, 32768)
@@ -48,10 +46,6 @@ TMA = "TMA bulk reduce-add (descriptor atomic_add)"
 NO_DQ = "no dQ at all (report's 'none', wrong dQ)"
 
 
-def log(*parts):
-    print(f"[{time.strftime('%H:%M:%S')}]", *parts, flush=True)
-
-
 class Timer:
     """do_bench medians; with ``single_call`` one wall-clock call (--warmup, --cpu-smoke: compile and
     check the code paths, no meaningful numbers)."""
@@ -64,7 +58,7 @@ class Timer:
             start = time.perf_counter()
             fn()
             return (time.perf_counter() - start) * 1e3
-        return triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median")
+        return bench_ms(fn, grad_to_none=grad_to_none)
 
 
 def causal_bwd_flops(seq: int, batch: int = BATCH, heads: int = HEADS, head_dim: int = HEAD_DIM) -> float:
@@ -116,7 +110,7 @@ def atomic_table(seq_lens, device, dtype, timer, deadline) -> list:
             + f"  tma/no-write {row['tma_vs_no_write']:.3f}"
             + f"  ({row['configs']})")
         rows.append(row)
-        del q, k, v, dout, out, lse
+        q = k = v = dout = out = lse = None   # freed before empty_cache (the lambdas above close over them)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows
@@ -153,13 +147,10 @@ def write_markdown(path, report) -> None:
 
 def write_plot(path, report) -> None:
     try:
-        import matplotlib
+        plt = pyplot()
     except ImportError:   # e.g. the CPU smoke run: JSON and markdown only
         log("matplotlib is not installed: no plot")
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = [r for r in report.get("atomic", []) if "ms" in r]
     if not rows:
         return
@@ -172,8 +163,7 @@ def write_plot(path, report) -> None:
     ax.set_ylabel("backward TFLOP/s (report's convention)")
     ax.set_title(f"dQ accumulation, B={BATCH} H={HEADS} D={HEAD_DIM} causal fp16 ({report['environment']['gpu']})")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def main() -> int:
@@ -204,7 +194,7 @@ def main() -> int:
     elif torch.cuda.is_available():
         device, dtype = torch.device("cuda"), torch.float16
     else:
-        print("bench_bwd_atomic.py needs a CUDA GPU (or --cpu-smoke under TRITON_INTERPRET=1)", file=sys.stderr)
+        print("scripts.research.bwd_atomic needs a CUDA GPU (or --cpu-smoke under TRITON_INTERPRET=1)", file=sys.stderr)
         return 2
     timer = Timer(args.cpu_smoke or args.warmup)
     seq_lens = [2048] if args.warmup else [int(s) for s in args.seq_lens.split(",")]

@@ -6,23 +6,21 @@ also computes delta, and the dK/dV kernel), and the backward alone of compiled F
 SDPA's cuDNN backend (``torch.autograd.grad`` of a kept forward graph). It tells which kernel a
 future change should target.
 
-Usage: python scripts/probe_bwd_breakdown.py [--mask causal] [--seq-len 8192] [--head-dim 128]
+Usage (from the repository root):
+    python -m scripts.research.bwd_breakdown [--mask causal] [--seq-len 8192] [--head-dim 128]
 """
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_attention import (BATCH, HEADS, allowed_fraction, bench_ms, flex_fn, make_mask,  # noqa: E402
-                             rand_qkv)
+import tritonpatch.kernels as K
+from tritonpatch.kernels import attention_bwd as B
+from tritonpatch.kernels import attention_fwd as A
 
-import tritonpatch.kernels as K  # noqa: E402
-from tritonpatch.kernels import attention_bwd as B  # noqa: E402
-from tritonpatch.kernels import attention_fwd as A  # noqa: E402
+from scripts.benchmarks._common import (BATCH, HEADS, allowed_fraction, bench_ms, compiled_flex_attention, make_mask,
+                                        random_qkv)
 
 
 def backward_of(forward, leaves, dout):
@@ -39,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     device, seq = torch.device("cuda"), args.seq_len
     mask, flex_mask_mod = make_mask(args.mask, seq, device)
-    q, k, v = rand_qkv(BATCH, HEADS, seq, args.head_dim, device)
+    q, k, v = random_qkv(BATCH, HEADS, seq, args.head_dim, device)
     dout = torch.randn_like(q)
     flops = 2.5 * 4 * BATCH * HEADS * seq * seq * args.head_dim * allowed_fraction(mask, seq, seq, device)
     out, lse = A.attention_forward(q, k, v, mask_mod=mask)
@@ -67,7 +65,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    flex, flex_mask = flex_fn(), create_block_mask(flex_mask_mod, None, None, seq, seq, device=device)
+    flex, flex_mask = compiled_flex_attention(), create_block_mask(flex_mask_mod, None, None, seq, seq, device=device)
     report("FlexAttention: backward", bench_ms(backward_of(lambda *t: flex(*t, block_mask=flex_mask), leaves, dout)))
     if args.mask == "causal":
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

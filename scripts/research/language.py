@@ -15,23 +15,24 @@ adds its dQ tile (a tl.dot result, in the MMA layout) into global dQ. Only that 
 dQ accumulates in fp32 or bf16. TFLOP/s = 5·B·H·N²·D / time (causal attention backward, as the
 field report counts it). Times are triton.testing.do_bench medians on fresh random inputs.
 
-Usage:
-    python scripts/bench_language.py --out DIR             # GPU: check, then time -> DIR/language.{json,md,png}
-    python scripts/bench_language.py --static [--out DIR]  # no GPU: compile every variant for sm_90 -> language_static.*
+Usage (from the repository root):
+    python -m scripts.research.language --out DIR             # GPU: check, then time -> DIR/language.{json,md,png}
+    python -m scripts.research.language --static [--out DIR]  # no GPU: compile for sm_90 -> DIR/language_static.*
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import re
 import sys
 import time
 
+import torch
 import triton
 import triton.language as tl
+
+from scripts.benchmarks._common import bench_ms, command_line, log, pyplot, run_environment, save_figure
 
 WRITES = ("atomic_add", "atomic_add_relaxed", "red_add", "store", "none")
 DTYPES = ("fp32", "bf16")
@@ -122,10 +123,6 @@ def attention_bwd_dq_kernel(Q, K, V, DO, DQ, DK, DV, N_CTX, qk_scale, HEAD_DIM: 
     tl.store(DV + kv_offsets, dv.to(DV.dtype.element_ty), mask=in_n)
 
 
-def log(*parts):
-    print(f"[{time.strftime('%H:%M:%S')}]", *parts, flush=True)
-
-
 def launch(q, k, v, do, dq, dk, dv, write: str):
     batch_heads, n_ctx, head_dim = q.shape
     grid = (triton.cdiv(n_ctx, BLOCK_N), batch_heads)
@@ -136,8 +133,6 @@ def launch(q, k, v, do, dq, dk, dv, write: str):
 
 def _warmup(variant: tuple[str, str]) -> None:
     """Compile one (dQ dtype, write) variant as a launch would specialize it."""
-    import torch
-
     dtype_name, write = variant
     x, dq = getattr(torch, INPUT_DTYPE), torch.float32 if dtype_name == "fp32" else torch.bfloat16
     attention_bwd_dq_kernel.warmup(x, x, x, x, dq, x, x, 2048, 0.18, HEAD_DIM=HEAD_DIM,
@@ -159,8 +154,6 @@ def precompile() -> None:
 
 
 def inputs(batch_heads: int, n_ctx: int, seed: int):
-    import torch
-
     gen = torch.Generator(device="cuda").manual_seed(seed)
     return [torch.randn(batch_heads, n_ctx, HEAD_DIM, device="cuda", generator=gen).mul(0.5).to(getattr(torch, INPUT_DTYPE))
             for _ in range(4)]
@@ -168,8 +161,6 @@ def inputs(batch_heads: int, n_ctx: int, seed: int):
 
 def reference_dq(q, k, v, do):
     """dQ of the kernel's arithmetic in fp32 (dS rounded to the input type, as the kernel does)."""
-    import torch
-
     n_ctx = q.shape[1]
     q32, k32, v32, do32 = (t.float() for t in (q, k, v, do))
     p = torch.exp2(q32 @ k32.transpose(1, 2) * (HEAD_DIM ** -0.5 * 1.4426950408889634))
@@ -183,8 +174,6 @@ def check(results: list) -> bool:
     """red_add and tl.atomic_add against the fp32 reference and against each other: a partial
     last block (masks), and a dQ that starts one element past an aligned address (every pair of
     red_add takes the scalar path)."""
-    import torch
-
     ok = True
     for dtype_name in DTYPES:
         dtype = getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype_name])
@@ -221,9 +210,6 @@ def check(results: list) -> bool:
 
 
 def bench(sizes, results: list) -> None:
-    import torch
-    from triton.testing import do_bench
-
     for n_ctx in sizes:
         batch_heads = BATCH * HEADS
         q, k, v, do = inputs(batch_heads, n_ctx, seed=n_ctx)
@@ -233,8 +219,7 @@ def bench(sizes, results: list) -> None:
             dq = torch.zeros(batch_heads, n_ctx, HEAD_DIM, device="cuda",
                              dtype=torch.float32 if dtype_name == "fp32" else torch.bfloat16)
             for write in WRITES:
-                ms = do_bench(lambda: launch(q, k, v, do, dq, dk, dv, write), warmup=25, rep=100,
-                              return_mode="median")
+                ms = bench_ms(lambda: launch(q, k, v, do, dq, dk, dv, write))
                 row = {"n_ctx": n_ctx, "dtype": dtype_name, "write": write, "ms": ms, "tflops": flops / ms * 1e-9}
                 results.append(row)
                 log("bench", json.dumps(row))
@@ -306,7 +291,7 @@ def markdown(meta: dict, checks: list, rows: list) -> str:
 
 def static_markdown(static: list) -> str:
     lines = [f"# dQ accumulation variants compiled for sm_90 (triton {triton.__version__}, no GPU)", "",
-             "`python scripts/bench_language.py --static --out docs/benchmarks`: the kernel and configuration of "
+             "`python -m scripts.research.language --static --out docs/benchmarks`: the kernel and configuration of "
              "[language.md](language.md), pointers marked 16-byte aligned as a launch specializes them.", "",
              "| dQ dtype | write | layout conversions | PTX reductions | SASS reductions | registers | spill bytes "
              "| shared bytes |", "|---|---|---|---|---|---|---|---|"]
@@ -318,12 +303,7 @@ def static_markdown(static: list) -> str:
 
 
 def plot(rows: list, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(DTYPES), figsize=(6 * len(DTYPES), 4), sharey=True)
+    fig, axes = pyplot().subplots(1, len(DTYPES), figsize=(6 * len(DTYPES), 4), sharey=True)
     for ax, dtype_name in zip(axes, DTYPES):
         for write in WRITES:
             points = sorted((r["n_ctx"], r["tflops"]) for r in rows if r["dtype"] == dtype_name and r["write"] == write)
@@ -334,8 +314,7 @@ def plot(rows: list, path: str) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("TFLOP/s (causal bwd)")
     axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> int:
@@ -355,12 +334,9 @@ def main(argv=None) -> int:
         return 0
     if not args.out:
         parser.error("--out DIR is needed (or --static)")
-    import torch
-
-    command = "python scripts/bench_language.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    meta = {"command": command, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": triton.__version__, "python": platform.python_version(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    env = run_environment()
+    meta = {"command": command_line(argv), **{key: env[key] for key in ("gpu", "torch", "triton", "python")},
+            "date": f"{env['date_utc']} UTC"}
     checks, rows = [], []
     precompile()
     ok = check(checks)

@@ -9,8 +9,9 @@ into a TMA producer and two consumer warpgroups (12 warps) only with num_warps=4
 descriptors; a second loop in the kernel, or an ``if`` in the loop body, makes the pass fail or
 do nothing.
 
-    python scripts/probe_warp_specialization.py                 # CUDA (Hopper) only
-    python scripts/probe_warp_specialization.py --mask-styles   # causal mask written four ways, specialized
+Usage (from the repository root; CUDA, Hopper only):
+    python -m scripts.research.warp_specialization                 # with and without warp_specialize
+    python -m scripts.research.warp_specialization --mask-styles   # causal mask written four ways, specialized
 """
 import math
 import sys
@@ -21,7 +22,7 @@ import triton.language as tl
 from triton.testing import do_bench
 
 import tritonpatch.kernels as K
-from tritonpatch.kernels._launch import device_allocator
+from tritonpatch.kernels._triton_compat import device_allocator
 
 
 @triton.jit
@@ -94,7 +95,7 @@ def run(B, H, S, D, causal, ws, bm=128, bn=128, stages=2, warps=4, mask_style=0,
 
 def main() -> None:
     if not torch.cuda.is_available():
-        raise SystemExit("probe_warp_specialization.py needs a CUDA GPU (Hopper)")
+        raise SystemExit("scripts.research.warp_specialization needs a CUDA GPU (Hopper)")
     if "--mask-styles" in sys.argv:
         for head_dim in (64, 128):
             for style in range(4):

@@ -14,8 +14,9 @@ variant: whether the warp-specialized build's results equal the unspecialized bu
 ``do_bench`` median at B*H=64, S=8192, D=128 against the unspecialized kernel with our tiles.
 Findings: docs/design/warp_specialization.md ("The backward on the H200").
 
-Usage: python scripts/probe_ws_backward.py         (compile-only; one line per variant)
-       python scripts/probe_ws_backward.py --gpu   (correctness and time of the specialized loop)
+Usage (from the repository root):
+    python -m scripts.research.ws_backward         (compile-only; one line per variant)
+    python -m scripts.research.ws_backward --gpu   (correctness and time of the specialized loop)
 """
 from __future__ import annotations
 
