@@ -6,6 +6,7 @@ a typed Python face (``tritonpatch.llvm`` re-exports it, with the Pipeline-level
 
     list_options(pattern)           every registered option with its type, value and default
     get_option(name)                one option
+    snapshot(*names)                the current values of the settable options (or of those named)
     normalize_value(name, value)    a value validated for its option, without touching LLVM
     unsafe_reason, allow_unsafe_options   the options refused by default, and letting them through
     apply_options / restore_options change LLVM's live values now (low level, for code that
@@ -43,7 +44,7 @@ from .errors import NativeUnavailableError, OptionTypeError, UnknownOptionError,
 
 __all__ = [
     "LLVMOption", "SETTABLE_TYPES", "available", "native_info", "native_registry", "list_options", "get_option",
-    "normalize_value", "apply_options", "restore_options", "allow_unsafe_options", "unsafe_reason",
+    "snapshot", "normalize_value", "apply_options", "restore_options", "allow_unsafe_options", "unsafe_reason",
 ]
 
 _INT_RANGES = {
@@ -208,6 +209,20 @@ def list_options(pattern: str | None = None) -> list[LLVMOption]:
 def get_option(name: str) -> LLVMOption:
     """The option ``name`` (leading dashes allowed) as it is now."""
     return _to_option(_raw(name))
+
+
+def snapshot(*names: str) -> dict[str, Any]:
+    """The current value of every settable option (:attr:`LLVMOption.settable`), or of the options
+    ``names`` (any registered option, leading dashes allowed), by name in sorted order.
+
+    Read-only: a record to compare against, e.g. ``assert llvm.snapshot() == before`` to show that
+    nothing changed a value. It holds values only (``get_option(name).specified`` tells whether an
+    option was given) and is no saved state: :func:`restore_options` takes what
+    :func:`apply_options` returns."""
+    if not names:
+        return {opt.name: opt.value for opt in list_options() if opt.settable}
+    named = sorted((get_option(name) for name in names), key=lambda opt: opt.name)
+    return {opt.name: opt.value for opt in named}
 
 
 def normalize_value(name: str, value: Any) -> Any:

@@ -6,6 +6,7 @@ public face:
 
     list_options(pattern)           every registered option with its type, value and default
     get_option(name)                one option
+    snapshot(*names)                the current values of the settable options (or of those named)
     llvm_options({...})             a block whose compiles use these options (a scoped Pipeline)
     set_option(name, value)         every later compile uses it (a process-wide Pipeline layer)
     apply_options / restore_options change LLVM's live values now (low level, for code that
@@ -31,12 +32,12 @@ from typing import Any, Mapping
 from ._current import set_process_llvm_option
 from ._llvm_registry import (SETTABLE_TYPES, LLVMOption, allow_unsafe_options, apply_options, available,
                              get_option, list_options, native_info, normalize_value, restore_options,
-                             unsafe_reason)
+                             snapshot, unsafe_reason)
 from .errors import NativeUnavailableError, OptionTypeError, UnknownOptionError, UnsafeOptionError
 from .scope import ensure_installed, options
 
 __all__ = [
-    "LLVMOption", "SETTABLE_TYPES", "available", "native_info", "list_options", "get_option", "set_option",
+    "LLVMOption", "SETTABLE_TYPES", "available", "native_info", "list_options", "get_option", "snapshot", "set_option",
     "normalize_value", "apply_options", "restore_options", "llvm_options", "allow_unsafe_options",
     "unsafe_reason", "NativeUnavailableError", "UnknownOptionError", "OptionTypeError", "UnsafeOptionError",
 ]
