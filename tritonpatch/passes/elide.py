@@ -51,11 +51,11 @@ from __future__ import annotations
 
 import re
 
-from . import note
 from .ir import (NAME_END, Module, TensorType, base_name, is_movable, parse_for, parse_type, split_top_level,
                  without_attribute)
 from .iterations import NARROWED, constant_step, iteration_bound, possible_runs, scalars_fixed_in_loop, segment_counts
 from .masks import Analysis, IROps
+from .report import note
 
 _CHAIN_OPS = ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "arith.negf")
 _RENAMES = ("tt.broadcast", "tt.expand_dims", "tt.splat", "tt.reshape", "tt.trans", "ttg.convert_layout")

@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import re
 
-from . import note
 from .elide import select_parts
 from .ir import (Module, TensorType, base_name, declared_pure, has_side_effect, int_width, parse_for, parse_type,
                  type_of, with_attribute)
 from .iterations import (NARROWED, PrefixSuffix, constant_step, iteration_bound, mask_sets, no_wrap_in_loop,
                          possible_runs, scalars_fixed_in_loop, smax, smin, trip_count)
 from .masks import Analysis, IROps, Mask
+from .report import note
 
 NEG_INF, ZERO, ONE, POSITIVE = ("-inf",), ("0",), ("1",), ("+",)
 _NEG_INF_BITS = {"0xFF800000", "0xFC00", "0xFF80", "0xFFF0000000000000"}
