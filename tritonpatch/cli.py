@@ -15,6 +15,7 @@ import sys
 
 from . import env
 from .errors import TritonpatchError
+from .pipeline import Pipeline
 
 DEFAULT_A = "default"
 DEFAULT_B = "disable-lsr"
@@ -75,38 +76,9 @@ def cmd_llvm_options(args: argparse.Namespace) -> int:
 
 
 def pipeline_from_text(text: str, flag: str = "--a"):
-    """A Pipeline from the CLI form: ``default`` (plain Triton), or ``;``-separated items
-    ``disable-lsr``, ``llvm:NAME[=VALUE],...``, ``passes:NAME,...``, ``ptxas:FLAGS``. ``flag`` names
-    the option the text came from in errors."""
-    from . import env
-    from .errors import NativeUnavailableError, OptionTypeError, PipelineError, UnknownOptionError
-    from .pipeline import Pipeline
-
-    if not text.strip():
-        raise PipelineError(f"{flag} {env.quote(text)}: empty; give default (plain Triton), disable-lsr, "
-                            "llvm:NAME[=VALUE],..., passes:NAME,... or ptxas:FLAGS, joined with ';'")
-    llvm: dict = {}
-    passes: list[str] = []
-    ptxas: list[str] = []
-    for item in filter(None, (part.strip() for part in text.split(";"))):
-        section, colon, value = item.partition(":")
-        if item in ("default", "none"):
-            continue
-        if item == "disable-lsr":
-            llvm["disable-lsr"] = True
-        elif colon and section == "llvm":
-            llvm.update(env.parse_llvm_options(value, variable=f"{flag} llvm"))
-        elif colon and section == "passes":
-            passes.extend(env.split_pass_list(value, variable=f"{flag} passes"))
-        elif colon and section == "ptxas":
-            ptxas.extend(env.parse_ptxas_options(value, variable=f"{flag} ptxas"))
-        else:
-            raise PipelineError(f"{flag} {env.quote(text)}: bad item {env.quote(item)}; expected default, disable-lsr, "
-                                "llvm:NAME[=VALUE],..., passes:NAME,... or ptxas:FLAGS, joined with ';'")
-    try:
-        return Pipeline(llvm=llvm, passes=passes, ptxas=ptxas)
-    except (PipelineError, UnknownOptionError, OptionTypeError, NativeUnavailableError) as exc:
-        raise PipelineError(f"{flag} {env.quote(text)}: {exc}") from exc
+    """The Pipeline of a ``--a`` / ``--b`` value: its text form (:meth:`Pipeline.parse`), with
+    ``flag`` naming the option the text came from in errors."""
+    return Pipeline.parse(text, where=flag)
 
 
 _SPEC_KEYS = ("kernel", "signature", "constexprs", "options", "launch")

@@ -1,6 +1,7 @@
 """The Pipeline: what a compile should change (LLVM options, IR passes, ptxas options), as a
-frozen, hashable value with a canonical form, a fingerprint and a cache tag; and the Pipeline the
-``TRITONPATCH_*`` variables of an environment ask for.
+frozen, hashable value with a canonical form, a fingerprint and a cache tag; its text form
+(:meth:`Pipeline.parse`, what the command line takes); and the Pipeline the ``TRITONPATCH_*``
+variables of an environment ask for, read with the same grammar.
 
 Which Pipeline is in effect for a compile is :mod:`._current`'s concern; the blocks that change
 it (``options()``, ``use_pipeline()``) are :mod:`.scope`'s.
@@ -130,6 +131,26 @@ class Pipeline:
                    _normalize_ptxas(ptxas))
 
     @classmethod
+    def parse(cls, text: str, where: str = "Pipeline.parse") -> "Pipeline":
+        """The Pipeline of its text form: items joined with ``;`` (blank items are skipped)::
+
+            default, none            nothing: plain Triton
+            disable-lsr              the LLVM option disable-lsr=true
+            llvm:NAME[=VALUE],...    LLVM options, as TRITONPATCH_LLVM_OPTIONS takes them
+            passes:SPEC,...          IR passes, as TRITONPATCH_PASSES takes them
+            ptxas:FLAGS              ptxas flags, as TRITONPATCH_PTXAS_OPTIONS takes them
+
+        e.g. ``"disable-lsr;passes:hoist-masks;ptxas:--def-load-cache=cg"``. Later items override
+        earlier ones key by key. Each section is read by the parser of its ``TRITONPATCH_*``
+        variable and validated as the variables are (:func:`pipeline_from_environ`), so the text
+        form and the environment accept the same values. A mistake raises :class:`PipelineError`
+        that starts with ``where`` (the command line passes its flag, ``--a``) and the text."""
+        if not isinstance(text, str):
+            raise PipelineError(f"{where} takes the text form of a Pipeline, got {text!r}")
+        settings = _text_settings(text, where)
+        return _from_settings(settings, lambda section, token, exc: f"{where} {env.quote(text)}: {exc}")
+
+    @classmethod
     def _from_canonical(cls, llvm: tuple, passes: tuple, ptxas: tuple) -> "Pipeline":
         pipeline = cls.__new__(cls)
         pipeline._init(llvm, passes, ptxas)
@@ -237,27 +258,74 @@ def _pass_text(spec) -> str:
 EMPTY = Pipeline._from_canonical((), (), ())
 
 
-# --- the Pipeline of an environment -------------------------------------------------------------
+# --- the text form, and the environment's Pipeline ---------------------------------------------
+#
+# One grammar: the sections llvm / passes / ptxas are read by the parsers of the TRITONPATCH_*
+# variables (env.parse_llvm_options, split_pass_list, parse_ptxas_options), and both the text form
+# and the variables give settings that _from_settings validates token by token. The variables are
+# not joined into one text: a ';' may occur inside a value (a ptxas flag, an LLVM string value).
 
-def pipeline_from_environ(environ: Mapping[str, str]) -> Pipeline:
-    """The Pipeline the ``TRITONPATCH_*`` variables in ``environ`` ask for. A bad value raises
-    :class:`PipelineError` naming the variable and the token."""
-    settings = env.pipeline_settings(environ)
+_ITEMS = "disable-lsr, llvm:NAME[=VALUE],..., passes:NAME,... or ptxas:FLAGS, joined with ';'"
+_SECTIONS = {"llvm": env.parse_llvm_options, "passes": env.split_pass_list, "ptxas": env.parse_ptxas_options}
+
+
+def _text_settings(text: str, where: str) -> dict[str, Any]:
+    """The settings of the text form (``Pipeline`` keywords, values still text, as
+    :func:`env.pipeline_settings` gives them); a malformed item or section raises."""
+    if not text.strip():
+        raise PipelineError(f"{where} {env.quote(text)}: empty; give default (plain Triton), {_ITEMS}")
+    settings: dict[str, Any] = {"llvm": {}, "passes": [], "ptxas": []}
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        section, colon, value = item.partition(":")
+        if item in ("default", "none"):
+            continue
+        if item == "disable-lsr":
+            settings["llvm"]["disable-lsr"] = True
+        elif colon and section in _SECTIONS:
+            parsed = _SECTIONS[section](value, variable=f"{where} {section}")
+            if section == "llvm":
+                settings["llvm"].update(parsed)
+            else:
+                settings[section].extend(parsed)
+        else:
+            raise PipelineError(f"{where} {env.quote(text)}: bad item {env.quote(item)}; expected default, {_ITEMS}")
+    return settings
+
+
+def _from_settings(settings: Mapping[str, Any], message) -> Pipeline:
+    """The Pipeline of text settings (from the text form or the environment), validated token by
+    token: LLVM options against Triton's LLVM, passes against the pass registry.
+    ``message(section, token, exc)`` is the text of the :class:`PipelineError` a bad token raises."""
     llvm = {}
     for name, value in settings.get("llvm", {}).items():
-        variable = env.DISABLE_LSR if name == "disable-lsr" and env.DISABLE_LSR in environ else env.LLVM_OPTIONS
         token = name if value is True else f"{name}={value}"
         try:
             llvm.update(_normalize_llvm({name: value}))
-        except (UnknownOptionError, OptionTypeError) as exc:
-            raise PipelineError(f"{variable}={env.quote(environ.get(variable))}: bad token {env.quote(token)}: {exc}") from exc
-        except NativeUnavailableError as exc:
-            raise PipelineError(f"{variable} is set but LLVM options are unavailable: {exc}") from exc
+        except (UnknownOptionError, OptionTypeError, NativeUnavailableError) as exc:
+            raise PipelineError(message("llvm", token, exc)) from exc
     passes = []
     for text in settings.get("passes", ()):
         try:
             passes.extend(_normalize_passes([text]))
         except PipelineError as exc:
-            raise PipelineError(f"{env.PASSES}={env.quote(environ.get(env.PASSES))}: bad token {env.quote(text)}: {exc}") from exc
-    return Pipeline._from_canonical(tuple(sorted(llvm.items())), _merge_by_key(passes, key=lambda s: s[0]),
+            raise PipelineError(message("passes", text, exc)) from exc
+    return Pipeline._from_canonical(tuple(sorted(llvm.items())), _merge_by_key(passes, key=lambda spec: spec[0]),
                                     tuple(settings.get("ptxas", ())))
+
+
+def pipeline_from_environ(environ: Mapping[str, str]) -> Pipeline:
+    """The Pipeline the ``TRITONPATCH_*`` variables in ``environ`` ask for: each variable is one
+    section of the text form (``TRITONPATCH_DISABLE_LSR`` the item ``disable-lsr``). A bad value
+    raises :class:`PipelineError` naming the variable and the token."""
+    def message(section: str, token: str, exc: Exception) -> str:
+        if section == "passes":
+            variable = env.PASSES
+        elif token.partition("=")[0] == "disable-lsr":
+            variable = env.DISABLE_LSR if env.DISABLE_LSR in environ else env.LLVM_OPTIONS
+        else:
+            variable = env.LLVM_OPTIONS
+        if isinstance(exc, NativeUnavailableError):
+            return f"{variable} is set but LLVM options are unavailable: {exc}"
+        return f"{variable}={env.quote(environ.get(variable))}: bad token {env.quote(token)}: {exc}"
+
+    return _from_settings(env.pipeline_settings(environ), message)
