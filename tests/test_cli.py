@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tritonpatch import _cli_bench, cli
+
 
 def run_cli(*args):
     script = os.path.join(os.path.dirname(sys.executable), "tritonpatch")
@@ -47,14 +49,47 @@ def test_cli_errors(args, code, message):
     assert message in result.stderr
 
 
-def test_bench_lists_and_rejects_unknown_names():
+@pytest.fixture
+def fake_benchmarks(tmp_path, monkeypatch):
+    """A scripts/benchmarks folder of two benchmarks, a helper module and a note, in place of the
+    checkout's."""
+    folder = tmp_path / "scripts" / "benchmarks"
+    folder.mkdir(parents=True)
+    script = ("import sys, os\nout = sys.argv[sys.argv.index('--out') + 1]\n"
+              "open(os.path.join(out, os.path.basename(__file__)[:-3] + '.json'), 'w').write('{}')\n")
+    for name in ("fake.py", "other.py"):
+        (folder / name).write_text(script)
+    (folder / "_common.py").write_text("")
+    (folder / "README.md").write_text("")
+    monkeypatch.setattr(_cli_bench, "BENCHMARKS", folder)
+    return folder
+
+
+def test_bench_lists_the_checkouts_benchmarks():
+    """The console script finds scripts/benchmarks/<name>.py of the checkout it is installed from."""
     listed = run_cli("bench", "--list")
     assert listed.returncode == 0, listed.stderr
-    names = {line.split()[0] for line in listed.stdout.splitlines()}
-    scripts_dir = os.path.join(os.path.dirname(__file__), "..", "scripts")
-    assert names == {f[len("bench_"):-3] for f in os.listdir(scripts_dir) if f.startswith("bench_") and f.endswith(".py")}
-    result = run_cli("bench", "no-such-benchmark")
-    assert result.returncode == 2 and "unknown benchmark(s) 'no-such-benchmark'" in result.stderr
+    folder = os.path.join(os.path.dirname(__file__), "..", "scripts", "benchmarks")
+    listed_paths = {line.split()[0]: os.path.realpath(line.split()[1]) for line in listed.stdout.splitlines()}
+    assert listed_paths == {name[:-3]: os.path.realpath(os.path.join(folder, name)) for name in os.listdir(folder)
+                            if name.endswith(".py") and not name.startswith("_")}
+    assert "mask_passes" in listed_paths
+
+
+def test_bench_names_every_script_but_the_helpers(fake_benchmarks, capsys):
+    assert cli.main(["bench", "--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split() for line in listed] == [["fake", str(fake_benchmarks / "fake.py")],
+                                                 ["other", str(fake_benchmarks / "other.py")]]
+    assert cli.main(["bench"]) == 0 and capsys.readouterr().out.splitlines() == listed
+    assert cli.main(["bench", "_common"]) == 2
+    assert "unknown benchmark(s) '_common'; available: fake, other" in capsys.readouterr().err
+
+
+def test_bench_without_a_checkout_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(_cli_bench, "BENCHMARKS", tmp_path / "scripts" / "benchmarks")
+    assert cli.main(["bench", "--list"]) == 2
+    assert f"no benchmark scripts at {tmp_path / 'scripts' / 'benchmarks'}" in capsys.readouterr().err
 
 
 VERSION_LINE = (r"tritonpatch \d+\.\d+\.\d+\S* \(triton \d+\.\d+\.\d+\S*, "
@@ -86,7 +121,7 @@ def test_python_m_runs_the_same_cli():
 
 
 def test_version_says_why_llvm_options_are_unavailable(monkeypatch):
-    from tritonpatch import cli, llvm
+    from tritonpatch import llvm
     from tritonpatch.errors import NativeUnavailableError
 
     def unavailable():
@@ -105,14 +140,8 @@ def test_license_is_mit_as_the_metadata_says():
     assert text.startswith("MIT License") and "Copyright (c) 2026 the tritonpatch authors" in text
 
 
-def test_bench_writes_into_bench_out_of_the_working_directory(tmp_path, monkeypatch, capsys):
+def test_bench_writes_into_bench_out_of_the_working_directory(fake_benchmarks, tmp_path, monkeypatch, capsys):
     """The default --out is ./bench-out (it was docs/benchmarks of the checkout)."""
-    from tritonpatch import cli
-
-    script = tmp_path / "bench_fake.py"
-    script.write_text("import sys, os\nout = sys.argv[sys.argv.index('--out') + 1]\n"
-                      "open(os.path.join(out, 'fake.json'), 'w').write('{}')\n")
-    monkeypatch.setattr(cli, "_benchmark_scripts", lambda: {"fake": script})
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)

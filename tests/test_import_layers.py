@@ -1,15 +1,18 @@
-"""tritonpatch's modules import one another one way, read from their source (nothing is imported).
+"""tritonpatch's modules import one another one way, read from their source.
 
 The LLVM-option layers, bottom up: ``_llvm_gate`` (who may change LLVM's options now),
 ``_llvm_registry`` (the native ``cl::opt`` registry), ``_llvm_scope`` (options around compiles),
 the Pipeline modules, and ``llvm``, the public face. The core modules import no tritonpatch module
 inside a function to get around an import cycle: what they import inside functions is a module
-that imports Triton or torch when it loads (so that importing tritonpatch does not), or the native
-extension (which may be absent)."""
+that imports Triton or torch when it loads (so that importing tritonpatch does not; checked by
+importing it in a fresh process), or the native extension (which may be absent)."""
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -19,7 +22,7 @@ HEAVY = ("triton", "torch")  # imported only where a compile or a command needs 
 OPTIONAL = {"tritonpatch._native"}  # the C++ extension: absent when tritonpatch was installed without it
 CORE = ["tritonpatch", "tritonpatch.errors", "tritonpatch.env", "tritonpatch._llvm_gate", "tritonpatch._llvm_registry",
         "tritonpatch._llvm_scope", "tritonpatch.pipeline", "tritonpatch._current", "tritonpatch.scope",
-        "tritonpatch.hooks", "tritonpatch.llvm"]
+        "tritonpatch.hooks", "tritonpatch.llvm", "tritonpatch.cli"]
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -70,17 +73,12 @@ def internal(names) -> set[str]:
     return {name for name in names if name.split(".")[0] == "tritonpatch"}
 
 
-def loads_at_import(module: str) -> set[str]:
-    """Every module that importing ``module`` imports, following module-level imports."""
-    seen, stack = set(), [module]
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        if name in MODULES:
-            stack.extend(imports(name)[0])
-    return seen
+@functools.lru_cache(maxsize=None)
+def loads_triton_or_torch(module: str) -> bool:
+    """Whether importing ``module`` in a fresh process imports Triton or torch."""
+    check = f"import sys, {module}; print(any(name in sys.modules for name in {HEAVY!r}))"
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300, check=True)
+    return result.stdout.strip() == "True"
 
 
 def test_no_module_level_import_cycle():
@@ -132,7 +130,7 @@ def test_no_function_level_import_dodges_a_cycle(module):
     for line, target in imports(module)[1]:
         if target.split(".")[0] != "tritonpatch" or target in OPTIONAL:
             continue
-        if not any(name.split(".")[0] in HEAVY for name in loads_at_import(target)):
+        if not loads_triton_or_torch(target):
             offenders.append(f"{MODULES[module].relative_to(ROOT)}:{line}: {target}")
     assert not offenders, ("imported inside a function though it loads neither Triton nor torch "
                            f"(import it at module level): {offenders}")

@@ -1,0 +1,98 @@
+"""Kernel spec files of ``tritonpatch compare``: a TOML or JSON table naming the kernel
+(``"module:function"`` or ``"file.py:function"``), its signature, constexprs, compile options and
+launch. Every mistake is a :class:`CommandError` naming the file and what is wrong."""
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import json
+import os
+
+from . import env
+from ._cli_common import TRACEBACK_HINT, CommandError
+from .inspection import check_launch
+
+__all__ = ["load_kernel_spec"]
+
+_SPEC_KEYS = ("kernel", "signature", "constexprs", "options", "launch")
+
+
+def _read_spec_file(path: str) -> dict:
+    """The table a TOML/JSON spec file holds."""
+    if not os.path.isfile(path):
+        raise CommandError(f"spec file {path} {'is not a file' if os.path.exists(path) else 'does not exist'}")
+    with open(path, "rb") as f:
+        raw = f.read()
+    language = "JSON" if path.lower().endswith(".json") else "TOML"
+    try:
+        if language == "JSON":
+            spec = json.loads(raw)
+        else:
+            try:
+                import tomllib
+            except ImportError:
+                raise CommandError(f"{path}: reading TOML needs Python 3.11 or later; write the spec as JSON") from None
+            spec = tomllib.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError and TOMLDecodeError are ValueErrors
+        raise CommandError(f"{path}: not valid {language}: {exc}") from None
+    if not isinstance(spec, dict):
+        raise CommandError(f"{path}: expected a table with kernel = \"module:function\" and [signature], "
+                           f"got a {type(spec).__name__}")
+    return spec
+
+
+def _import_kernel_module(module_name: str, spec_path: str):
+    """The module a spec's ``kernel = "module:function"`` names: a module on ``sys.path``, or a
+    ``.py`` file relative to the spec."""
+    module_path = os.path.join(os.path.dirname(os.path.abspath(spec_path)), module_name)
+    if module_name.endswith(".py") and not os.path.isfile(module_path):
+        raise CommandError(f"{spec_path}: kernel file {module_path} does not exist")
+    try:
+        if not module_name.endswith(".py"):
+            return importlib.import_module(module_name)
+        loader = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_path)
+        module = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(module)
+        return module
+    except Exception as exc:  # the module is missing, or it raised while it was imported
+        if isinstance(exc, ModuleNotFoundError) and exc.name and exc.name.split(".")[0] == module_name.split(".")[0]:
+            raise CommandError(f"{spec_path}: no module named {exc.name!r} (a kernel is \"module:function\" with the "
+                               "module on sys.path, or \"file.py:function\" next to the spec)") from exc
+        raise CommandError(f"{spec_path}: importing the kernel module {module_name!r} failed: "
+                           f"{type(exc).__name__}: {exc} ({TRACEBACK_HINT})") from exc
+
+
+def load_kernel_spec(path: str) -> dict:
+    """Read a kernel spec (TOML or JSON): ``kernel = "module:function"`` (or ``"file.py:function"``),
+    ``[signature]`` argument types, optional ``[constexprs]``, ``[options]`` (num_warps, ...) and
+    ``[launch]`` (``grid``, ``outputs`` and ``[launch.args]``, used when a GPU is present). A mistake
+    in the file raises :class:`CommandError` naming the file and what is wrong."""
+    spec = _read_spec_file(path)
+    for key in spec:
+        if key not in _SPEC_KEYS:
+            close = difflib.get_close_matches(key, _SPEC_KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise CommandError(f"{path}: unknown key {env.quote(key)}{hint}; known keys: {', '.join(_SPEC_KEYS)}")
+    for key in ("kernel", "signature"):
+        if key not in spec:
+            raise CommandError(f"{path}: missing '{key}' (see `tritonpatch compare --help`)")
+    for key in ("signature", "constexprs", "options", "launch"):
+        if key in spec and not isinstance(spec[key], dict):
+            raise CommandError(f"{path}: [{key}] must be a table, got {env.quote(spec[key])}")
+    kernel = spec["kernel"]
+    module_name, colon, attr = kernel.partition(":") if isinstance(kernel, str) else ("", "", "")
+    if not (module_name and colon and attr):
+        raise CommandError(f"{path}: kernel = {env.quote(kernel)}: expected \"module:function\" or "
+                           "\"file.py:function\"")
+    module = _import_kernel_module(module_name, path)
+    if not hasattr(module, attr):
+        raise CommandError(f"{path}: kernel {env.quote(kernel)}: {module_name} has no attribute {attr!r}")
+    launch = spec.get("launch")
+    if launch is not None:
+        try:
+            check_launch(launch)
+        except ValueError as exc:
+            raise CommandError(f"{path}: {exc}") from None
+    return {"kernel": getattr(module, attr), "signature": spec["signature"],
+            "constexprs": spec.get("constexprs", {}), "options": spec.get("options", {}), "launch": launch}
