@@ -298,3 +298,27 @@ def test_one_reading_of_boolean_words():
         assert env.bool_word(word) is None
     assert parse_pass_spec("elide-uniform-masks(all_false_loops=no)") == ("elide-uniform-masks",
                                                                             (("all_false_loops", False),))
+    assert env.BOOL_WORDS == "1/true/yes/on or 0/false/no/off"
+
+
+@native
+def test_llvm_bool_values_read_the_same_words():
+    for word in env.TRUE_WORDS:
+        assert tllvm.normalize_value("disable-lsr", f" {word.upper()} ") is True
+    for word in env.FALSE_WORDS:
+        assert tllvm.normalize_value("disable-lsr", word.title()) is False
+    with pytest.raises(tllvm.OptionTypeError, match="expects a bool"):
+        tllvm.normalize_value("disable-lsr", "enable")
+
+
+def test_the_autoload_pth_reads_the_same_false_words():
+    """``tritonpatch_autoload.pth`` runs in every Python process before tritonpatch can be imported,
+    so it repeats the words that switch autoload off: they must be ``env.FALSE_WORDS`` (and blank)."""
+    import ast
+
+    with open(os.path.join(ROOT, "tritonpatch_autoload.pth")) as f:
+        line = f.read()
+    tuples = [node for node in ast.walk(ast.parse(line)) if isinstance(node, ast.Tuple)]
+    (words,) = [ast.literal_eval(node) for node in tuples if all(isinstance(e, ast.Constant) for e in node.elts)]
+    assert set(words) == {"", *env.FALSE_WORDS}
+    assert ".strip().lower()" in line  # as bool_word reads them

@@ -257,8 +257,9 @@ def _normalize_type(opt: LLVMOption, value: Any) -> Any:
             return value
         if isinstance(value, int) and value in (0, 1):
             return bool(value)
-        if isinstance(value, str) and bool_word(value) is not None:
-            return bool_word(value)
+        word = bool_word(value) if isinstance(value, str) else None
+        if word is not None:
+            return word
         unset = " or None/'unset'" if kind == "boolOrDefault" else ""
         raise bad(f"a bool (True/False, 1/0, 'true'/'false', 'on'/'off', 'yes'/'no'){unset}")
     if kind in _INT_RANGES:

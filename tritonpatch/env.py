@@ -44,8 +44,11 @@ LOG_LEVELS = ("warning", "info", "debug")
 MAX_COMPILE_THREADS = 1024
 QUOTE_LIMIT = 80
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
+# The boolean words of the TRITONPATCH_* variables, pass options and LLVM bool values (read by
+# bool_word; tritonpatch_autoload.pth repeats FALSE_WORDS, as it runs before tritonpatch is imported).
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+BOOL_WORDS = f"{'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)}"
 _LLVM_NAME = re.compile(r"^-{0,2}[A-Za-z0-9][A-Za-z0-9_.$-]*$")
 _ASCII_DIGITS = re.compile(r"^[0-9]+$")
 # ptxas flags that tritonpatch cannot pass on (long and short spelling): Triton gives ptxas the target,
@@ -80,7 +83,7 @@ def bool_word(text: str) -> bool | None:
     ignored), anything else -> None: the one reading of a boolean word in variables, pass options
     and LLVM option values."""
     word = text.strip().lower()
-    return True if word in _TRUE else False if word in _FALSE else None
+    return True if word in TRUE_WORDS else False if word in FALSE_WORDS else None
 
 
 def parse_bool(variable: str, environ: Mapping[str, str] | None = None) -> bool:
@@ -89,7 +92,7 @@ def parse_bool(variable: str, environ: Mapping[str, str] | None = None) -> bool:
     value = environ.get(variable, "")
     flag = bool_word(value) if value.strip() else False
     if flag is None:
-        raise _bad(variable, value, value.strip(), "1/true/yes/on or 0/false/no/off")
+        raise _bad(variable, value, value.strip(), BOOL_WORDS)
     return flag
 
 
