@@ -1,6 +1,6 @@
 """A runtime-trip-count loop over strided pointers: ``disable-lsr`` (code generation) and
 ``unroll-count`` (the -O3 IR pipeline) each visibly change its PTX. Used by the pipeline tests and
-``scripts/bench_compile_overhead.py``."""
+``scripts/benchmarks/compile_overhead.py``."""
 import triton
 import triton.language as tl
 

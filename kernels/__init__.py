@@ -6,83 +6,21 @@ partial (mask evaluated) or empty (skipped). ``reference.attention`` is the pure
 """
 from __future__ import annotations
 
-from typing import Optional
-
-import torch
-
 from . import reference
-from .attention_fwd import FwdConfig, attention_forward, tuned_configs
+from .api import attention
+from .autograd import AttentionFunction, attention_with_grad
 from .block_mask import (BlockMask, block_mask_from_classes, block_mask_from_tensors, block_mask_to_tensors,
                          build_block_mask, from_flex_block_mask)
-from .masks import (MaskMod, ScoreMod, alibi, alibi_slopes, allow_all, and_masks, causal, custom_mask, custom_score,
-                    document, lookup_modifier, or_masks, prefix_lm, sliding_window, softcap)
+from .bwd import attention_backward
+from .fwd import FwdConfig, tuned_configs
+from ._modifiers import lookup_modifier
+from .masks import MaskMod, allow_all, and_masks, causal, custom_mask, document, or_masks, prefix_lm, sliding_window
+from .scores import ScoreMod, alibi, alibi_slopes, custom_score, softcap
 
 __all__ = [
     "attention", "reference", "MaskMod", "ScoreMod", "causal", "prefix_lm", "sliding_window", "document",
     "and_masks", "or_masks", "allow_all", "custom_mask", "custom_score", "alibi", "alibi_slopes", "softcap",
     "BlockMask", "build_block_mask", "block_mask_from_classes", "from_flex_block_mask", "FwdConfig", "tuned_configs",
-    "attention_backward", "attention_with_grad", "AttentionFunction",
+    "attention_backward", "attention_with_grad", "AttentionFunction", "block_mask_from_tensors",
+    "block_mask_to_tensors", "lookup_modifier",
 ]
-
-
-def attention(q, k, v, *, mask_mod: MaskMod | None = None, score_mod: ScoreMod | None = None,
-              block_mask=None, scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
-              dq_mode: str = "auto"):
-    """Scaled dot-product attention of ``q [B, H, Sq, D]`` over ``k, v [B, Hkv, Skv, D]``.
-
-    * ``mask_mod``: a mask from this package (``causal()``, ``prefix_lm(P)``, ``sliding_window(W)``,
-      ``document(ids)``, ``and_masks``/``or_masks`` of those); None = attend everywhere.
-    * ``score_mod``: ``alibi(slopes)`` or ``softcap(c)``, applied to ``q·k * scale``.
-    * ``block_mask``: a prebuilt :class:`BlockMask` (from :func:`build_block_mask`) or a FlexAttention
-      ``BlockMask``; by default it is built from ``mask_mod`` and cached.
-    * ``scale``: defaults to ``1/sqrt(D)``; ``enable_gqa``: Hkv may divide H (GQA/MQA).
-
-    Tensors: float16/bfloat16 on CUDA (float32 too on CPU under ``TRITON_INTERPRET=1``), D in
-    {16, 32, 64, 128}, any strides. Returns ``out`` (and the natural-log ``lse [B, H, Sq]`` in fp32
-    when ``return_lse``). Differentiable: ``dq_mode`` picks how the backward accumulates dQ —
-    ``"atomic"`` (fp32 atomics in the dK/dV kernel), ``"separate"`` (a dQ kernel, bitwise
-    deterministic) or ``"auto"`` (the faster, timed once per shape; ``"separate"`` under
-    ``torch.use_deterministic_algorithms(True)``). Inside ``torch.compile`` the call goes through the
-    custom ops ``tritonpatch::attention_fwd`` / ``tritonpatch::attention_bwd``.
-    """
-    if block_mask is not None and not isinstance(block_mask, BlockMask):
-        block_mask = from_flex_block_mask(block_mask)
-    if torch.compiler.is_compiling():
-        if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v)):
-            score_gradient(score_mod)  # the same call-time error as eager mode
-        out, lse = torch.ops.tritonpatch.attention_fwd(
-            q, k, v, *block_mask_to_tensors(block_mask), "" if mask_mod is None else mask_mod.op_key,
-            "" if score_mod is None else score_mod.op_key, scale, enable_gqa)
-    else:
-        out, lse = attention_with_grad(q, k, v, mask_mod=mask_mod, score_mod=score_mod, block_mask=block_mask,
-                                       scale=scale, enable_gqa=enable_gqa, return_lse=True, dq_mode=dq_mode)
-    return (out, lse) if return_lse else out
-
-
-# ---------------------------------------------------------------------------------------------
-# torch.library custom op. Graph inputs are tensors and plain values: the block mask travels as its
-# index tensors, the modifiers (Python objects with device functions) by their registry key.
-# ---------------------------------------------------------------------------------------------
-
-@torch.library.custom_op("tritonpatch::attention_fwd", mutates_args=())
-def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_num_blocks: Optional[torch.Tensor],
-                      kv_indices: Optional[torch.Tensor], full_kv_num_blocks: Optional[torch.Tensor],
-                      full_kv_indices: Optional[torch.Tensor], block_geometry: list[int], mask_key: str,
-                      score_key: str, scale: Optional[float], enable_gqa: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    block_mask = block_mask_from_tensors(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
-                                         block_geometry)
-    return attention_forward(q, k, v, mask_mod=lookup_modifier(mask_key), score_mod=lookup_modifier(score_key),
-                             block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
-
-
-@_attention_fwd_op.register_fake
-def _attention_fwd_fake(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_geometry,
-                        mask_key, score_key, scale, enable_gqa):
-    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
-
-
-# The backward: the autograd rule of the forward op is registered once that op exists (above).
-from .attention_bwd import attention_backward, score_gradient  # noqa: E402
-from .autograd import AttentionFunction, attention_with_grad, register_custom_op_autograd  # noqa: E402
-
-register_custom_op_autograd()

@@ -2,7 +2,7 @@
 
 :func:`attention_with_grad` has the signature of ``attention`` plus ``dq_mode``; when an input
 requires grad it runs through :class:`AttentionFunction`, which saves ``(q, k, v, out, lse)`` and
-calls :func:`tritonpatch.kernels.attention_bwd.attention_backward`. A ``score_mod`` without a
+calls :func:`tritonpatch.kernels.bwd.attention_backward`. A ``score_mod`` without a
 gradient rule is rejected when the forward is called, not when backward runs.
 """
 from __future__ import annotations
@@ -11,10 +11,11 @@ from typing import Optional
 
 import torch
 
-from .attention_bwd import attention_backward, choose_dq_mode, score_gradient
-from .attention_fwd import attention_forward
+from ._modifiers import lookup_modifier
 from .block_mask import BlockMask, block_mask_from_tensors, from_flex_block_mask
-from .masks import lookup_modifier
+from .bwd import attention_backward, choose_dq_mode
+from .fwd import attention_forward
+from .scores import score_gradient
 
 
 class AttentionFunction(torch.autograd.Function):

@@ -4,12 +4,12 @@ The attention kernel visits *full* tiles without evaluating the mask, *partial* 
 never touches *empty* ones. The layout follows FlexAttention's ``BlockMask``: per q-block the number
 of partial kv-blocks and their indices (``kv_num_blocks``, ``kv_indices``), and the same for full
 ones (``full_kv_num_blocks``, ``full_kv_indices``). Memory is O(number of tiles); no S×S tensor is
-ever built.
+ever built. The backward walks the transposed view (per kv-block, its q-blocks: :func:`transpose_block_mask`).
 
 Classification uses the mask's ``tile_rule`` when it has one (closed form, exact for the affine
 factories), otherwise a Triton kernel that evaluates the mask on every tile (CUDA, or CPU tensors
 under ``TRITON_INTERPRET=1``). Results are cached per (mask structure and runtime arguments, shape,
-block sizes, device); tensor arguments count by object and version (``masks.TensorIdentity``), never
+block sizes, device); tensor arguments count by object and version (``_identity.TensorIdentity``), never
 by address, so a new ``doc_ids`` tensor at a freed one's address is classified anew.
 """
 from __future__ import annotations
@@ -20,8 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import LRUCache, check_device
-from .masks import MaskMod, argument_key, normalized_device
+from ._identity import argument_key
+from ._modifiers import normalized_device
+from ._runtime.launch import LRUCache, check_device
+from .masks import MaskMod
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 _cache = LRUCache(64)        # (mask structure and argument identities, shape, tiles, device, method) -> BlockMask
@@ -47,8 +49,8 @@ class BlockMask:
         return tuple(self.kv_indices.shape)
 
     def launch_key(self) -> tuple:
-        """What the kernels receive from this block mask (for replay keys, kernels/_launch.py, and the
-        transposed-mask cache): its index tensors' identities (``masks.TensorIdentity``) and its
+        """What the kernels receive from this block mask (for replay keys, kernels/_runtime/launch.py, and the
+        transposed-mask cache): its index tensors' identities (``_identity.TensorIdentity``) and its
         geometry, so that two objects over the same tensors (a custom op rebuilds one per call) share
         entries, and tensors written in place or new tensors at old addresses do not."""
         return (tuple(argument_key(t) for t in (self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks,
@@ -224,10 +226,43 @@ def _classes_from_lists(num: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return (dense > 0).to(torch.int8)
 
 
+@dataclass(frozen=True, eq=False)
+class TransposedBlockMask:
+    """For every kv block, the partial and full q blocks (index tensors ``[Bm, Hm, NKV, NQ]``)."""
+
+    q_num_blocks: torch.Tensor
+    q_indices: torch.Tensor
+    full_q_num_blocks: torch.Tensor
+    full_q_indices: torch.Tensor
+    block_m: int
+    block_n: int
+
+
+_transposed_cache = LRUCache(64)   # BlockMask.launch_key() -> its TransposedBlockMask
+
+
+def transpose_block_mask(block_mask: BlockMask) -> TransposedBlockMask:
+    """Swap the roles of q and kv blocks. Tiles crossing the end of the queries are demoted to
+    partial (the dK/dV kernel's full-tile loop has no bounds checks). Cached per index tensors (by
+    object and version: a custom op's per-call BlockMask over the same tensors hits, tensors written
+    in place miss)."""
+    key = block_mask.launch_key()
+    cached = _transposed_cache.get(key)
+    if cached is None:
+        classes = block_mask.tile_classes().transpose(-1, -2)
+        swapped = block_mask_from_classes(classes, block_mask.block_n, block_mask.block_m,
+                                          block_mask.kv_len, block_mask.q_len)
+        cached = TransposedBlockMask(swapped.kv_num_blocks, swapped.kv_indices, swapped.full_kv_num_blocks,
+                                     swapped.full_kv_indices, block_mask.block_m, block_mask.block_n)
+        _transposed_cache.put(key, cached)
+    return cached
+
+
 def clear_cache() -> None:
-    """Forget every cached block mask (built, and converted from FlexAttention)."""
+    """Forget every cached block mask (built, converted from FlexAttention, and transposed)."""
     _cache.clear()
     _flex_cache.clear()
+    _transposed_cache.clear()
 
 
 def block_mask_to_tensors(block_mask: "BlockMask | None") -> tuple:

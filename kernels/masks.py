@@ -1,28 +1,23 @@
-"""Mask and score modifiers for :func:`tritonpatch.kernels.attention`, in the attention-gym style.
+"""Mask modifiers for :func:`tritonpatch.kernels.attention`, in the attention-gym style: one small
+documented factory per mask (score modifiers: :mod:`.scores`).
 
-A modifier is a small frozen object holding three views of the same rule:
+A mask is a small frozen object holding three views of the same rule:
 
-* ``device_fn``: a ``@triton.jit`` function the attention kernel calls on a tile. Its signature is
-  ``(b, h, q_idx, kv_idx, args)`` for masks and ``(score, b, h, q_idx, kv_idx, args)`` for score
-  modifiers; ``args`` is the flat tuple of runtime arguments, so changing a window size or a
-  prefix length does not recompile the kernel.
+* ``device_fn``: a ``@triton.jit`` function the attention kernel calls on a tile,
+  ``(b, h, q_idx, kv_idx, args)``; ``args`` is the flat tuple of runtime arguments, so changing a
+  window size or a prefix length does not recompile the kernel.
 * ``torch_fn``: the same rule on broadcastable torch tensors, ``torch_fn(b, h, q_idx, kv_idx, *args)``;
   the reference implementation and the brute-force tests evaluate it.
-* ``tile_rule`` (masks only, optional): for tiles ``q in [q_lo, q_hi]``, ``kv in [kv_lo, kv_hi]``
-  returns ``(all_true, any_true)`` without looking at single pairs. ``all_true`` must imply that
-  every pair is allowed and ``not any_true`` that none is; the block-mask builder uses it instead of
-  evaluating the mask. Masks without a rule are evaluated tile by tile by a Triton kernel.
+* ``tile_rule`` (optional): for tiles ``q in [q_lo, q_hi]``, ``kv in [kv_lo, kv_hi]`` returns
+  ``(all_true, any_true)`` without looking at single pairs. ``all_true`` must imply that every pair
+  is allowed and ``not any_true`` that none is; the block-mask builder uses it instead of evaluating
+  the mask. Masks without a rule are evaluated tile by tile by a Triton kernel.
 
-Composition (:func:`and_masks`, :func:`or_masks`) generates the device function's source once
-per structure (the leaves' functions and argument counts), so ``sliding_window(256)`` and
-``sliding_window(1024)`` share one compiled kernel.
+Composition (:func:`and_masks`, :func:`or_masks`) generates the device function's source once per
+structure (:func:`._modifiers.generate`).
 """
 from __future__ import annotations
 
-import itertools
-import linecache
-import math
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -30,28 +25,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ._identity import argument_key
+from ._modifiers import argument_check, call_expr, described, generate, has_custom_leaf, register
+
+
 TileRule = Callable[..., tuple]
-
-# Every live modifier under a string key: the custom op (torch.compile) names modifiers by key.
-_live_modifiers: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
-_key_counter = itertools.count()
-
-
-def _register(modifier) -> None:
-    key = f"{type(modifier).__name__}-{next(_key_counter)}"
-    object.__setattr__(modifier, "op_key", key)
-    _live_modifiers[key] = modifier
-
-
-def lookup_modifier(key: str):
-    """The live MaskMod/ScoreMod registered under ``key`` (its ``op_key``); None for ``""``."""
-    if not key:
-        return None
-    try:
-        return _live_modifiers[key]
-    except KeyError:
-        raise LookupError(f"modifier {key} no longer exists; keep mask/score objects alive while graphs that "
-                          "use them run") from None
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,7 +50,7 @@ class MaskMod:
     op_key: str = field(default="", init=False, repr=False)
 
     def __post_init__(self):
-        _register(self)
+        register(self)
 
     def __call__(self, b, h, q_idx, kv_idx):
         """Evaluate on torch tensors (broadcasting), like a FlexAttention ``mask_mod``."""
@@ -93,106 +71,13 @@ class MaskMod:
     def portable_key(self) -> str | None:
         """The mask's code by factory names, the same in every process (for tuning decisions kept on
         disk); None when it contains a ``custom_mask``, whose code has no stable name."""
-        return None if _has_custom_leaf(self.structure) else repr(self.structure)
-
-
-@dataclass(frozen=True, eq=False)
-class ScoreMod:
-    """A rewrite of the scaled score ``q·k * scale`` before the softmax."""
-
-    name: str
-    device_fn: Any
-    torch_fn: Callable
-    args: tuple = ()
-    from_factory: bool = False   # made by alibi() / softcap(): its code is known by name
-    check: Optional[Callable] = field(default=None, repr=False)   # see MaskMod.check_problem
-    op_key: str = field(default="", init=False, repr=False)
-
-    def __post_init__(self):
-        _register(self)
-
-    def __call__(self, score, b, h, q_idx, kv_idx):
-        """Evaluate on torch tensors (broadcasting), like a FlexAttention ``score_mod``."""
-        return self.torch_fn(score, b, h, q_idx, kv_idx, *self.args)
-
-    check_problem = MaskMod.check_problem
-
-    def portable_key(self) -> str | None:
-        """Like :meth:`MaskMod.portable_key`: the factory's name, None for a ``custom_score``."""
-        return f"{self.name}/{len(self.args)}" if self.from_factory else None
-
-
-def _has_custom_leaf(structure) -> bool:
-    if not isinstance(structure, tuple):
-        return False
-    if structure[:2] == ("mask-leaf", "custom"):
-        return True
-    return any(_has_custom_leaf(part) for part in structure)
-
-
-def launch_key(modifier) -> tuple | None:
-    """What the kernels receive from a MaskMod/ScoreMod (None for none): its device function (kept
-    alive by the key, so its id cannot be reused) and its runtime arguments' identities."""
-    if modifier is None:
-        return None
-    return (modifier.device_fn, tuple(argument_key(a) for a in modifier.args))
-
-
-def argument_key(arg):
-    """Hashable identity of a runtime argument for cache keys: a tensor by :class:`TensorIdentity`,
-    a float by its exact value and sign (``repr``), anything else by type and value (``1``, ``1.0``
-    and ``True`` specialize kernels differently)."""
-    if isinstance(arg, torch.Tensor):
-        return TensorIdentity(arg)
-    return ("scalar", type(arg), repr(arg) if isinstance(arg, float) else arg)
-
-
-class TensorIdentity:
-    """A tensor in a cache key: equal only to the key of the *same live tensor object*, unchanged.
-
-    An address is not an identity: a tensor freed after its key was made leaves its address to the
-    next allocation of that size (a packed-sequence loop makes a new ``doc_ids`` of one shape every
-    step), and live tensors share addresses too (views, ``torch.from_numpy`` of one buffer). So the
-    key holds a weak reference and compares objects with ``is`` (a key whose tensor died equals
-    nothing: its entry only misses until the LRU drops it), plus the tensor's version counter,
-    which torch bumps on every in-place write (``add_``, ``copy_``, index assignment), and its
-    address, shape, strides, dtype and device (in-place ``set_``/``resize_``/``as_strided_``).
-    Writes that bypass the version counter (through ``.numpy()``, DLPack, or another kernel's raw
-    pointer) are not seen: make a new modifier after such a write. The key keeps nothing alive.
-    O(1) host work, no device synchronization.
-
-    An inference tensor (made under ``torch.inference_mode()``) has no version counter, and inside
-    inference mode it can still be written in place, so no key can tell its contents unchanged: its
-    key takes a fresh object for the version and equals no other key (every call with it is a cache
-    miss: the block mask is rebuilt and the launch is not replayed)."""
-
-    __slots__ = ("_ref", "_state", "_hash")
-
-    def __init__(self, tensor: torch.Tensor):
-        self._ref = weakref.ref(tensor)
-        version = object() if tensor.is_inference() else tensor._version
-        self._state = (version, tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
-        self._hash = hash((id(tensor), self._state[0], self._state[1]))   # the rest is compared on lookup
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other) -> bool:
-        if not isinstance(other, TensorIdentity):
-            return NotImplemented
-        tensor = self._ref()
-        return tensor is not None and tensor is other._ref() and self._state == other._state
-
-    def __repr__(self) -> str:
-        tensor = self._ref()
-        state = ("dead" if tensor is None else f"version {self._state[0]}" if isinstance(self._state[0], int)
-                 else "inference tensor, never equal")
-        return f"TensorIdentity({tuple(self._state[2])}, {self._state[4]}, {self._state[5]}, {state})"
+        return None if has_custom_leaf(self.structure) else repr(self.structure)
 
 
 # ---------------------------------------------------------------------------------------------
 # Device functions of the leaves (the kernel calls them through generated wrappers).
 # ---------------------------------------------------------------------------------------------
+
 
 @triton.jit
 def _causal_dev(b, h, q_idx, kv_idx):
@@ -215,77 +100,13 @@ def _document_dev(b, h, q_idx, kv_idx, doc_ids, batch_stride):
     return tl.load(base + q_idx) == tl.load(base + kv_idx)
 
 
-@triton.jit
-def _alibi_dev(score, b, h, q_idx, kv_idx, slopes):
-    slope = tl.load(slopes + h).to(tl.float32)
-    return score + slope * (kv_idx - q_idx).to(tl.float32)
-
-
-@triton.jit
-def _softcap_dev(score, b, h, q_idx, kv_idx, cap):
-    # tanh(x) = 2 * sigmoid(2x) - 1 (triton.language has no tanh on every version)
-    return cap * (2.0 * tl.sigmoid(2.0 * score / cap) - 1.0)
-
-
-# ---------------------------------------------------------------------------------------------
-# Generated wrappers: (b, h, q, kv, args-tuple) -> leaf calls with their slice of args.
-# ---------------------------------------------------------------------------------------------
-
-_GENERATED: dict = {}
-
-
-def _generate(structure: tuple, leaves: list, body: str, params: str):
-    """Create (once per ``structure``) a ``@triton.jit`` function from ``body``.
-
-    The source is registered in ``linecache`` so Triton (and its interpreter) can read it."""
-    if structure in _GENERATED:
-        return _GENERATED[structure]
-    name = f"_tp_mod_{len(_GENERATED)}"
-    src = f"def {name}({params}):\n    return {body}\n"
-    filename = f"<tritonpatch-generated-{name}>"
-    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
-    namespace = {"tl": tl, "triton": triton, "__name__": __name__}
-    namespace.update({f"_leaf{i}": fn for i, fn in enumerate(leaves)})
-    exec(compile(src, filename, "exec"), namespace)
-    jitted = triton.jit(namespace[name])
-    _GENERATED[structure] = jitted
-    return jitted
-
-
-def _call_expr(leaf_index: int, fixed: str, first_arg: int, nargs: int) -> str:
-    arg_list = "".join(f", args[{first_arg + i}]" for i in range(nargs))
-    return f"_leaf{leaf_index}({fixed}{arg_list})"
-
-
 def _leaf_mask(name, leaf_fn, torch_fn, args=(), tile_rule=None, batch_dependent=False, shift_invariant=False,
                check=None):
     structure = ("mask-leaf", name, len(args))
-    device_fn = _generate(structure, [leaf_fn], _call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
+    device_fn = generate(structure, [leaf_fn], call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
                           "b, h, q_idx, kv_idx, args")
     return MaskMod(name, device_fn, torch_fn, tuple(args), tile_rule, batch_dependent, False, structure,
                    shift_invariant, check)
-
-
-def _argument_check(label: str, args: tuple, specific: Optional[Callable] = None) -> Callable:
-    """A leaf modifier's ``check``: every tensor argument on the attention's device (the kernels
-    read it there), then ``specific(batch, heads, q_len, kv_len)`` for what the leaf's rule needs."""
-    def check(batch, heads, q_len, kv_len, device):
-        expected = normalized_device(device)
-        for arg in args:
-            if isinstance(arg, torch.Tensor) and normalized_device(arg.device) != expected:
-                raise ValueError(f"{label}: a tensor argument is on {arg.device}, the attention runs on {expected}; "
-                                 f"create it on {expected} (e.g. tensor.to(q.device)) before making the modifier")
-        if specific is not None:
-            specific(batch, heads, q_len, kv_len)
-    return check
-
-
-def normalized_device(device) -> torch.device:
-    """``device`` as a torch.device with its index (``"cuda"`` is the current CUDA device)."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def custom_mask(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | None = None,
@@ -301,26 +122,11 @@ def custom_mask(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | 
     the warp-specialized Hopper kernel)."""
     name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
     structure = ("mask-leaf", "custom", id(device_fn), len(args))
-    wrapper = _generate(structure, [device_fn], _call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
+    wrapper = generate(structure, [device_fn], call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
                         "b, h, q_idx, kv_idx, args")
     args = tuple(args)
     return MaskMod(name, wrapper, torch_fn, args, tile_rule, batch_dependent, head_dependent, structure,
-                   shift_invariant, _argument_check(f"custom_mask {name!r}", args))
-
-
-def custom_score(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | None = None) -> ScoreMod:
-    """A score modifier from ``device_fn(score, b, h, q_idx, kv_idx, *args)`` (``@triton.jit``, fp32
-    score tile in, new score out) and the same rule in torch."""
-    name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
-    args = tuple(args)
-    return _score_mod(device_fn, torch_fn, args, name, False, _argument_check(f"custom_score {name!r}", args))
-
-
-def _score_mod(device_fn, torch_fn: Callable, args: tuple, name: str, from_factory: bool,
-               check: Optional[Callable] = None) -> ScoreMod:
-    wrapper = _generate(("score-leaf", "custom", id(device_fn), len(args)), [device_fn],
-                        _call_expr(0, "score, b, h, q_idx, kv_idx", 0, len(args)), "score, b, h, q_idx, kv_idx, args")
-    return ScoreMod(name, wrapper, torch_fn, tuple(args), from_factory, check)
+                   shift_invariant, argument_check(f"custom_mask {name!r}", args))
 
 
 def _combine(kind: str, masks: tuple) -> MaskMod:
@@ -334,7 +140,7 @@ def _combine(kind: str, masks: tuple) -> MaskMod:
     # each child receives its own tuple: _leafI(b, h, q_idx, kv_idx, (args[k], ...,))
     calls = [_child_call(i, start, len(m.args)) for i, (m, start) in enumerate(zip(masks, _offsets(masks)))]
     structure = (kind, tuple(m.structure for m in masks))
-    device_fn = _generate(structure, [m.device_fn for m in masks], op.join(f"({c})" for c in calls),
+    device_fn = generate(structure, [m.device_fn for m in masks], op.join(f"({c})" for c in calls),
                           "b, h, q_idx, kv_idx, args")
     args = tuple(a for m in masks for a in m.args)
     reduce = torch.logical_and if kind == "and" else torch.logical_or
@@ -400,6 +206,7 @@ def _or_rule(masks, spans):
 # Public factories.
 # ---------------------------------------------------------------------------------------------
 
+
 @triton.jit
 def _allow_all_dev(b, h, q_idx, kv_idx):
     return (q_idx - kv_idx) * 0 == 0     # all true, written shift-invariantly (folds to a constant)
@@ -455,7 +262,7 @@ def document(doc_ids: torch.Tensor) -> MaskMod:
     if not isinstance(doc_ids, torch.Tensor) or doc_ids.dtype not in (torch.int32, torch.int64) \
             or doc_ids.dim() not in (1, 2):
         raise TypeError(f"document(doc_ids) needs an int32/int64 tensor of shape [S] or [B, S], got "
-                        f"{_described(doc_ids)}")
+                        f"{described(doc_ids)}")
     ids = doc_ids.contiguous()
     batched = ids.dim() == 2
     batch_stride = ids.shape[-1] if batched else 0
@@ -475,7 +282,7 @@ def document(doc_ids: torch.Tensor) -> MaskMod:
                              f"Sq = Skv = {q_len} needs one id per position: shape {expected}")
 
     return _leaf_mask("document", _document_dev, torch_fn, (ids, batch_stride), _document_rule(ids),
-                      batch_dependent=batched, check=_argument_check("document(doc_ids)", (ids,), fits))
+                      batch_dependent=batched, check=argument_check("document(doc_ids)", (ids,), fits))
 
 
 def _document_rule(ids: torch.Tensor):
@@ -518,47 +325,6 @@ def and_masks(*masks: MaskMod) -> MaskMod:
 def or_masks(*masks: MaskMod) -> MaskMod:
     """Keep a pair where any mask keeps it."""
     return _combine("or", masks)
-
-
-def alibi(slopes: torch.Tensor) -> ScoreMod:
-    """ALiBi bias: ``score + slopes[h] * (kv_idx - q_idx)``; ``slopes`` is a float tensor [H] on the
-    attention's device (copied unless float32 and contiguous; later writes do not reach a copy)."""
-    if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1 or not slopes.is_floating_point():
-        raise TypeError(f"alibi(slopes) needs a 1-D float tensor with one slope per query head, got "
-                        f"{_described(slopes)}")
-    slopes = slopes.to(torch.float32).contiguous()
-
-    def torch_fn(score, b, h, q, kv, s):
-        return score + s[h] * (kv - q).to(score.dtype)
-
-    def fits(batch, heads, q_len, kv_len):
-        if slopes.shape[0] != heads:
-            raise ValueError(f"alibi(slopes): slopes has shape {tuple(slopes.shape)}, the attention has H = {heads} "
-                             f"query heads and needs one slope per head: shape [{heads}] (e.g. alibi_slopes({heads}))")
-
-    return _score_mod(_alibi_dev, torch_fn, (slopes,), "alibi", True, _argument_check("alibi(slopes)", (slopes,), fits))
-
-
-def alibi_slopes(num_heads: int, device=None) -> torch.Tensor:
-    """The ALiBi paper's geometric slopes ``2^(-8 i / H)`` for ``i = 1..H``, on ``device`` (the
-    attention's: ``alibi_slopes(H, q.device)``; default the CPU)."""
-    return torch.tensor([2.0 ** (-8.0 * (i + 1) / num_heads) for i in range(num_heads)], dtype=torch.float32,
-                        device=device)
-
-
-def softcap(cap: float) -> ScoreMod:
-    """Tanh soft-capping (Gemma 2): ``cap * tanh(score / cap)``."""
-    if not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap <= 0:
-        raise ValueError(f"softcap(cap) needs a positive finite number, got {cap!r}")
-    return _score_mod(_softcap_dev, lambda score, b, h, q, kv, c: c * torch.tanh(score / c), (float(cap),),
-                      "softcap", from_factory=True)
-
-
-def _described(value) -> str:
-    """``value`` for an error message: a tensor by dtype and shape, anything else by type."""
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
-    return f"a {type(value).__name__}"
 
 
 def _nonnegative_int(factory: str, name: str, value) -> int:

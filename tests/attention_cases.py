@@ -51,9 +51,9 @@ def spill_allowance(bytes_on_triton_36: int) -> int:
 
 def forward_candidates():
     """(head dim, config) of every forward config the Hopper tuner may pick, and their test ids."""
-    from tritonpatch.kernels import attention_fwd as A
+    from tritonpatch.kernels.fwd import configs as fwd_configs
 
-    cases = [(d, c) for d, configs in A._HOPPER_CONFIGS.items() for c in configs]
+    cases = [(d, c) for d, configs in fwd_configs.HOPPER_CONFIGS.items() for c in configs]
     return cases, [f"D{d}-{c.label()}" for d, c in cases]
 
 

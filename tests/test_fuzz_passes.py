@@ -13,10 +13,11 @@ from collections import Counter
 
 import pytest
 
-from tritonpatch.fuzz import generate, run, summary
+from tritonpatch.fuzz import PIPELINES, REFERENCE, generate, run, summary
 from tritonpatch.fuzz.__main__ import main
+from tritonpatch.fuzz.checks import static_findings
+from tritonpatch.fuzz.compiling import Compiled, compile_all, compile_case
 from tritonpatch.fuzz.masks import Arith, Compare, Const, Index, Loaded, Logic, Not, Scalar
-from tritonpatch.fuzz.run import PIPELINES, REFERENCE, Compiled, compile_all, compile_case, static_findings
 from tritonpatch.fuzz.ttir import ScalarProgram, check_segments, dropped_iterations, iterations
 
 # The fast default: 32 kernels x 8 compiles. This window holds both statically visible classes of
@@ -414,7 +415,7 @@ def test_the_comparison_reports_the_first_differing_element_of_every_dtype(dtype
 
     import torch
 
-    from tritonpatch.fuzz.run import compare
+    from tritonpatch.fuzz.gpu import compare
 
     kind = getattr(torch, dtype)
     kernel = SimpleNamespace(buffers=[SimpleNamespace(name="Out", role="output"),

@@ -11,7 +11,11 @@ import triton
 import triton.language as tl
 
 import tritonpatch.kernels as K
-from tritonpatch.kernels import attention_bwd as B
+from tritonpatch.kernels import block_mask as block_mask_module
+from tritonpatch.kernels.bwd import backward as bwd_backward
+from tritonpatch.kernels.bwd import configs as bwd_configs
+from tritonpatch.kernels.bwd import dq_adds as bwd_dq_adds
+from tritonpatch.kernels.bwd import launch as bwd_launch
 from tritonpatch.kernels.autograd import attention_with_grad
 from tritonpatch.targets import parse_target
 from attention_cases import run_interpreter_suite, spill_allowance
@@ -28,9 +32,10 @@ def test_interpreter_suite():
 # Compile-only (sm_90): every tuned candidate compiles to wgmma without spills; dQ adds vectorize.
 # ---------------------------------------------------------------------------------------------
 
-def compile_sm90(kernel, dtype, head_dim, config, mask_mod, score_mod=None, dq_write="atomic", mask_tile=None):
-    fn, signature, constexprs, attrs = B.compile_spec(kernel, dtype, head_dim, config, mask_mod, score_mod,
-                                                      dq_write=dq_write, mask_tile=mask_tile)
+def compile_sm90(kernel, dtype, head_dim, config, mask_mod, score_mod=None, dq_add=bwd_dq_adds.ATOMIC_ADD,
+                 mask_tile=None):
+    fn, signature, constexprs, attrs = bwd_launch.compile_spec(kernel, dtype, head_dim, config, mask_mod, score_mod,
+                                                      dq_add=dq_add, mask_tile=mask_tile)
     from triton.compiler import ASTSource
 
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
@@ -43,8 +48,8 @@ def reduction_ops(ptx: str) -> dict:
     return {op: ops.count(op) for op in set(ops)}
 
 
-CANDIDATES = [("dkdv", d, c) for d, cs in B._DKDV_CONFIGS.items() for c in cs] + \
-             [("dq", d, c) for d, cs in B._DQ_CONFIGS.items() for c in cs]
+CANDIDATES = [("dkdv", d, c) for d, cs in bwd_configs.DKDV_CONFIGS.items() for c in cs] + \
+             [("dq", d, c) for d, cs in bwd_configs.DQ_CONFIGS.items() for c in cs]
 # Measured exceptions (bytes of spill stores/loads on Triton 3.6; dK/dV with the atomic dQ): FlexAttention's
 # D=128 dK/dV tile spills 136 bytes at 3 stages (112 at 2), the D=128 dQ BM128-BN128 tile 28, and both were
 # still the fastest in the H200 sweep (docs/history.md#attention-backward).
@@ -72,21 +77,21 @@ def test_tuned_candidates_compile_for_sm90_within_spill_budget(kernel, head_dim,
         assert not ops, ops   # the separate dQ kernel writes plain stores
 
 
-def test_dq_write_variants_compile():
-    config = B._DKDV_CONFIGS[64][0]
-    compiled = {w: compile_sm90("dkdv", torch.float16, 64, config, K.causal(), dq_write=w)
-                for w in ("none", "store", "red", "tma")}
+def test_dq_add_variants_compile():
+    config = bwd_configs.DKDV_CONFIGS[64][0]
+    adds = {"none": None, "red": bwd_dq_adds.RED_ADD, "tma": bwd_dq_adds.TMA_ADD}
+    compiled = {w: compile_sm90("dkdv", torch.float16, 64, config, K.causal(), dq_add=add) for w, add in adds.items()}
     by_write = {w: reduction_ops(c.asm["ptx"]) for w, c in compiled.items()}
-    assert by_write["none"] == {} and by_write["store"] == {} and by_write["tma"] == {}
+    assert by_write["none"] == {} and by_write["tma"] == {}
     assert set(by_write["red"]) == {"red.global.add.f32"}, by_write["red"]
     # the TMA unit's bulk reduce-add, one per dQ tile
     assert "cp.reduce.async.bulk.tensor" in compiled["tma"].asm["ptx"] and ".add" in compiled["tma"].asm["ptx"]
 
 
 def test_score_mods_and_coarse_block_masks_compile():
-    config = B._DKDV_CONFIGS[128][0]
+    config = bwd_configs.DKDV_CONFIGS[128][0]
     for score_mod in (K.alibi(K.alibi_slopes(4)), K.softcap(30.0)):
-        for kernel, cfg in (("dkdv", config), ("dq", B._DQ_CONFIGS[128][0])):
+        for kernel, cfg in (("dkdv", config), ("dq", bwd_configs.DQ_CONFIGS[128][0])):
             ptx = compile_sm90(kernel, torch.bfloat16, 128, cfg, K.sliding_window(256), score_mod,
                                mask_tile=(128, 128)).asm["ptx"]
             assert "wgmma.mma_async" in ptx
@@ -105,16 +110,16 @@ def deterministic():
 
 
 def test_dq_mode_selection():
-    assert [B.choose_dq_mode(m) for m in ("separate", "atomic", "auto")] == ["separate", "atomic", "auto"]
+    assert [bwd_configs.choose_dq_mode(m) for m in ("separate", "atomic", "auto")] == ["separate", "atomic", "auto"]
     with pytest.raises(ValueError, match="dq_mode must be one of"):
-        B.choose_dq_mode("fast")
+        bwd_configs.choose_dq_mode("fast")
 
 
 def test_deterministic_algorithms_force_separate(deterministic):
-    assert B.choose_dq_mode("auto") == "separate"
-    assert B.choose_dq_mode("separate") == "separate"
+    assert bwd_configs.choose_dq_mode("auto") == "separate"
+    assert bwd_configs.choose_dq_mode("separate") == "separate"
     with pytest.raises(RuntimeError, match="use_deterministic_algorithms"):
-        B.choose_dq_mode("atomic")
+        bwd_configs.choose_dq_mode("atomic")
 
 
 def grad_inputs(dtype=torch.float16):
@@ -140,7 +145,6 @@ def test_determinism_error_at_call_time(deterministic):
     ({"out": torch.zeros(1, 2, 9, 16, dtype=torch.float16)}, "out must match q"),
     ({"dout": torch.zeros(1, 2, 8, 16, dtype=torch.bfloat16)}, "dout must match q"),
     ({"lse": torch.zeros(1, 2, 8, dtype=torch.float16)}, "lse must be float32"),
-    ({"dq_write": "plain"}, "dq_write must be one of"),
     ({"dq_mode": "quick"}, "dq_mode must be one of"),
     ({"mask_mod": K.document(torch.zeros(6, dtype=torch.int32, device="meta"))},
      r"document\(doc_ids\): doc_ids has shape \(6,\), the attention of B = 1, Sq = Skv = 8 needs"),
@@ -159,29 +163,29 @@ def test_backward_input_errors(change, message):
         else:
             kwargs[name] = value
     with pytest.raises((ValueError, TypeError), match=message):
-        B.attention_backward(q, k, v, args["out"], args["lse"], args["dout"], **kwargs)
+        bwd_backward.attention_backward(q, k, v, args["out"], args["lse"], args["dout"], **kwargs)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="checks run before the device check")
 def test_tma_config_on_unaligned_rows_is_rejected():
     q = torch.zeros(1, 2, 8, 17, dtype=torch.float16, device="meta")[..., :16]   # 34-byte row stride
     k, v = (torch.zeros(1, 2, 8, 16, dtype=torch.float16, device="meta") for _ in range(2))
-    tma = B.KernelConfig(16, 16, 4, 1, use_tma=True)
+    tma = bwd_configs.KernelConfig(16, 16, 4, 1, use_tma=True)
     with pytest.raises(ValueError, match="loads tiles through TMA"):
-        B.attention_backward(q, k, v, torch.zeros_like(q), torch.zeros(1, 2, 8, device="meta"), torch.zeros_like(q),
-                             config=B.BwdConfig("separate", tma, tma))
+        bwd_backward.attention_backward(q, k, v, torch.zeros_like(q), torch.zeros(1, 2, 8, device="meta"), torch.zeros_like(q),
+                             config=bwd_configs.BwdConfig("separate", tma, tma))
 
 
 def test_transposed_block_mask_follows_the_index_tensors():
     """Cached per index tensors by object and version: the custom op's per-call BlockMask over the same
     tensors hits; tensors written in place are transposed anew."""
     built = K.build_block_mask(K.sliding_window(20), 1, 1, 64, 64, block_m=16, block_n=16, device="cpu")
-    first = B.transpose_block_mask(built)
+    first = block_mask_module.transpose_block_mask(built)
     rewrapped = K.BlockMask(built.kv_num_blocks, built.kv_indices, built.full_kv_num_blocks, built.full_kv_indices,
                             16, 16, 64, 64)
-    assert B.transpose_block_mask(rewrapped) is first
+    assert block_mask_module.transpose_block_mask(rewrapped) is first
     built.full_kv_num_blocks.zero_()                                  # every full tile dropped, in place
-    again = B.transpose_block_mask(built)
+    again = block_mask_module.transpose_block_mask(built)
     classes = K.BlockMask(again.q_num_blocks, again.q_indices, again.full_q_num_blocks, again.full_q_indices,
                           16, 16, 64, 64).tile_classes()
     assert torch.equal(classes, built.tile_classes().transpose(-1, -2))

@@ -10,8 +10,11 @@ import pytest
 import torch
 
 import tritonpatch.kernels as K
-from tritonpatch.kernels import attention_bwd as B
-from tritonpatch.kernels import attention_fwd as A
+from tritonpatch.kernels.bwd import backward as bwd_backward
+from tritonpatch.kernels.bwd import configs as bwd_configs
+from tritonpatch.kernels.bwd import dq_adds as bwd_dq_adds
+from tritonpatch.kernels.fwd import configs as fwd_configs
+from tritonpatch.kernels.fwd import forward as fwd_forward
 from tritonpatch.kernels.autograd import attention_with_grad
 from attention_cases import MASKS, rel_err
 
@@ -35,17 +38,18 @@ def reference_grads(q, k, v, dout, **kwargs):
     return [t.grad for t in leaves]
 
 
-def fixed_config(dq_mode, head_dim, use_tma):
-    """The first tuning candidates of both kernels, with the given tile-load path."""
-    dkdv, dq = (dataclasses.replace(table[head_dim][0], use_tma=use_tma) for table in (B._DKDV_CONFIGS, B._DQ_CONFIGS))
-    return B.BwdConfig(dq_mode, dkdv, dq if dq_mode == "separate" else None)
+def fixed_config(dq_mode, head_dim, use_tma, dq_add=bwd_dq_adds.ATOMIC_ADD):
+    """The first tuning candidates of both kernels, with the given tile-load path and dQ add."""
+    dkdv, dq = (dataclasses.replace(table[head_dim][0], use_tma=use_tma)
+                for table in (bwd_configs.DKDV_CONFIGS, bwd_configs.DQ_CONFIGS))
+    return bwd_configs.BwdConfig(dq_mode, dkdv, dq if dq_mode == "separate" else None, dq_add)
 
 
-def backward(q, k, v, dout, dq_mode, head_dim, dq_write="atomic", use_tma=False, **kwargs):
-    fwd_config = A.candidate_configs(head_dim, q.device)[0]
-    out, lse = A.attention_forward(q, k, v, config=fwd_config, **kwargs)
-    return B.attention_backward(q, k, v, out, lse, dout, dq_mode=dq_mode,
-                                config=fixed_config(dq_mode, head_dim, use_tma), dq_write=dq_write, **kwargs)
+def backward(q, k, v, dout, dq_mode, head_dim, dq_add=bwd_dq_adds.ATOMIC_ADD, use_tma=False, **kwargs):
+    fwd_config = fwd_configs.candidate_configs(head_dim, q.device)[0]
+    out, lse = fwd_forward.attention_forward(q, k, v, config=fwd_config, **kwargs)
+    return bwd_backward.attention_backward(q, k, v, out, lse, dout, dq_mode=dq_mode,
+                                config=fixed_config(dq_mode, head_dim, use_tma, dq_add), **kwargs)
 
 
 def assert_grads_close(got, want, limit=2e-2):
@@ -85,11 +89,11 @@ def test_score_mods_gqa_autograd_tuned(score):
     assert_grads_close([t.grad for t in leaves], want)
 
 
-@pytest.mark.parametrize("dq_write", ["red", "tma"])
+@pytest.mark.parametrize("dq_add", [bwd_dq_adds.RED_ADD, bwd_dq_adds.TMA_ADD], ids=["red", "tma"])
 @pytest.mark.parametrize("seq", [SEQ, SEQ - 37])                  # TMA clips the rows past the end
-def test_other_dq_adds_match_reference(dq_write, seq):
+def test_other_dq_adds_match_reference(dq_add, seq):
     q, k, v, dout = make_inputs(2, 4, 4, seq, 64, seed=2)
-    got = backward(q, k, v, dout, "atomic", 64, dq_write=dq_write, mask_mod=K.causal())
+    got = backward(q, k, v, dout, "atomic", 64, dq_add=dq_add, mask_mod=K.causal())
     assert_grads_close(got, reference_grads(q, k, v, dout, mask_mod=K.causal()))
 
 

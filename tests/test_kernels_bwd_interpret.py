@@ -16,8 +16,11 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                        "(tests/test_kernels_bwd.py::test_interpreter_suite)")
 
 import tritonpatch.kernels as K  # noqa: E402
-from tritonpatch.kernels import attention_bwd as B  # noqa: E402
-from tritonpatch.kernels import attention_fwd as A  # noqa: E402
+from tritonpatch.kernels import block_mask as block_mask_module  # noqa: E402
+from tritonpatch.kernels.bwd import backward as bwd_backward  # noqa: E402
+from tritonpatch.kernels.bwd import configs as bwd_configs  # noqa: E402
+from tritonpatch.kernels.bwd import tuner as bwd_tuner  # noqa: E402
+from tritonpatch.kernels.fwd import forward as fwd_forward  # noqa: E402
 
 # max |grad - ref| relative to max |ref|: fp16 rounds P and dS to fp16 before the matmuls
 TOL = {torch.float32: 1e-4, torch.float16: 2e-2}
@@ -141,17 +144,17 @@ def test_tma_descriptor_path(dq_mode):
     q, k, v, dout = inputs(1, 4, 2, SEQ, 56, 16, torch.float32, seed=9)
     mask_mod = K.sliding_window(13)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    out, lse = A.attention_forward(*leaves, mask_mod=mask_mod, enable_gqa=True)
-    tma = B.KernelConfig(16, 16, 4, 1, use_tma=True)
-    config = B.BwdConfig(dq_mode, tma, tma if dq_mode == "separate" else None)
-    got = B.attention_backward(*leaves, out, lse, dout, mask_mod=mask_mod, enable_gqa=True, config=config)
+    out, lse = fwd_forward.attention_forward(*leaves, mask_mod=mask_mod, enable_gqa=True)
+    tma = bwd_configs.KernelConfig(16, 16, 4, 1, use_tma=True)
+    config = bwd_configs.BwdConfig(dq_mode, tma, tma if dq_mode == "separate" else None)
+    got = bwd_backward.attention_backward(*leaves, out, lse, dout, mask_mod=mask_mod, enable_gqa=True, config=config)
     assert_close(got, reference_grads(q, k, v, dout, mask_mod=mask_mod, enable_gqa=True), torch.float32)
 
 
 def test_transposed_block_mask_matches_brute_force():
     mask_mod = K.and_masks(K.causal(), K.document(doc_ids(SEQ)))
     block_mask = K.build_block_mask(mask_mod, 1, 1, SEQ, SEQ, block_m=16, block_n=8, device="cpu")
-    transposed = B.transpose_block_mask(block_mask)
+    transposed = block_mask_module.transpose_block_mask(block_mask)
     # brute force: classify each (kv block, q block) tile from the dense mask
     q_idx, kv_idx = torch.arange(SEQ)[:, None], torch.arange(SEQ)[None, :]
     dense = mask_mod(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), q_idx, kv_idx)
@@ -201,8 +204,8 @@ def test_auto_mode_resolves_and_is_cached():
     """dq_mode='auto' tunes both modes; the interpreter (no timings) keeps the deterministic one."""
     q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=8)
     mask_mod = K.prefix_lm(9)
-    assert B.tuned_config(q, k, mask_mod=mask_mod, dq_mode="auto") is None
+    assert bwd_tuner.tuned_config(q, k, mask_mod=mask_mod, dq_mode="auto") is None
     assert_close(kernel_grads(q, k, v, dout, dq_mode="auto", mask_mod=mask_mod),
                  reference_grads(q, k, v, dout, mask_mod=mask_mod), torch.float32)
-    assert B.tuned_config(q, k, mask_mod=mask_mod, dq_mode="auto").dq_mode == "separate"
-    assert B.tuned_config(q, k, mask_mod=mask_mod, dq_mode="atomic").dq_mode == "atomic"
+    assert bwd_tuner.tuned_config(q, k, mask_mod=mask_mod, dq_mode="auto").dq_mode == "separate"
+    assert bwd_tuner.tuned_config(q, k, mask_mod=mask_mod, dq_mode="atomic").dq_mode == "atomic"

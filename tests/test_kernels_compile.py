@@ -11,7 +11,10 @@ import pytest
 import torch
 
 import tritonpatch.kernels as K
-from tritonpatch.kernels import attention_fwd as A
+from tritonpatch.kernels.fwd import configs as fwd_configs
+from tritonpatch.kernels.fwd import kernels as fwd_kernels
+from tritonpatch.kernels.fwd import launch as fwd_launch
+from tritonpatch.kernels import _inputs as kernel_inputs
 from tritonpatch.kernels.block_mask import _classify_tiles_kernel
 from tritonpatch.targets import compile_for_target
 from attention_cases import forward_candidates, spill_allowance
@@ -36,14 +39,14 @@ VARIANTS += [("causal", d, dt, tma) for d in (64, 128) for dt in (torch.float16,
 
 
 def compile_forward(config, head_dim, dtype, mask, score=None):
-    return compile_for_target(A._attn_fwd_kernel, A.kernel_signature(dtype, head_dim, config, mask, score),
-                              A.kernel_constexprs(head_dim, config, mask, score), target="sm_90",
+    return compile_for_target(fwd_kernels._attn_fwd_kernel, fwd_launch.kernel_signature(dtype, head_dim, config, mask, score),
+                              fwd_launch.kernel_constexprs(head_dim, config, mask, score), target="sm_90",
                               **config.compile_options())
 
 
 def compile_variant(name, head_dim, dtype, use_tma):
     mask, score = MODIFIERS[name]
-    return compile_forward(A.FwdConfig(128, 64, 8 if head_dim == 128 else 4, 3, use_tma), head_dim, dtype, mask, score)
+    return compile_forward(fwd_configs.FwdConfig(128, 64, 8 if head_dim == 128 else 4, 3, use_tma), head_dim, dtype, mask, score)
 
 
 @pytest.mark.parametrize("name, head_dim, dtype, use_tma", VARIANTS,
@@ -90,7 +93,7 @@ def test_full_tiles_loop_has_no_mask_work():
 def test_tile_classifier_compiles():
     mask = K.and_masks(K.causal(), K.document(IDS))
     sig = {"classes": "*i8", "stride_cb": "i32", "stride_ch": "i32", "stride_cq": "i32",
-           "mask_args": A._mask_signature(mask.args), "q_len": "i32", "kv_len": "i32", "num_kv_blocks": "i32",
+           "mask_args": kernel_inputs.arg_types(mask.args), "q_len": "i32", "kv_len": "i32", "num_kv_blocks": "i32",
            "num_heads": "i32"}
     compiled = compile_for_target(_classify_tiles_kernel, sig, {"MASK_FN": mask.device_fn, "BLOCK_M": 128,
                                                                 "BLOCK_N": 64}, target="sm_90", num_warps=4)
@@ -109,7 +112,7 @@ def test_parallel_compiles_hook_tritonpatch_in_before_the_first_submit(monkeypat
     scope, so it can run while another candidate's Pipeline has disable-lsr applied process-wide and be
     built (and cached) with it; seen on Triton 3.9 under load. parallel_compiles installs first."""
     import tritonpatch
-    from tritonpatch.kernels._launch import parallel_compiles
+    from tritonpatch.kernels._runtime.launch import parallel_compiles
 
     was_installed = tritonpatch.installed()
     tritonpatch.uninstall()
@@ -130,7 +133,7 @@ def test_parallel_tuning_compiles_match_sequential_ones(monkeypatch, fresh_compi
     from triton.runtime.driver import driver
 
     from tritonpatch import llvm
-    from tritonpatch.kernels._launch import parallel_compiles, pipeline_variants
+    from tritonpatch.kernels._runtime.launch import parallel_compiles, pipeline_variants
     from tritonpatch.targets import CompileOnlyDriver
 
     if not llvm.available():
@@ -147,8 +150,8 @@ def test_parallel_tuning_compiles_match_sequential_ones(monkeypatch, fresh_compi
             return parse(*args, **kwargs)
 
     monkeypatch.setattr(ast, "parse", parse_alone)
-    kernel = A._attn_fwd_kernel
-    base = [A.FwdConfig(128, 64, 4, 2, True), A.FwdConfig(128, 64, 4, 2)]
+    kernel = fwd_kernels._attn_fwd_kernel
+    base = [fwd_configs.FwdConfig(128, 64, 4, 2, True), fwd_configs.FwdConfig(128, 64, 4, 2)]
     configs = base + pipeline_variants(base[:1])
     q, k, v, out = (torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16) for _ in range(4))
     lse = torch.zeros(1, 2, 256)
@@ -158,7 +161,7 @@ def test_parallel_tuning_compiles_match_sequential_ones(monkeypatch, fresh_compi
     def compile_all(parallel: bool) -> list:
         monkeypatch.setattr(kernel, "device_caches", defaultdict(kernel.create_binder))   # no in-memory hits
         with parallel_compiles() if parallel else contextlib.nullcontext():
-            compiled = [A._launch(q, k, v, out, lse, block_mask, mask, None, 0.125, c, warmup=True) for c in configs]
+            compiled = [fwd_launch.launch(q, k, v, out, lse, block_mask, mask, None, 0.125, c, warmup=True) for c in configs]
         assert all(hasattr(c, "result") for c in compiled) == parallel   # futures only from worker threads
         return [c.result().asm["ptx"] if parallel else c.asm["ptx"] for c in compiled]
 

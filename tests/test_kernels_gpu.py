@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import tritonpatch.kernels as K
-from tritonpatch.kernels import attention_fwd as A
+from tritonpatch.kernels.fwd import configs as fwd_configs
+from tritonpatch.kernels.fwd import forward as fwd_forward
 from attention_cases import MASKS, forward_candidates, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -19,8 +20,8 @@ def test_masks_match_reference(name, head_dim, use_tma):
     seq, device = 1100, torch.device("cuda")
     q, k, v = (torch.randn(2, 4, seq, head_dim, device=device, dtype=torch.bfloat16) for _ in range(3))
     mask = MASKS[name](seq, device)
-    config = A.FwdConfig(128, 64, 8 if head_dim == 128 else 4, 3, use_tma)
-    out, lse = A.attention_forward(q, k, v, mask_mod=mask, config=config)
+    config = fwd_configs.FwdConfig(128, 64, 8 if head_dim == 128 else 4, 3, use_tma)
+    out, lse = fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=config)
     ref, ref_lse = K.reference.attention(q, k, v, mask_mod=mask, return_lse=True)
     assert rel_err(out, ref) <= 1e-2
     torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
@@ -37,7 +38,7 @@ def test_every_tuner_candidate_matches_reference(head_dim, config):
     seq, device = 1100, torch.device("cuda")
     q, k, v = (torch.randn(2, 4, seq, head_dim, device=device, dtype=torch.bfloat16) for _ in range(3))
     mask = MASKS["sliding|prefix"](seq, device)
-    out, lse = A.attention_forward(q, k, v, mask_mod=mask, config=config)
+    out, lse = fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=config)
     ref, ref_lse = K.reference.attention(q, k, v, mask_mod=mask, return_lse=True)
     assert rel_err(out, ref) <= 1e-2
     torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
@@ -75,16 +76,16 @@ def test_warp_specialized_variants_match_reference(variant, name, groups):
     q = torch.randn(2, 8, seq, 128, device=device, dtype=torch.bfloat16)
     k, v = (torch.randn(2, 8 // groups, seq, 128, device=device, dtype=torch.bfloat16) for _ in range(2))
     mask = MASKS[name](seq, device) or K.allow_all()
-    config = A.SPLIT_CONFIG if variant == "split" else A.WARP_SPECIALIZED_CONFIG
-    problem = A.warp_specialize_problem(q, k, v, mask, None, None, split=config.split)
+    config = fwd_configs.SPLIT_CONFIG if variant == "split" else fwd_configs.WARP_SPECIALIZED_CONFIG
+    problem = fwd_configs.warp_specialize_problem(q, k, v, mask, None, None, split=config.split)
     if problem:
         pytest.skip(problem)
-    out, lse = A.attention_forward(q, k, v, mask_mod=mask, enable_gqa=groups > 1, config=config)
+    out, lse = fwd_forward.attention_forward(q, k, v, mask_mod=mask, enable_gqa=groups > 1, config=config)
     ref, ref_lse = K.reference.attention(q, k, v, mask_mod=mask, enable_gqa=groups > 1, return_lse=True)
     assert rel_err(out, ref) <= 1e-2
     torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
-    two_loops, _ = A.attention_forward(q, k, v, mask_mod=mask, enable_gqa=groups > 1,
-                                       config=A.SPLIT_PARTIAL_CONFIG)
+    two_loops, _ = fwd_forward.attention_forward(q, k, v, mask_mod=mask, enable_gqa=groups > 1,
+                                       config=fwd_configs.SPLIT_PARTIAL_CONFIG)
     assert rel_err(out, two_loops) <= 1e-2
 
 
@@ -92,5 +93,5 @@ def test_warp_specialized_config_is_refused_where_it_would_be_wrong():
     device = torch.device("cuda")
     q, k, v = (torch.randn(1, 2, 1024, 128, device=device, dtype=torch.bfloat16) for _ in range(3))
     with pytest.raises(ValueError, match="shift-invariant"):
-        A.attention_forward(q, k, v, mask_mod=K.prefix_lm(100), config=A.WARP_SPECIALIZED_CONFIG)
+        fwd_forward.attention_forward(q, k, v, mask_mod=K.prefix_lm(100), config=fwd_configs.WARP_SPECIALIZED_CONFIG)
 

@@ -17,7 +17,10 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                        "(tests/test_kernels_api.py::test_interpreter_suite)")
 
 import tritonpatch.kernels as K  # noqa: E402
-from tritonpatch.kernels import attention_fwd as A  # noqa: E402
+from tritonpatch.kernels.fwd import configs as fwd_configs  # noqa: E402
+from tritonpatch.kernels.fwd import forward as fwd_forward  # noqa: E402
+from tritonpatch.kernels.fwd import kernels as fwd_kernels  # noqa: E402
+from tritonpatch.kernels.fwd import launch as fwd_launch  # noqa: E402
 
 TOL = {torch.float16: 2e-3, torch.float32: 1e-4}
 
@@ -118,7 +121,7 @@ def test_tile_kernel_classification_matches_rule(name):
 def test_tma_descriptor_path():
     q, k, v = qkv(1, 2, 1, 50, 61, 16, torch.float16, seed=5)
     mask = K.sliding_window(13)
-    out, lse = A.attention_forward(q, k, v, mask_mod=mask, enable_gqa=True, config=A.FwdConfig(32, 16, 4, 1, True))
+    out, lse = fwd_forward.attention_forward(q, k, v, mask_mod=mask, enable_gqa=True, config=fwd_configs.FwdConfig(32, 16, 4, 1, True))
     ref, ref_lse = K.reference.attention(q, k, v, mask_mod=mask, enable_gqa=True, return_lse=True)
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
@@ -165,14 +168,14 @@ def test_full_tile_pass_then_partial_tile_pass_equals_one_pass(name):
     warp-specialized kernel."""
     q, k, v = qkv(1, 2, 2, 70, 70, 16, torch.float32, seed=3)
     mask = MASKS[name](70) or K.allow_all()
-    config = A._INTERPRETER_CONFIG
+    config = fwd_configs.INTERPRETER_CONFIG
     masks = K.build_block_mask(mask, 1, 2, 70, 70, block_m=config.block_m, block_n=config.block_n, device="cpu")
     out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
-    for tiles in (A.FULL_TILES, A.PARTIAL_TILES):
-        A._launch_pass(q, k, v, out, lse, masks, mask, None, 0.25, config, tiles, False, None)
+    for tiles in (fwd_kernels.FULL_TILES, fwd_kernels.PARTIAL_TILES):
+        fwd_launch.launch_pass(q, k, v, out, lse, masks, mask, None, 0.25, config, tiles, False, None)
     ref, ref_lse = K.reference.attention(q, k, v, mask_mod=mask, scale=0.25, return_lse=True)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
     full_only = torch.empty_like(q), torch.empty(q.shape[:3])
-    A._launch_pass(q, k, v, *full_only, masks, mask, None, 0.25, config, A.FULL_TILES, False, None)
+    fwd_launch.launch_pass(q, k, v, *full_only, masks, mask, None, 0.25, config, fwd_kernels.FULL_TILES, False, None)
     assert not torch.allclose(full_only[0], ref, atol=1e-3) or name == "none"   # the second pass matters

@@ -1,4 +1,4 @@
-"""Replayed launches (kernels/_launch.py LaunchPlans, TRITONPATCH_FAST_LAUNCH) without a GPU.
+"""Replayed launches (kernels/runtime_launch.py LaunchPlans, TRITONPATCH_FAST_LAUNCH) without a GPU.
 
 Kernel launches are replaced by a fake compiled kernel. The central check: for a call that replays
 an earlier call's launch, the argument values the replay passes equal, position by position, the
@@ -20,9 +20,14 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 import tritonpatch
 import tritonpatch.kernels as K
 from tritonpatch import env
-from tritonpatch.kernels import _launch
-from tritonpatch.kernels import attention_bwd as B
-from tritonpatch.kernels import attention_fwd as A
+from tritonpatch.kernels._runtime import launch as runtime_launch
+from tritonpatch.kernels.bwd import backward as bwd_backward
+from tritonpatch.kernels.bwd import configs as bwd_configs
+from tritonpatch.kernels.bwd import launch as bwd_launch
+from tritonpatch.kernels.fwd import configs as fwd_configs
+from tritonpatch.kernels.fwd import forward as fwd_forward
+from tritonpatch.kernels.fwd import launch as fwd_launch
+from tritonpatch.kernels._runtime import tma
 from tritonpatch.kernels.masks import argument_key
 from attention_cases import new_tensor_at_old_address
 
@@ -44,7 +49,7 @@ def bound_values(kernel, args, kwargs) -> list:
     return [bound.arguments[name] for name in kernel.arg_names]
 
 
-class CheckingPlans(_launch.LaunchPlans):
+class CheckingPlans(runtime_launch.LaunchPlans):
     """Plans that, when one would replay, record its values and report no plan, so that the launcher
     also builds the arguments itself (recorded by the fake launch): the test compares both."""
 
@@ -77,19 +82,19 @@ def fake_cuda(monkeypatch):
     log = []
     monkeypatch.setenv("TRITONPATCH_TUNING_CACHE", "0")
     monkeypatch.delenv("TRITONPATCH_FAST_LAUNCH", raising=False)
-    monkeypatch.setattr(_launch, "_replays_launches", lambda tensor: env.fast_launch())
-    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
-    monkeypatch.setattr(A, "check_device", lambda tensor, what: None)
+    monkeypatch.setattr(runtime_launch, "_replays_launches", lambda tensor: env.fast_launch())
+    monkeypatch.setattr(runtime_launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(fwd_forward, "check_device", lambda tensor, what: None)
 
     def fake_launch(kernel, grid, args, kwargs, warmup=False):
         log.append(("launch", grid, bound_values(kernel, args, kwargs)))
         return FakeCompiled(log)
 
-    monkeypatch.setattr(_launch, "launch", fake_launch)
-    monkeypatch.setattr(A, "_PLANS", CheckingPlans(log))
-    monkeypatch.setattr(B, "_PLANS", CheckingPlans(log))
-    monkeypatch.setattr(A, "_resolved_calls", _launch.LRUCache(64))
-    monkeypatch.setattr(B, "_resolved_calls", _launch.LRUCache(64))
+    monkeypatch.setattr(runtime_launch, "launch", fake_launch)
+    monkeypatch.setattr(fwd_launch, "_PLANS", CheckingPlans(log))
+    monkeypatch.setattr(bwd_launch, "_PLANS", CheckingPlans(log))
+    monkeypatch.setattr(fwd_forward, "resolved_calls", runtime_launch.LRUCache(64))
+    monkeypatch.setattr(bwd_backward, "resolved_calls", runtime_launch.LRUCache(64))
     return log
 
 
@@ -112,14 +117,14 @@ def assert_replays_match(log, launches_per_call: int):
 
 @pytest.mark.parametrize("use_tma", [False, True])
 def test_forward_replay_passes_the_arguments_a_full_launch_builds(fake_cuda, use_tma):
-    config = A.FwdConfig(32, 16, 4, 1, use_tma=use_tma)
+    config = fwd_configs.FwdConfig(32, 16, 4, 1, use_tma=use_tma)
     mask = K.and_masks(K.causal(), K.document(torch.tensor([0] * 20 + [1] * 44, dtype=torch.int32)))
     q, k, v, _ = qkv(0)
-    out1, _ = A.attention_forward(q, k, v, mask_mod=mask, config=config)
+    out1, _ = fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=config)
     assert [entry[0] for entry in fake_cuda] == ["launch"]
     fake_cuda.clear()
     q, k, v, _ = qkv(1)
-    out2, lse2 = A.attention_forward(q, k, v, mask_mod=mask, config=config)
+    out2, lse2 = fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=config)
     assert_replays_match(fake_cuda, 1)
     replayed = fake_cuda[0][1]
     bases = [value.base if isinstance(value, TensorDescriptor) else value for value in replayed[:5]]
@@ -129,14 +134,14 @@ def test_forward_replay_passes_the_arguments_a_full_launch_builds(fake_cuda, use
 @pytest.mark.parametrize("dq_mode, use_tma", [("atomic", False), ("separate", False), ("separate", True),
                                               ("atomic", True)])
 def test_backward_replay_passes_the_arguments_a_full_launch_builds(fake_cuda, dq_mode, use_tma):
-    dkdv = B.KernelConfig(16, 32, 4, 1, use_tma=use_tma)
-    config = B.BwdConfig(dq_mode, dkdv, B.KernelConfig(32, 16, 4, 1, use_tma=use_tma) if dq_mode == "separate"
+    dkdv = bwd_configs.KernelConfig(16, 32, 4, 1, use_tma=use_tma)
+    config = bwd_configs.BwdConfig(dq_mode, dkdv, bwd_configs.KernelConfig(32, 16, 4, 1, use_tma=use_tma) if dq_mode == "separate"
                          else None)
     for seed in range(3):
         fake_cuda.clear()
         q, k, v, dout = qkv(seed)
         out, lse = torch.randn_like(q), torch.randn(q.shape[:3])
-        B.attention_backward(q, k, v, out, lse, dout, mask_mod=K.sliding_window(8), score_mod=K.softcap(2.0),
+        bwd_backward.attention_backward(q, k, v, out, lse, dout, mask_mod=K.sliding_window(8), score_mod=K.softcap(2.0),
                              config=config, dq_mode=dq_mode)
         if seed:
             assert_replays_match(fake_cuda, 2)   # preprocess + dK/dV, or dQ + dK/dV
@@ -152,31 +157,31 @@ def test_forward_plan_recorded_with_aliased_inputs_serves_only_the_same_aliasing
     """A plan places the call's tensors by object identity: recorded from attention(x, x, x) it sends
     the first tensor to Q, K and V. A later call with distinct tensors must not replay it (it would
     compute attention(q, q, q)); a later call aliased the same way replays it with its own tensors."""
-    config = A.FwdConfig(32, 16, 4, 1)
+    config = fwd_configs.FwdConfig(32, 16, 4, 1)
     q, k, v, _ = qkv(0)
-    A.attention_forward(*ALIASINGS[aliasing](q, k, v), mask_mod=K.causal(), config=config)
+    fwd_forward.attention_forward(*ALIASINGS[aliasing](q, k, v), mask_mod=K.causal(), config=config)
     fake_cuda.clear()
     q, k, v, _ = qkv(1)
-    out, lse = A.attention_forward(q, k, v, mask_mod=K.causal(), config=config)
+    out, lse = fwd_forward.attention_forward(q, k, v, mask_mod=K.causal(), config=config)
     assert_replays_match(fake_cuda, 0)
     (_, _, launched), = fake_cuda
     assert all(got is want for got, want in zip(launched[:5], (q, k, v, out, lse)))
     fake_cuda.clear()
     q, k, v, _ = qkv(2)
-    A.attention_forward(*ALIASINGS[aliasing](q, k, v), mask_mod=K.causal(), config=config)
+    fwd_forward.attention_forward(*ALIASINGS[aliasing](q, k, v), mask_mod=K.causal(), config=config)
     assert_replays_match(fake_cuda, 1)
 
 
 @pytest.mark.parametrize("aliasing", ALIASINGS)
 def test_backward_plan_recorded_with_aliased_inputs_serves_only_the_same_aliasing(fake_cuda, aliasing):
     """As the forward: autograd saves the aliased q, k, v, and the backward's plans place them by identity."""
-    config = B.BwdConfig("atomic", B.KernelConfig(16, 32, 4, 1))
+    config = bwd_configs.BwdConfig("atomic", bwd_configs.KernelConfig(16, 32, 4, 1))
 
     def backward(seed, alias):
         q, k, v, dout = qkv(seed)
         q, k, v = ALIASINGS[aliasing](q, k, v) if alias else (q, k, v)
         out, lse = torch.randn_like(q), torch.randn(q.shape[:3])
-        B.attention_backward(q, k, v, out, lse, dout, mask_mod=K.causal(), config=config, dq_mode="atomic")
+        bwd_backward.attention_backward(q, k, v, out, lse, dout, mask_mod=K.causal(), config=config, dq_mode="atomic")
         return q, k, v
 
     backward(0, alias=True)
@@ -192,8 +197,8 @@ def test_backward_plan_recorded_with_aliased_inputs_serves_only_the_same_aliasin
 
 def test_alias_pattern_joins_the_replay_key(fake_cuda):
     q, k, v, _ = qkv(0)
-    key = _launch.replay_key
-    assert _launch.alias_pattern((q, q, v, None, v)) == (0, 0, 2, None, 2)
+    key = runtime_launch.replay_key
+    assert runtime_launch.alias_pattern((q, q, v, None, v)) == (0, 0, 2, None, 2)
     assert len({key((q, k, v)), key((q, q, q)), key((q, k, k)), key((q, q, v))}) == 4
     assert key((q, k, v)) == key(qkv(1)[:3])
 
@@ -206,7 +211,7 @@ def test_inference_tensors_key_but_never_match(fake_cuda):
         ids = torch.tensor([0] * 20 + [1] * 44, dtype=torch.int32)
         slopes = torch.full((2,), 0.5)
         doc, bias = K.document(ids), K.alibi(slopes)
-        keys = [A._call_key(q, k, v, doc, bias, None, None, False, None) for _ in range(2)]
+        keys = [fwd_forward.forward_call_key(q, k, v, doc, bias, None, None, False, None) for _ in range(2)]
     assert None not in keys and keys[0] != keys[1]
     identity = argument_key(ids)
     assert identity != argument_key(ids) and "inference" in repr(identity)
@@ -218,7 +223,7 @@ def test_replay_keys_separate_what_reaches_the_kernel(fake_cuda):
     doc = K.document(ids)
 
     def key(q=q, k=k, v=v, mask=K.causal(), score=None, block_mask=None, scale=None, gqa=False, config=None):
-        return A._call_key(q, k, v, mask, score, block_mask, scale, gqa, config)
+        return fwd_forward.forward_call_key(q, k, v, mask, score, block_mask, scale, gqa, config)
 
     base = key()
     assert base is not None and key(mask=K.causal()) == base          # a new causal() object: same key
@@ -226,7 +231,7 @@ def test_replay_keys_separate_what_reaches_the_kernel(fake_cuda):
     variants = {
         "mask": key(mask=K.sliding_window(8)), "mask args": key(mask=K.sliding_window(9)),
         "doc ids": key(mask=doc), "score": key(score=K.softcap(2.0)), "score args": key(score=K.softcap(3.0)),
-        "scale": key(scale=0.5), "gqa": key(gqa=True), "config": key(config=A.FwdConfig(32, 16, 4, 1)),
+        "scale": key(scale=0.5), "gqa": key(gqa=True), "config": key(config=fwd_configs.FwdConfig(32, 16, 4, 1)),
         "block mask": key(block_mask=K.build_block_mask(K.causal(), 1, 2, 64, 64, block_m=32, block_n=16,
                                                         device="cpu")),
         "dtype": key(q=q.float(), k=k.float(), v=v.float()), "strides": key(q=q.transpose(1, 2).contiguous()
@@ -261,8 +266,8 @@ def test_replay_keys_are_not_fooled_by_new_modifier_tensors_at_old_addresses(fak
 
     def keys(tensor):
         mask, score = (None, K.alibi(tensor)) if modifier == "alibi" else (K.document(tensor), None)
-        return (A._call_key(q, k, v, mask, score, None, None, False, None),
-                B._call_key(q, k, v, out, lse, dout, None, mask, score, None, None, False, "auto", None, "atomic"))
+        return (fwd_forward.forward_call_key(q, k, v, mask, score, None, None, False, None),
+                bwd_backward.backward_call_key(q, k, v, out, lse, dout, None, mask, score, None, None, False, "auto", None))
 
     if modifier == "alibi":
         values = ([0.5] * 128, [0.25] * 128), torch.float32
@@ -288,9 +293,9 @@ def test_custom_op_calls_replay(fake_cuda):
 
 def test_fast_launch_switch(fake_cuda, monkeypatch):
     q, k, v, _ = qkv(0)
-    assert A._call_key(q, k, v, None, None, None, None, False, None) is not None
+    assert fwd_forward.forward_call_key(q, k, v, None, None, None, None, False, None) is not None
     monkeypatch.setenv("TRITONPATCH_FAST_LAUNCH", "0")
-    assert A._call_key(q, k, v, None, None, None, None, False, None) is None
+    assert fwd_forward.forward_call_key(q, k, v, None, None, None, None, False, None) is None
     assert env.fast_launch({}) and not env.fast_launch({"TRITONPATCH_FAST_LAUNCH": "off"})
     with pytest.raises(tritonpatch.PipelineError, match="TRITONPATCH_FAST_LAUNCH"):
         env.fast_launch({"TRITONPATCH_FAST_LAUNCH": "maybe"})
@@ -299,10 +304,10 @@ def test_fast_launch_switch(fake_cuda, monkeypatch):
 def test_backward_key_is_none_when_the_call_copies_an_input(fake_cuda):
     q, k, v, dout = qkv(0)
     out, lse = torch.randn_like(q), torch.randn(q.shape[:3])
-    args = (None, None, None, None, False, "auto", None, "atomic")
-    assert B._call_key(q, k, v, out, lse, dout, None, *args) is not None
+    args = (None, None, None, None, False, "auto", None)
+    assert bwd_backward.backward_call_key(q, k, v, out, lse, dout, None, *args) is not None
     strided = torch.randn(1, 2, 64, 32, dtype=q.dtype)[..., ::2]      # last-dim stride 2: copied
-    assert B._call_key(q, k, v, out, lse, strided, None, *args) is None
+    assert bwd_backward.backward_call_key(q, k, v, out, lse, strided, None, *args) is None
 
 
 @triton.jit
@@ -312,11 +317,11 @@ def _two_tensors(Q, K, n):
 
 def test_plans_keep_no_tensor_of_the_recording_call(monkeypatch):
     log = []
-    monkeypatch.setattr(_launch, "launch", lambda kernel, grid, args, kwargs, warmup=False: FakeCompiled(log))
-    plans = _launch.LaunchPlans()
+    monkeypatch.setattr(runtime_launch, "launch", lambda kernel, grid, args, kwargs, warmup=False: FakeCompiled(log))
+    plans = runtime_launch.LaunchPlans()
     q, k, _, _ = qkv(0)
     refs = [weakref.ref(t) for t in (q, k)]
-    plans.launch("key", _two_tensors, (2, 1), (A.tile_descriptor(q, 32), k, 3), {}, (q, k))
+    plans.launch("key", _two_tensors, (2, 1), (tma.tile_descriptor(q, 32), k, 3), {}, (q, k))
     del q, k
     gc.collect()
     assert all(ref() is None for ref in refs)
@@ -328,10 +333,10 @@ def test_plans_keep_no_tensor_of_the_recording_call(monkeypatch):
 
 def test_replay_state_is_bounded():
     """Keys need not repeat (new document ids every batch): the caches forget the least recently used."""
-    cache = _launch.LRUCache(2)
+    cache = runtime_launch.LRUCache(2)
     cache.put("a", 1)
     cache.put("b", 2)
     assert cache.get("a") == 1                   # "a" is now the most recently used
     cache.put("c", 3)
     assert cache.get("b") is None and cache.get("a") == 1 and cache.get("c") == 3 and len(cache) == 2
-    assert A._resolved_calls._capacity <= 64 and B._resolved_calls._capacity <= 64
+    assert fwd_forward.resolved_calls._capacity <= 64 and bwd_backward.resolved_calls._capacity <= 64

@@ -9,8 +9,11 @@ import pytest
 import torch
 
 import tritonpatch.kernels as K
-from tritonpatch.kernels import attention_bwd as B
-from tritonpatch.kernels import attention_fwd as A
+from tritonpatch.kernels.fwd import configs as fwd_configs
+from tritonpatch.kernels.bwd import launch as bwd_launch
+from tritonpatch.kernels.fwd import forward as fwd_forward
+from tritonpatch.kernels.fwd import launch as fwd_launch
+from tritonpatch.kernels.fwd import tuner as fwd_tuner
 from attention_cases import MASKS, doc_ids, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -21,7 +24,7 @@ SEQ = 1024
 def count_replays(monkeypatch):
     """How many launches were replayed (forward and backward plans)."""
     counter = {"replays": 0}
-    for module in (A, B):
+    for module in (fwd_launch, bwd_launch):
         original = module._PLANS.replay
 
         def replay(key, tensors, original=original):
@@ -54,23 +57,23 @@ def test_replays_equal_full_launches(name, head_dim, config, count_replays, monk
     if config == "warp-specialized":
         if head_dim != 128 or name != "causal":
             pytest.skip("the warp-specialized kernel runs shift-invariant masks at D=128")
-        fwd_config = A.WARP_SPECIALIZED_CONFIG
+        fwd_config = fwd_configs.WARP_SPECIALIZED_CONFIG
     elif config == "split":
         if head_dim != 128:
             pytest.skip("the split runs at D=128")
-        fwd_config = A.SPLIT_CONFIG
+        fwd_config = fwd_configs.SPLIT_CONFIG
     else:
-        fwd_config = None if config == "tuned" else A.FwdConfig(128, 64, 8 if head_dim == 128 else 4, 2)
+        fwd_config = None if config == "tuned" else fwd_configs.FwdConfig(128, 64, 8 if head_dim == 128 else 4, 2)
     for seed in range(3):
         q, k, v, dout = fresh_inputs(seed, head_dim)
         monkeypatch.delenv("TRITONPATCH_FAST_LAUNCH", raising=False)
         count_replays["replays"] = 0   # (the tuner replays its candidates' launches too)
-        fast = A.attention_forward(q, k, v, mask_mod=mask, config=fwd_config)
-        used = fwd_config or A.tuned_configs()[A._tuning_key(q, k, v, mask, None, None)]
+        fast = fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=fwd_config)
+        used = fwd_config or fwd_tuner.tuned_configs()[fwd_tuner.tuning_key(q, k, v, mask, None, None)]
         if seed:                                                           # the first call records
             assert count_replays["replays"] == (2 if used.split else 1)
         monkeypatch.setenv("TRITONPATCH_FAST_LAUNCH", "0")
-        full = A.attention_forward(q, k, v, mask_mod=mask, config=fwd_config)
+        full = fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=fwd_config)
         assert all(torch.equal(a, b) for a, b in zip(fast, full))
     if config != "tuned":
         return
@@ -92,10 +95,10 @@ def test_changed_document_ids_and_alignment_are_not_replayed_stale():
     ids = doc_ids(SEQ, "cuda")
     mask = K.and_masks(K.causal(), K.document(ids))     # int32 contiguous ids: the mask holds this tensor
     q, k, v, _ = fresh_inputs(0, 64)
-    first = A.attention_forward(q, k, v, mask_mod=mask)[0]
-    A.attention_forward(q, k, v, mask_mod=mask)                        # now replayed
+    first = fwd_forward.attention_forward(q, k, v, mask_mod=mask)[0]
+    fwd_forward.attention_forward(q, k, v, mask_mod=mask)                        # now replayed
     ids.copy_(ids.roll(300))                                           # the same mask object, new documents
-    again = A.attention_forward(q, k, v, mask_mod=mask)[0]
+    again = fwd_forward.attention_forward(q, k, v, mask_mod=mask)[0]
     assert not torch.equal(first, again)
     assert rel_err(again, K.reference.attention(q.float(), k.float(), v.float(), mask_mod=mask)) < 1e-2
     ids.copy_(ids.roll(-300))
@@ -103,5 +106,5 @@ def test_changed_document_ids_and_alignment_are_not_replayed_stale():
     odd = torch.empty(q.numel() + 1, device="cuda", dtype=q.dtype)[1:].view(q.shape)       # 2-byte aligned
     shifted.copy_(q)
     odd.copy_(q)
-    assert torch.equal(A.attention_forward(shifted, k, v, mask_mod=mask)[0], first)   # replayed, new address
-    assert rel_err(A.attention_forward(odd, k, v, mask_mod=mask)[0], first) < 1e-2    # tuned anew: no TMA
+    assert torch.equal(fwd_forward.attention_forward(shifted, k, v, mask_mod=mask)[0], first)   # replayed, new address
+    assert rel_err(fwd_forward.attention_forward(odd, k, v, mask_mod=mask)[0], first) < 1e-2    # tuned anew: no TMA

@@ -1,6 +1,6 @@
 """Triton's private names (``triton._C``, ``triton.runtime._allocation``, ``module._attribute``) are
 used only in the two compat modules, so a Triton upgrade that moves them breaks in one known place:
-``tritonpatch/_triton_compat.py`` (the compiler hooks) and ``kernels/_triton_compat.py`` (the kernels'
+``tritonpatch/_triton_compat.py`` (the compiler hooks) and ``kernels/_runtime/triton_compat.py`` (the kernels'
 runtime)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-COMPAT = {ROOT / "tritonpatch" / "_triton_compat.py", ROOT / "kernels" / "_triton_compat.py"}
+COMPAT = {ROOT / "tritonpatch" / "_triton_compat.py", ROOT / "kernels" / "_runtime" / "triton_compat.py"}
 
 
 def _private(parts) -> bool:

@@ -1,4 +1,4 @@
-"""Tuning decisions on disk (kernels/_tuning_cache.py): storage, keys, and the two attention tuners
+"""Tuning decisions on disk (kernels/tuning_cache.py): storage, keys, and the two attention tuners
 reusing a decision in a new process instead of timing again. The tuners run on CPU tensors with the
 kernel launches and ``do_bench`` replaced by fakes that record what was launched and report chosen
 times, so these tests need no GPU."""
@@ -12,9 +12,13 @@ import triton
 
 import tritonpatch.kernels as K
 from tritonpatch import env
-from tritonpatch.kernels import _launch, _tuning_cache
-from tritonpatch.kernels import attention_bwd as B
-from tritonpatch.kernels import attention_fwd as A
+from tritonpatch.kernels._runtime import launch as runtime_launch
+from tritonpatch.kernels._runtime import tuning_cache
+from tritonpatch.kernels.bwd import configs as bwd_configs
+from tritonpatch.kernels.bwd import launch as bwd_launch
+from tritonpatch.kernels.bwd import tuner as bwd_tuner
+from tritonpatch.kernels.fwd import configs as fwd_configs
+from tritonpatch.kernels.fwd import tuner as fwd_tuner
 
 
 def test_cache_directory_setting(tmp_path):
@@ -26,25 +30,25 @@ def test_cache_directory_setting(tmp_path):
 def test_remember_and_lookup(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITONPATCH_TUNING_CACHE", str(tmp_path / "tuning"))
     key = {"tuner": "attention_fwd", "q": [1, 2, 64, 16], "device": "cpu"}
-    assert _tuning_cache.lookup(key) is None
-    _tuning_cache.remember(key, {"config": "BM32-BN16-w4-s1"})
-    assert _tuning_cache.lookup(key) == {"config": "BM32-BN16-w4-s1"}
-    assert _tuning_cache.lookup(dict(key, q=[1, 2, 128, 16])) is None          # another shape
-    assert _tuning_cache.lookup(None) is None and not list((tmp_path / "tuning").glob("*.tmp"))
+    assert tuning_cache.lookup(key) is None
+    tuning_cache.remember(key, {"config": "BM32-BN16-w4-s1"})
+    assert tuning_cache.lookup(key) == {"config": "BM32-BN16-w4-s1"}
+    assert tuning_cache.lookup(dict(key, q=[1, 2, 128, 16])) is None          # another shape
+    assert tuning_cache.lookup(None) is None and not list((tmp_path / "tuning").glob("*.tmp"))
     (path,) = (tmp_path / "tuning").iterdir()
     path.write_text("{not json")
-    assert _tuning_cache.lookup(key) is None                                     # unreadable: a miss
+    assert tuning_cache.lookup(key) is None                                     # unreadable: a miss
     monkeypatch.setenv("TRITONPATCH_TUNING_CACHE", "0")
-    _tuning_cache.remember(key, {"config": "x"})                                 # off: nothing written
-    assert _tuning_cache.lookup(key) is None
+    tuning_cache.remember(key, {"config": "x"})                                 # off: nothing written
+    assert tuning_cache.lookup(key) is None
 
 
 def test_unwritable_cache_is_skipped(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("TRITONPATCH_TUNING_CACHE", str(blocker / "tuning"))     # a path below a file
-    _tuning_cache.remember({"tuner": "t"}, {"config": "x"})                      # no exception
-    assert _tuning_cache.lookup({"tuner": "t"}) is None
+    tuning_cache.remember({"tuner": "t"}, {"config": "x"})                      # no exception
+    assert tuning_cache.lookup({"tuner": "t"}) is None
 
 
 @triton.jit
@@ -82,16 +86,17 @@ class FakeGPU:
 def fake_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITONPATCH_TUNING_CACHE", str(tmp_path / "tuning"))
     monkeypatch.setenv("TRITONPATCH_COMPILE_THREADS", "1")
-    for module in (_launch, A, B):
+    for module in (runtime_launch, fwd_tuner, bwd_tuner):
         monkeypatch.setattr(module, "interpreting", lambda: False)
-    monkeypatch.setattr(A, "_tuned", {})
-    monkeypatch.setattr(B, "_tuned", {})
+    monkeypatch.setattr(fwd_tuner, "_tuned", {})
+    monkeypatch.setattr(bwd_tuner, "_tuned", {})
     fake = FakeGPU({})
     monkeypatch.setattr(triton.testing, "do_bench", fake.do_bench)
-    monkeypatch.setattr(A, "_launch", lambda *args, warmup=False: fake.launch(args[9], warmup))
-    monkeypatch.setattr(B, "_launch_dkdv", lambda *args: fake.launch(args[13], args[15] if len(args) > 15 else False))
-    monkeypatch.setattr(B, "_launch_dq", lambda *args: fake.launch(args[13], args[14] if len(args) > 14 else False))
-    monkeypatch.setattr(B, "_launch_preprocess", lambda *args: None)
+    monkeypatch.setattr(fwd_tuner, "launch", lambda *args, warmup=False: fake.launch(args[9], warmup))
+    monkeypatch.setattr(bwd_launch, "launch_dkdv", lambda *args: fake.launch(args[13], args[15] if len(args) > 15 else False))
+    monkeypatch.setattr(bwd_launch, "launch_dq", lambda *args: fake.launch(args[13], args[14] if len(args) > 14 else False))
+    for module in (bwd_launch, bwd_tuner):
+        monkeypatch.setattr(module, "launch_preprocess", lambda *args: None)
     return fake, tmp_path / "tuning"
 
 
@@ -101,43 +106,43 @@ def inputs():
 
 def test_forward_tuner_reuses_a_decision_from_disk(fake_gpu, monkeypatch):
     fake, folder = fake_gpu
-    configs = [A.FwdConfig(32, 16, 4, 1), A.FwdConfig(32, 16, 4, 2), A.FwdConfig(16, 16, 4, 1)]
+    configs = [fwd_configs.FwdConfig(32, 16, 4, 1), fwd_configs.FwdConfig(32, 16, 4, 2), fwd_configs.FwdConfig(16, 16, 4, 1)]
     fake.times = {c.label(): t for c, t in zip(configs, (3.0, 1.0, 2.0))}
-    monkeypatch.setattr(A, "candidate_configs", lambda head_dim, device: list(configs))
+    monkeypatch.setattr(fwd_tuner, "candidate_configs", lambda head_dim, device: list(configs))
     q, k, v, _ = inputs()
 
     def tune(mask):
-        return A._tune(q, k, v, mask, None, None, 0.25, lambda cfg: None)
+        return fwd_tuner.tune(q, k, v, mask, None, None, 0.25, lambda cfg: None)
 
     assert tune(K.causal()) == configs[1] and fake.timed == 3
     assert len(list(folder.iterdir())) == 1
-    A._tuned.clear()                                   # a new process: memory empty, disk kept
+    fwd_tuner.forget_tuned()                                   # a new process: memory empty, disk kept
     assert tune(K.causal()) == configs[1] and fake.timed == 3
-    A._tuned.clear()
-    monkeypatch.setattr(A, "candidate_configs", lambda head_dim, device: [configs[0], configs[2]])
+    fwd_tuner.forget_tuned()
+    monkeypatch.setattr(fwd_tuner, "candidate_configs", lambda head_dim, device: [configs[0], configs[2]])
     assert tune(K.causal()) == configs[2] and fake.timed == 5   # the stored config is no longer offered
-    A._tuned.clear()
+    fwd_tuner.forget_tuned()
     custom = K.custom_mask(_never, lambda b, h, qi, kv: qi >= kv)
     tune(custom)
-    A._tuned.clear()
+    fwd_tuner.forget_tuned()
     tune(custom)
     assert fake.timed == 9                             # custom code: timed in each "process"
 
 
 def test_backward_tuner_reuses_a_decision_from_disk(fake_gpu, monkeypatch):
     fake, folder = fake_gpu
-    dkdv = [B.KernelConfig(16, 32, 4, 1), B.KernelConfig(16, 32, 4, 2)]
-    dq = [B.KernelConfig(32, 16, 4, 1), B.KernelConfig(32, 16, 4, 2)]
+    dkdv = [bwd_configs.KernelConfig(16, 32, 4, 1), bwd_configs.KernelConfig(16, 32, 4, 2)]
+    dq = [bwd_configs.KernelConfig(32, 16, 4, 1), bwd_configs.KernelConfig(32, 16, 4, 2)]
     fake.times = {dkdv[0].label(): 2.0, dkdv[1].label(): 1.0, dq[0].label(): 1.0, dq[1].label(): 2.0}
-    monkeypatch.setattr(B, "candidate_configs", lambda kernel, head_dim, device: list(dkdv if kernel == "dkdv" else dq))
+    monkeypatch.setattr(bwd_tuner, "candidate_configs", lambda kernel, head_dim, device: list(dkdv if kernel == "dkdv" else dq))
     q, k, v, dout = inputs()
     out, lse = torch.zeros_like(q), torch.zeros(1, 2, 64)
-    buf = B._Buffers(q, k, v, out, dout, lse, None, K.sliding_window(8), K.softcap(3.0), 0.25, lambda cfg: None)
-    monkeypatch.setattr(B, "transpose_block_mask", lambda block_mask: None)
-    want = B.BwdConfig("separate", dkdv[1], dq[0])
-    assert B._tune(buf, None, "separate") == want and fake.timed == 4
-    B._tuned.clear()
-    assert B._tune(buf, None, "separate") == want and fake.timed == 4
+    buf = bwd_launch.Buffers(q, k, v, out, dout, lse, None, K.sliding_window(8), K.softcap(3.0), 0.25, lambda cfg: None)
+    monkeypatch.setattr(bwd_launch, "transpose_block_mask", lambda block_mask: None)
+    want = bwd_configs.BwdConfig("separate", dkdv[1], dq[0])
+    assert bwd_tuner.tune(buf, None, "separate") == want and fake.timed == 4
+    bwd_tuner.forget_tuned()
+    assert bwd_tuner.tune(buf, None, "separate") == want and fake.timed == 4
     assert len(list(folder.iterdir())) == 1
 
 
@@ -145,16 +150,16 @@ def test_backward_decisions_depend_on_the_alignment_of_every_tma_tensor(fake_gpu
     """A TMA config picked for aligned inputs is not reused when dO (not only q, k) cannot go through TMA."""
     fake, _ = fake_gpu
     monkeypatch.setenv("TRITONPATCH_TUNING_CACHE", "0")
-    dkdv = [B.KernelConfig(16, 32, 4, 1, use_tma=True), B.KernelConfig(16, 32, 4, 1)]
-    dq = [B.KernelConfig(32, 16, 4, 1)]
+    dkdv = [bwd_configs.KernelConfig(16, 32, 4, 1, use_tma=True), bwd_configs.KernelConfig(16, 32, 4, 1)]
+    dq = [bwd_configs.KernelConfig(32, 16, 4, 1)]
     fake.times = {dkdv[0].label(): 1.0, dkdv[1].label(): 2.0, dq[0].label(): 1.0}
-    monkeypatch.setattr(B, "candidate_configs", lambda kernel, head_dim, device: list(dkdv if kernel == "dkdv" else dq))
-    monkeypatch.setattr(B, "transpose_block_mask", lambda block_mask: None)
+    monkeypatch.setattr(bwd_tuner, "candidate_configs", lambda kernel, head_dim, device: list(dkdv if kernel == "dkdv" else dq))
+    monkeypatch.setattr(bwd_launch, "transpose_block_mask", lambda block_mask: None)
     q, k, v, dout = inputs()
     out, lse = torch.zeros_like(q), torch.zeros(1, 2, 64)
     unaligned_dout = torch.zeros(1, 2, 64, 17, dtype=torch.float16)[..., :16]   # 34-byte rows
-    aligned = B._Buffers(q, k, v, out, dout, lse, None, K.causal(), None, 0.25, lambda cfg: None)
-    unaligned = B._Buffers(q, k, v, out, unaligned_dout, lse, None, K.causal(), None, 0.25, lambda cfg: None)
-    assert B._tune(aligned, None, "separate").dkdv == dkdv[0]
-    assert B._tune(unaligned, None, "separate").dkdv == dkdv[1]
-    assert B.tuned_config(q, k, dout=unaligned_dout, mask_mod=K.causal(), dq_mode="separate").dkdv == dkdv[1]
+    aligned = bwd_launch.Buffers(q, k, v, out, dout, lse, None, K.causal(), None, 0.25, lambda cfg: None)
+    unaligned = bwd_launch.Buffers(q, k, v, out, unaligned_dout, lse, None, K.causal(), None, 0.25, lambda cfg: None)
+    assert bwd_tuner.tune(aligned, None, "separate").dkdv == dkdv[0]
+    assert bwd_tuner.tune(unaligned, None, "separate").dkdv == dkdv[1]
+    assert bwd_tuner.tuned_config(q, k, dout=unaligned_dout, mask_mod=K.causal(), dq_mode="separate").dkdv == dkdv[1]

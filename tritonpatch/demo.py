@@ -176,14 +176,11 @@ def packaged_reports() -> dict[str, inspection.CompileReport]:
     import torch
 
     from tritonpatch.kernels import FwdConfig, prefix_lm
-    from tritonpatch.kernels.attention_fwd import _attn_fwd_kernel, kernel_constexprs, kernel_signature
+    from tritonpatch.kernels.fwd import compile_spec
 
     config = FwdConfig(128, 64, 4, 3)
-    mask = prefix_lm(1024)
-    signature = kernel_signature(torch.bfloat16, 64, config, mask, None)
-    constexprs = kernel_constexprs(64, config, mask, None)
-    return {name: inspection.compile_report(_attn_fwd_kernel, signature, constexprs, pipeline,
-                                         num_warps=config.num_warps, num_stages=config.num_stages)
+    kernel, signature, constexprs, _ = compile_spec(torch.bfloat16, 64, config, prefix_lm(1024))
+    return {name: inspection.compile_report(kernel, signature, constexprs, pipeline, **config.compile_options())
             for name, pipeline in (("plain Triton", Pipeline()), ("disable-lsr", Pipeline(disable_lsr=True)))}
 
 

@@ -24,9 +24,14 @@ import time
 import torch
 
 import tritonpatch.kernels as K
-from tritonpatch.kernels import attention_bwd as B
-from tritonpatch.kernels import attention_fwd as A
-from tritonpatch.kernels._launch import pipeline_variants
+from tritonpatch.kernels.bwd import backward as bwd_backward
+from tritonpatch.kernels.bwd import configs as bwd_configs
+from tritonpatch.kernels.bwd import tuner as bwd_tuner
+from tritonpatch.kernels.fwd import configs as fwd_configs
+from tritonpatch.kernels.fwd import forward as fwd_forward
+from tritonpatch.kernels.fwd import tuner as fwd_tuner
+from tritonpatch.kernels._runtime import tma
+from tritonpatch.kernels._runtime.launch import pipeline_variants
 
 from _common import (BATCH, HEADS, MASKS, allowed_fraction, bench_ms, compiled_flex_attention, environment_line,
                      log, make_mask, pyplot, random_doc_ids, random_qkv, read_json, run_environment, save_figure,
@@ -64,11 +69,11 @@ def check(device, head_dims=HEAD_DIMS, seq=1536, dtype=torch.bfloat16) -> list:
     for head_dim in head_dims:
         q, k, v = random_qkv(2, 8, seq, head_dim, device, dtype)
         for use_tma in (False, True):
-            cfg = A.FwdConfig(128, 64, 8 if head_dim == 128 else 4, 3, use_tma)
+            cfg = fwd_configs.FwdConfig(128, 64, 8 if head_dim == 128 else 4, 3, use_tma)
             names = cases if (head_dim == 128) != use_tma else ("causal", "causal&document")
             for name in names:
                 _attempt(results, f"{name} D{head_dim} {cfg.label()}", lambda: (
-                    A.attention_forward(q, k, v, config=cfg, **cases[name]),
+                    fwd_forward.attention_forward(q, k, v, config=cfg, **cases[name]),
                     K.reference.attention(q, k, v, return_lse=True, **cases[name])))
         # GQA, Sq != Skv, non-contiguous ([B, S, H, D] storage), through the tuner
         qs = torch.randn(2, seq // 2 - 68, 8, head_dim, device=device, dtype=dtype).transpose(1, 2)
@@ -116,10 +121,10 @@ SWEEP = {  # head dim -> forward configs; each compiles for sm_90a within 227 KB
     # cap that fits one more program per SM at D=64 (182 -> 168 registers: 2 -> 3 programs; 108 -> 96: 4 -> 5),
     # and at D=128 the one-warpgroup tiles light enough for 2-4 programs per SM. What earlier sweeps measured
     # and why these remain: docs/history.md#attention-forward.
-    64: [A.FwdConfig(64, 128, 4, 2, True), A.FwdConfig(64, 128, 4, 2, True, max_registers=168),
-         A.FwdConfig(64, 64, 4, 2, True), A.FwdConfig(64, 64, 4, 2, True, max_registers=96),
-         A.FwdConfig(128, 128, 4, 3, True)],
-    128: [A.FwdConfig(*c) for c in [(128, 128, 8, 2, True), (64, 64, 4, 2, True), (64, 64, 4, 3, True),
+    64: [fwd_configs.FwdConfig(64, 128, 4, 2, True), fwd_configs.FwdConfig(64, 128, 4, 2, True, max_registers=168),
+         fwd_configs.FwdConfig(64, 64, 4, 2, True), fwd_configs.FwdConfig(64, 64, 4, 2, True, max_registers=96),
+         fwd_configs.FwdConfig(128, 128, 4, 3, True)],
+    128: [fwd_configs.FwdConfig(*c) for c in [(128, 128, 8, 2, True), (64, 64, 4, 2, True), (64, 64, 4, 3, True),
                                     (64, 32, 4, 3, True), (64, 32, 4, 2, True)]],
 }
 
@@ -135,17 +140,17 @@ def sweep(device, masks, head_dims, seq_lens, every_pipeline=False) -> list:
             for mask_name in masks:
                 mask, _ = make_mask(mask_name, seq, device)
                 frac = allowed_fraction(mask, seq, seq, device)
-                tuner_candidates = A.tuning_candidates(q, k, v, mask, None, None, A.tma_compatible(q, k, v))
+                tuner_candidates = fwd_tuner.tuning_candidates(q, k, v, mask, None, None, tma.tma_compatible(q, k, v))
                 configs = list(SWEEP[head_dim])
                 configs += pipeline_variants(configs if every_pipeline else configs[:1])
                 configs += [c for c in tuner_candidates if c.warp_specialize]
                 tuner_labels = {c.label() for c in tuner_candidates}
                 for cfg in configs:
                     try:
-                        A.attention_forward(q, k, v, mask_mod=mask, config=cfg)
+                        fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=cfg)
                         if WARMUP_ONLY:
                             continue
-                        ms = bench_ms(lambda: A.attention_forward(q, k, v, mask_mod=mask, config=cfg))
+                        ms = bench_ms(lambda: fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=cfg))
                     except Exception as exc:  # noqa: BLE001 - out of shared memory / registers: record, go on
                         log(f"sweep D{head_dim} {mask_name} S{seq} {cfg.label()}: {type(exc).__name__}: "
                             f"{str(exc)[:120]}")
@@ -181,19 +186,21 @@ def sweep_bwd(device, head_dims=HEAD_DIMS, seq=8192) -> list:
     for head_dim in head_dims:
         q, k, v = random_qkv(BATCH, HEADS, seq, head_dim, device)
         dout = torch.randn_like(q)
-        out, lse = A.attention_forward(q, k, v, mask_mod=mask)
-        fixed = {kernel: B.candidate_configs(kernel, head_dim, device)[0] for kernel in ("dkdv", "dq")}
+        out, lse = fwd_forward.attention_forward(q, k, v, mask_mod=mask)
+        fixed = {kernel: bwd_configs.candidate_configs(kernel, head_dim, device)[0] for kernel in ("dkdv", "dq")}
         flops = 2.5 * 4 * BATCH * HEADS * seq * seq * head_dim * frac
         for kernel, table in BWD_SWEEP.items():
-            configs = [B.KernelConfig(*shape, use_tma=tma) for tma in (False, True) for shape in table[head_dim]]
+            configs = [bwd_configs.KernelConfig(*shape, use_tma=tma)
+                       for tma in (False, True) for shape in table[head_dim]]
             runs = [("separate", c) for c in configs + pipeline_variants(configs[:1])]
             if kernel == "dkdv":
                 runs += [("atomic", c) for c in configs[:2]]
             for mode, cfg in runs:
-                config = B.BwdConfig(mode, cfg if kernel == "dkdv" else fixed["dkdv"],
+                config = bwd_configs.BwdConfig(mode, cfg if kernel == "dkdv" else fixed["dkdv"],
                                      None if mode == "atomic" else cfg if kernel == "dq" else fixed["dq"])
                 try:
-                    ms = bench_ms(lambda: B.attention_backward(q, k, v, out, lse, dout, mask_mod=mask, config=config))
+                    ms = bench_ms(lambda: bwd_backward.attention_backward(q, k, v, out, lse, dout, mask_mod=mask,
+                                                                          config=config))
                 except Exception as exc:  # noqa: BLE001 - out of shared memory / registers: go on
                     log(f"sweep-bwd D{head_dim} {kernel} {mode} {cfg.label()}: {type(exc).__name__}: {str(exc)[:120]}")
                     continue
@@ -250,9 +257,9 @@ def bench_row(flex, mode: str, mask_name: str, head_dim: int, seq: int, device) 
 
     row = {"mask": mask_name, "head_dim": head_dim, "seq_len": seq, "allowed_fraction": frac, "mode": mode}
     timed("ours", lambda: K.attention(q, k, v, mask_mod=mask))
-    row["ours_config"] = A.tuned_configs()[A._tuning_key(q, k, v, mask, None, None)].label()
+    row["ours_config"] = fwd_tuner.tuned_configs()[fwd_tuner.tuning_key(q, k, v, mask, None, None)].label()
     if mode == "fwd_bwd":
-        row["ours_bwd_config"] = B.tuned_config(q, k, mask_mod=mask, dq_mode="auto").label()
+        row["ours_bwd_config"] = bwd_tuner.tuned_config(q, k, mask_mod=mask, dq_mode="auto").label()
     flex_block_mask = create_block_mask(flex_mask_mod, None, None, seq, seq, device=device)
     timed("flex", lambda: flex(q, k, v, block_mask=flex_block_mask))
     if mask_name == "causal":

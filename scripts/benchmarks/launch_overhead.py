@@ -31,7 +31,9 @@ from torch.nn.attention.flex_attention import create_block_mask
 from triton import knobs
 
 import tritonpatch.kernels as K
-from tritonpatch.kernels import _launch, attention_fwd
+from tritonpatch.kernels._runtime import launch as runtime_launch
+from tritonpatch.kernels.fwd import launch as fwd_launch
+from tritonpatch.kernels.fwd import tuner as fwd_tuner
 
 from _common import (BATCH, HEADS, bench_ms, compiled_flex_attention, environment_line, make_mask, random_qkv,
                      read_json, run_environment, tune_in_this_run, write_json, write_lines)
@@ -74,18 +76,18 @@ def profile_text(fn, calls: int, top: int = 35) -> str:
 def capture_forward_launch(call):
     """(kernel, grid, args, kwargs) of the forward kernel launch made by ``call()`` (not replayed)."""
     captured = []
-    original = _launch.launch
+    original = runtime_launch.launch
 
     def recording(kernel, grid, args, kwargs, warmup=False):
         captured.append((kernel, grid, args, kwargs))
         return original(kernel, grid, args, kwargs, warmup)
 
-    _launch.launch = recording
+    runtime_launch.launch = recording
     try:
         with fast_launch(False):
             call()
     finally:
-        _launch.launch = original
+        runtime_launch.launch = original
     return captured[-1]
 
 
@@ -144,11 +146,11 @@ def measure_case(mask_name: str, head_dim: int, seq: int, batch: int, heads: int
 
     ours_fwd_bwd()   # tunes forward and backward
     kernel, grid, args, kwargs = capture_forward_launch(ours_fwd)
-    config = attention_fwd.tuned_configs()
+    config = fwd_tuner.tuned_configs()
     config = next(c for key, c in config.items() if key[0] == tuple(q.shape))
 
     def ours_launcher():
-        attention_fwd._launch(*launcher_inputs)
+        fwd_launch.launch(*launcher_inputs)
 
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device="cuda")

@@ -16,14 +16,16 @@ import sys
 import torch
 
 import tritonpatch
-from tritonpatch.kernels import attention_fwd as A
+from tritonpatch.kernels.fwd import configs as fwd_configs
+from tritonpatch.kernels.fwd import forward as fwd_forward
 
 from _common import (BATCH, HEADS, bench_ms, environment_line, log, make_mask, pyplot, random_qkv, run_environment,
                      save_figure, write_json, write_lines)
 
 CASES = [("causal", 64, 8192), ("causal", 128, 8192), ("prefix_lm", 128, 8192)]
 NO_LSR = tritonpatch.Pipeline(disable_lsr=True)
-WINNERS = {64: A.FwdConfig(128, 128, 4, 3, use_tma=True), 128: A.FwdConfig(128, 128, 8, 2, use_tma=True)}
+WINNERS = {64: fwd_configs.FwdConfig(128, 128, 4, 3, use_tma=True),
+           128: fwd_configs.FwdConfig(128, 128, 8, 2, use_tma=True)}
 
 
 def run_case(mask_name: str, head_dim: int, seq: int) -> dict:
@@ -35,7 +37,7 @@ def run_case(mask_name: str, head_dim: int, seq: int) -> dict:
     timings, outputs = {}, {}
     for label, variant in (("plain", config),
                            ("disable-lsr", dataclasses.replace(config, pipeline=NO_LSR, pipeline_label="disable-lsr"))):
-        run = lambda: A.attention_forward(q, k, v, mask_mod=mask, config=variant)  # noqa: E731
+        run = lambda: fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=variant)  # noqa: E731
         outputs[label] = run()[0].clone()
         timings[label] = bench_ms(run)
     equal = torch.equal(outputs["plain"].view(torch.int16), outputs["disable-lsr"].view(torch.int16))

@@ -2,8 +2,11 @@
 
 The report (shared/seeds/002) timed one backward kernel with dQ accumulated by ``tl.atomic_add``,
 by no write at all (upper bound, wrong dQ), by inline-PTX ``red``, and by a plain store (racy,
-wrong dQ). Here the same variants of our dK/dV kernel (``attention_bwd(dq_write=...)``), plus our
-deterministic ``dq_mode="separate"`` (a dQ kernel), on the report's shapes: B=4, H=8, D=64, causal,
+wrong dQ). Here the same variants of our dK/dV kernel: the product's dQ adds
+(``tritonpatch.kernels.bwd.dq_adds``: atomic, red, TMA), this study's two wrong-result bounds (a dQ
+computed and never written, racy plain stores: :data:`DISCARD`, :data:`STORE`, defined here) and the
+kernel without any dQ work, plus our deterministic ``dq_mode="separate"`` (a dQ kernel), on the
+report's shapes: B=4, H=8, D=64, causal,
 fp16, N_CTX 2048..32768. TFLOP/s use the report's (Triton tutorial's) convention:
 bwd = 2.5 × fwd, fwd = 4·B·H·N²·D × 0.5 for causal. Target: atomic within 5% of no-write at N ≥ 8192.
 
@@ -22,24 +25,57 @@ import os
 import sys
 import time
 
+import dataclasses
+
 import torch
+import triton
+import triton.language as tl
 
 import tritonpatch.kernels as K
-from tritonpatch.kernels import attention_bwd as B
-from tritonpatch.kernels import attention_fwd as A
+from tritonpatch.kernels._call import BlockMasks
+from tritonpatch.kernels._runtime.launch import replay_key
+from tritonpatch.kernels.bwd import backward as bwd_backward
+from tritonpatch.kernels.bwd import configs as bwd_configs
+from tritonpatch.kernels.bwd import dq_adds
+from tritonpatch.kernels.bwd import launch as bwd_launch
+from tritonpatch.kernels.bwd import tuner as bwd_tuner
+from tritonpatch.kernels.fwd import configs as fwd_configs
+from tritonpatch.kernels.fwd import forward as fwd_forward
 
 from scripts.benchmarks._common import bench_ms, log, pyplot, run_environment, save_figure
 
 BATCH, HEADS, HEAD_DIM = 4, 8, 64
 SEQ_LENS = (2048, 4096, 8192, 16384, 32768)
-VARIANTS = {   # label -> (dq_mode, dq_write, gives a correct dQ)
-    "atomic_add": ("atomic", "atomic", True),
-    "no write, dQ computed (wrong dQ)": ("atomic", "discard", False),
-    "no dQ at all (report's 'none', wrong dQ)": ("atomic", "none", False),
-    "inline-PTX red.global.add.f32": ("atomic", "red", True),
-    "TMA bulk reduce-add (descriptor atomic_add)": ("atomic", "tma", True),
-    "plain store (racy, wrong dQ)": ("atomic", "store", False),
-    "separate dQ kernel (deterministic)": ("separate", "atomic", True),
+
+
+@triton.jit
+def _discard_dq(dq_acc, dq, b, h, start_m, q_rows, q_len, stride_b, stride_h, stride_m, MASKED: tl.constexpr,
+                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """dQ computed, never written: the cost of the write alone (a wrong dQ)."""
+    if q_len < 0:   # never true: keeps the dQ matmul alive
+        tl.store(dq_acc + b * stride_b + h * stride_h + q_rows[:, None] * stride_m + tl.arange(0, HEAD_DIM)[None, :],
+                 dq)
+
+
+@triton.jit
+def _store_dq(dq_acc, dq, b, h, start_m, q_rows, q_len, stride_b, stride_h, stride_m, MASKED: tl.constexpr,
+              BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Plain stores: the kv blocks adding into one q tile overwrite each other (a wrong dQ)."""
+    tl.store(dq_acc + b * stride_b + h * stride_h + q_rows[:, None] * stride_m + tl.arange(0, HEAD_DIM)[None, :],
+             dq, mask=(q_rows < q_len)[:, None])
+
+
+DISCARD = dq_adds.DqAdd("discard", _discard_dq)
+STORE = dq_adds.DqAdd("store", _store_dq)
+NO_DQ_WORK = None   # the atomic mode's dK/dV kernel without the dQ matmul and add
+VARIANTS = {   # label -> (dq_mode, dq_add, gives a correct dQ)
+    "atomic_add": ("atomic", dq_adds.ATOMIC_ADD, True),
+    "no write, dQ computed (wrong dQ)": ("atomic", DISCARD, False),
+    "no dQ at all (report's 'none', wrong dQ)": ("atomic", NO_DQ_WORK, False),
+    "inline-PTX red.global.add.f32": ("atomic", dq_adds.RED_ADD, True),
+    "TMA bulk reduce-add (descriptor atomic_add)": ("atomic", dq_adds.TMA_ADD, True),
+    "plain store (racy, wrong dQ)": ("atomic", STORE, False),
+    "separate dQ kernel (deterministic)": ("separate", dq_adds.ATOMIC_ADD, True),
 }
 NO_WRITE = "no write, dQ computed (wrong dQ)"
 TMA = "TMA bulk reduce-add (descriptor atomic_add)"
@@ -71,20 +107,34 @@ def inputs(seq, device, dtype, batch=BATCH, heads=HEADS, head_dim=HEAD_DIM):
 
 
 def forward(q, k, v, mask):
-    return A.attention_forward(q, k, v, mask_mod=mask, config=A.candidate_configs(q.shape[-1], q.device)[0])
+    config = fwd_configs.candidate_configs(q.shape[-1], q.device)[0]
+    return fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=config)
 
 
-def tuned(q, k, v, out, lse, dout, mask, dq_mode) -> B.BwdConfig:
+def no_dq_backward(q, k, v, out, lse, dout, mask, config: bwd_configs.BwdConfig):
+    """A call running the atomic mode's kernels as ``attention_backward`` does (delta and the zeroed
+    accumulator, then dK/dV; launches replayed after the first), without any dQ work."""
+    buffers = bwd_launch.Buffers(q, k, v, out, dout, lse, None, mask, None, q.shape[-1] ** -0.5,
+                                 BlockMasks(None, mask, q, k), plan_key=replay_key((q, k, v, out, lse, dout), "no dQ"))
+
+    def call():
+        dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        bwd_launch.launch_preprocess(out, dout, buffers.delta, None, dq_acc, buffers.plan_key)
+        buffers.dkdv(config.dkdv, dq_acc, None)
+    return call
+
+
+def tuned(q, k, v, out, lse, dout, mask, dq_mode) -> bwd_configs.BwdConfig:
     """The backward tuner's pick for this shape and mode (tunes on first use)."""
-    B.attention_backward(q, k, v, out, lse, dout, mask_mod=mask, dq_mode=dq_mode)
-    return B.tuned_config(q, k, mask_mod=mask, dq_mode=dq_mode)
+    bwd_backward.attention_backward(q, k, v, out, lse, dout, mask_mod=mask, dq_mode=dq_mode)
+    return bwd_tuner.tuned_config(q, k, mask_mod=mask, dq_mode=dq_mode)
 
 
 def atomic_table(seq_lens, device, dtype, timer, deadline) -> list:
     rows = []
     mask = K.causal()
     # the interpreter runs neither inline PTX nor TMA: the smoke run times those variants as atomic_add
-    hardware_only = ("red", "tma") if device.type == "cpu" else ()
+    hardware_only = (dq_adds.RED_ADD, dq_adds.TMA_ADD) if device.type == "cpu" else ()
     for seq in seq_lens:
         if time.time() > deadline:
             log(f"N_CTX {seq}: skipped (time budget)")
@@ -94,10 +144,14 @@ def atomic_table(seq_lens, device, dtype, timer, deadline) -> list:
         out, lse = forward(q, k, v, mask)
         configs = {mode: tuned(q, k, v, out, lse, dout, mask, mode) for mode in ("atomic", "separate")}
         row = {"n_ctx": seq, "configs": [c.label() for c in configs.values()], "ms": {}, "tflops": {}}
-        for label, (dq_mode, dq_write, _) in VARIANTS.items():
-            dq_write = "atomic" if dq_write in hardware_only else dq_write
-            call = lambda: B.attention_backward(q, k, v, out, lse, dout, mask_mod=mask, dq_mode=dq_mode,
-                                                config=configs[dq_mode], dq_write=dq_write)
+        for label, (dq_mode, dq_add, _) in VARIANTS.items():
+            dq_add = dq_adds.ATOMIC_ADD if dq_add in hardware_only else dq_add
+            if dq_add is NO_DQ_WORK:
+                call = no_dq_backward(q, k, v, out, lse, dout, mask, configs["atomic"])
+            else:
+                config = dataclasses.replace(configs[dq_mode], dq_add=dq_add)
+                call = lambda: bwd_backward.attention_backward(q, k, v, out, lse, dout, mask_mod=mask,
+                                                               dq_mode=dq_mode, config=config)
             row["ms"][label] = timer(call)
             row["tflops"][label] = causal_bwd_flops(seq) / row["ms"][label] / 1e9
         row["atomic_vs_no_write"] = row["tflops"]["atomic_add"] / row["tflops"][NO_WRITE]

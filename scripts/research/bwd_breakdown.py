@@ -16,8 +16,10 @@ import argparse
 import torch
 
 import tritonpatch.kernels as K
-from tritonpatch.kernels import attention_bwd as B
-from tritonpatch.kernels import attention_fwd as A
+from tritonpatch.kernels.bwd import backward as bwd_backward
+from tritonpatch.kernels.bwd import launch as bwd_launch
+from tritonpatch.kernels.bwd import tuner as bwd_tuner
+from tritonpatch.kernels.fwd import forward as fwd_forward
 
 from scripts.benchmarks._common import (BATCH, HEADS, allowed_fraction, bench_ms, compiled_flex_attention, make_mask,
                                         random_qkv)
@@ -40,9 +42,9 @@ def main() -> None:
     q, k, v = random_qkv(BATCH, HEADS, seq, args.head_dim, device)
     dout = torch.randn_like(q)
     flops = 2.5 * 4 * BATCH * HEADS * seq * seq * args.head_dim * allowed_fraction(mask, seq, seq, device)
-    out, lse = A.attention_forward(q, k, v, mask_mod=mask)
-    B.attention_backward(q, k, v, out, lse, dout, mask_mod=mask, dq_mode="separate")   # tunes
-    config = B.tuned_config(q, k, mask_mod=mask, dq_mode="separate")
+    out, lse = fwd_forward.attention_forward(q, k, v, mask_mod=mask)
+    bwd_backward.attention_backward(q, k, v, out, lse, dout, mask_mod=mask, dq_mode="separate")   # tunes
+    config = bwd_tuner.tuned_config(q, k, mask_mod=mask, dq_mode="separate")
     print(f"{args.mask} B={BATCH} H={HEADS} S={seq} D={args.head_dim}: ours {config.label()}")
 
     def report(name, ms, whole=True):
@@ -50,15 +52,15 @@ def main() -> None:
         share = f"{flops / ms / 1e9:6.1f} backward TFLOP/s" if whole else f"{ms / ours_ms:6.1%} of ours"
         print(f"  {name:34s} {ms:8.3f} ms  {share}", flush=True)
 
-    ours_ms = bench_ms(lambda: B.attention_backward(q, k, v, out, lse, dout, mask_mod=mask, config=config))
+    ours_ms = bench_ms(lambda: bwd_backward.attention_backward(q, k, v, out, lse, dout, mask_mod=mask, config=config))
     report("ours: whole backward", ours_ms)
-    buffers = B._Buffers(q, k, v, out, dout, lse, None, mask, None, q.shape[-1] ** -0.5,
+    buffers = bwd_launch.Buffers(q, k, v, out, dout, lse, None, mask, None, q.shape[-1] ** -0.5,
                          lambda c: K.build_block_mask(mask, BATCH, HEADS, seq, seq, block_m=c.block_m,
                                                       block_n=c.block_n, device=device))
     dq = torch.empty_like(q)
     buffers.dq(config.dq, dq)
     report("ours: dQ kernel (+ delta)", bench_ms(lambda: buffers.dq(config.dq, dq)), whole=False)
-    report("ours: dK/dV kernel", bench_ms(lambda: buffers.dkdv(config.dkdv, None, B.DQ_NONE)), whole=False)
+    report("ours: dK/dV kernel", bench_ms(lambda: buffers.dkdv(config.dkdv, None, None)), whole=False)
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask

@@ -22,7 +22,7 @@ import triton.language as tl
 from triton.testing import do_bench
 
 import tritonpatch.kernels as K
-from tritonpatch.kernels._triton_compat import device_allocator
+from tritonpatch.kernels._runtime.triton_compat import device_allocator
 
 
 @triton.jit

@@ -20,7 +20,12 @@ import triton
 import triton.language as tl
 
 import tritonpatch.kernels as K
-from tritonpatch.kernels import attention_bwd, attention_fwd, seed
+from tritonpatch.kernels import seed
+from tritonpatch.kernels.bwd import configs as bwd_configs
+from tritonpatch.kernels.bwd import launch as bwd_launch
+from tritonpatch.kernels.fwd import configs as fwd_configs
+from tritonpatch.kernels.fwd import kernels as fwd_kernels
+from tritonpatch.kernels.fwd import launch as fwd_launch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "examples"))
@@ -193,15 +198,15 @@ def tutorial_causal_attention(Q, K, V, Out, sm_scale, N_CTX, BLOCK_M: tl.constex
 
 # --- the packaged kernels ------------------------------------------------------------------------------
 def forward_entry(name: str, what: str, mask) -> CorpusKernel:
-    config = attention_fwd.FwdConfig(64, 64, 4, 2)
-    return entry(name, what, attention_fwd._attn_fwd_kernel,
-                 attention_fwd.kernel_signature(torch.bfloat16, 64, config, mask, None),
-                 attention_fwd.kernel_constexprs(64, config, mask, None), **config.compile_options())
+    config = fwd_configs.FwdConfig(64, 64, 4, 2)
+    return entry(name, what, fwd_kernels._attn_fwd_kernel,
+                 fwd_launch.kernel_signature(torch.bfloat16, 64, config, mask, None),
+                 fwd_launch.kernel_constexprs(64, config, mask, None), **config.compile_options())
 
 
 def backward_entry(name: str, what: str, kernel: str, mask) -> CorpusKernel:
-    config = attention_bwd.KernelConfig(64, 64, 4, 2)
-    fn, signature, constexprs, attrs = attention_bwd.compile_spec(kernel, torch.bfloat16, 64, config, mask)
+    config = bwd_configs.KernelConfig(64, 64, 4, 2)
+    fn, signature, constexprs, attrs = bwd_launch.compile_spec(kernel, torch.bfloat16, 64, config, mask)
     return CorpusKernel(name, what, fn, signature, constexprs, attrs, config.num_warps, config.num_stages)
 
 

@@ -3,9 +3,9 @@
 ``triton.jit`` decides at decoration time (from ``TRITON_INTERPRET``) whether functions are compiled
 or interpreted, the Triton standard library included, so the interpreter is a per-process choice.
 
-Under the interpreter, :func:`._triton_compat.fix_interpreter_index` is applied at import (Triton
+Under the interpreter, :func:`.triton_compat.fix_interpreter_index` is applied at import (Triton
 3.6's interpreter and numpy >= 2.4). Every use of Triton's private runtime lives in
-:mod:`._triton_compat`.
+:mod:`.triton_compat`.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from collections import OrderedDict
 import torch
 import triton
 
-from ._triton_compat import async_compile_active, async_compile_mode, fix_interpreter_index
+from .triton_compat import async_compile_active, async_compile_mode, fix_interpreter_index
 
 
 def interpreting() -> bool:

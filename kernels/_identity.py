@@ -1,0 +1,69 @@
+"""Identities of the modifiers' runtime arguments in cache keys (block masks, launch replay, resolved calls).
+
+A cache keyed by a tensor must not be fooled by a reused address: :class:`TensorIdentity` matches only
+the same live tensor object, unchanged since the key was made."""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+
+def launch_key(modifier) -> tuple | None:
+    """What the kernels receive from a MaskMod/ScoreMod (None for none): its device function (kept
+    alive by the key, so its id cannot be reused) and its runtime arguments' identities."""
+    if modifier is None:
+        return None
+    return (modifier.device_fn, tuple(argument_key(a) for a in modifier.args))
+
+
+def argument_key(arg):
+    """Hashable identity of a runtime argument for cache keys: a tensor by :class:`TensorIdentity`,
+    a float by its exact value and sign (``repr``), anything else by type and value (``1``, ``1.0``
+    and ``True`` specialize kernels differently)."""
+    if isinstance(arg, torch.Tensor):
+        return TensorIdentity(arg)
+    return ("scalar", type(arg), repr(arg) if isinstance(arg, float) else arg)
+
+
+class TensorIdentity:
+    """A tensor in a cache key: equal only to the key of the *same live tensor object*, unchanged.
+
+    An address is not an identity: a tensor freed after its key was made leaves its address to the
+    next allocation of that size (a packed-sequence loop makes a new ``doc_ids`` of one shape every
+    step), and live tensors share addresses too (views, ``torch.from_numpy`` of one buffer). So the
+    key holds a weak reference and compares objects with ``is`` (a key whose tensor died equals
+    nothing: its entry only misses until the LRU drops it), plus the tensor's version counter,
+    which torch bumps on every in-place write (``add_``, ``copy_``, index assignment), and its
+    address, shape, strides, dtype and device (in-place ``set_``/``resize_``/``as_strided_``).
+    Writes that bypass the version counter (through ``.numpy()``, DLPack, or another kernel's raw
+    pointer) are not seen: make a new modifier after such a write. The key keeps nothing alive.
+    O(1) host work, no device synchronization.
+
+    An inference tensor (made under ``torch.inference_mode()``) has no version counter, and inside
+    inference mode it can still be written in place, so no key can tell its contents unchanged: its
+    key takes a fresh object for the version and equals no other key (every call with it is a cache
+    miss: the block mask is rebuilt and the launch is not replayed)."""
+
+    __slots__ = ("_ref", "_state", "_hash")
+
+    def __init__(self, tensor: torch.Tensor):
+        self._ref = weakref.ref(tensor)
+        version = object() if tensor.is_inference() else tensor._version
+        self._state = (version, tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
+        self._hash = hash((id(tensor), self._state[0], self._state[1]))   # the rest is compared on lookup
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, TensorIdentity):
+            return NotImplemented
+        tensor = self._ref()
+        return tensor is not None and tensor is other._ref() and self._state == other._state
+
+    def __repr__(self) -> str:
+        tensor = self._ref()
+        state = ("dead" if tensor is None else f"version {self._state[0]}" if isinstance(self._state[0], int)
+                 else "inference tensor, never equal")
+        return f"TensorIdentity({tuple(self._state[2])}, {self._state[4]}, {self._state[5]}, {state})"

@@ -1,0 +1,71 @@
+"""The checks and descriptions of attention inputs that forward and backward share: supported
+shapes and dtypes, block-mask fit, and the Triton type of a kernel argument (compile-only
+signatures)."""
+from __future__ import annotations
+
+import torch
+
+from .block_mask import BlockMask
+
+LOG2E = 1.4426950408889634
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+ELEMENT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}   # tensor dtype -> Triton's name
+
+
+def validate_inputs(q, k, v, enable_gqa: bool) -> None:
+    """Raise a clear error for shapes and dtypes the kernels do not support (devices: ``check_device``)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"attention: {name} must be [B, H, S, D], got shape {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    allowed = (torch.float16, torch.bfloat16) + ((torch.float32,) if q.device.type == "cpu" else ())
+    if q.dtype not in allowed:
+        raise TypeError(f"attention: dtype {q.dtype} is not supported on {q.device.type}; use float16 or "
+                        "bfloat16 (float32 only in the interpreter), or tritonpatch.kernels.reference")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"attention: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    batch, heads, _, head_dim = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"attention: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(f"attention: k/v shape {tuple(k.shape)} does not match q {tuple(q.shape)} in B or D")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"attention: head dim {head_dim} is not supported; use one of {SUPPORTED_HEAD_DIMS}")
+    kv_heads = k.shape[1]
+    if kv_heads != heads and not (enable_gqa and heads % kv_heads == 0):
+        hint = "pass enable_gqa=True" if heads % kv_heads == 0 else "H must be a multiple of Hkv"
+        raise ValueError(f"attention: q has {heads} heads, k/v {kv_heads}: {hint}")
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        raise ValueError("attention: sequence lengths must be positive")
+
+
+def check_block_mask(block_mask: BlockMask, batch: int, heads: int, q_len: int, kv_len: int, what: str) -> None:
+    """A ValueError when ``block_mask`` was built for another problem than ``[batch, heads, q_len, kv_len]``."""
+    bm, hm = block_mask.kv_indices.shape[:2]
+    if (block_mask.q_len, block_mask.kv_len) != (q_len, kv_len):
+        raise ValueError(f"{what}: block_mask was built for (Sq, Skv) = ({block_mask.q_len}, {block_mask.kv_len}), "
+                         f"inputs have ({q_len}, {kv_len})")
+    if bm not in (1, batch) or hm not in (1, heads):
+        raise ValueError(f"{what}: block_mask has batch/head dims ({bm}, {hm}); expected 1 or ({batch}, {heads})")
+
+
+def contiguous_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its last dim is contiguous (all the kernels need), else a contiguous copy."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def arg_type(arg) -> str:
+    """Triton's signature type of a modifier's runtime argument, as a launch would specialize it."""
+    if isinstance(arg, torch.Tensor):
+        return "*" + {torch.int32: "i32", torch.int64: "i64", **ELEMENT}[arg.dtype]
+    if isinstance(arg, bool):
+        return "i1"
+    return "i32" if isinstance(arg, int) else "fp32"
+
+
+def arg_types(args: tuple) -> tuple:
+    """:func:`arg_type` of each of a modifier's ``args``."""
+    return tuple(arg_type(a) for a in args)

@@ -1,0 +1,101 @@
+"""What mask and score modifiers share: the registry that names live modifiers for the custom ops,
+the generated ``@triton.jit`` wrappers that hand each leaf its slice of the flat ``args`` tuple, and
+the checks of a modifier's tensor arguments.
+
+A wrapper is generated once per structure (the leaves' functions and argument counts), so
+``sliding_window(256)`` and ``sliding_window(1024)`` share one compiled kernel."""
+from __future__ import annotations
+
+import itertools
+import linecache
+import weakref
+from typing import Callable, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+
+# Every live modifier under a string key: the custom op (torch.compile) names modifiers by key.
+_live_modifiers: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
+_key_counter = itertools.count()
+
+
+def register(modifier) -> None:
+    key = f"{type(modifier).__name__}-{next(_key_counter)}"
+    object.__setattr__(modifier, "op_key", key)
+    _live_modifiers[key] = modifier
+
+
+def lookup_modifier(key: str):
+    """The live MaskMod/ScoreMod registered under ``key`` (its ``op_key``); None for ``""``."""
+    if not key:
+        return None
+    try:
+        return _live_modifiers[key]
+    except KeyError:
+        raise LookupError(f"modifier {key} no longer exists; keep mask/score objects alive while graphs that "
+                          "use them run") from None
+
+
+def has_custom_leaf(structure) -> bool:
+    if not isinstance(structure, tuple):
+        return False
+    if structure[:2] == ("mask-leaf", "custom"):
+        return True
+    return any(has_custom_leaf(part) for part in structure)
+
+
+_GENERATED: dict = {}
+
+
+def generate(structure: tuple, leaves: list, body: str, params: str):
+    """Create (once per ``structure``) a ``@triton.jit`` function from ``body``.
+
+    The source is registered in ``linecache`` so Triton (and its interpreter) can read it."""
+    if structure in _GENERATED:
+        return _GENERATED[structure]
+    name = f"_tp_mod_{len(_GENERATED)}"
+    src = f"def {name}({params}):\n    return {body}\n"
+    filename = f"<tritonpatch-generated-{name}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    namespace = {"tl": tl, "triton": triton, "__name__": __name__}
+    namespace.update({f"_leaf{i}": fn for i, fn in enumerate(leaves)})
+    exec(compile(src, filename, "exec"), namespace)
+    jitted = triton.jit(namespace[name])
+    _GENERATED[structure] = jitted
+    return jitted
+
+
+def call_expr(leaf_index: int, fixed: str, first_arg: int, nargs: int) -> str:
+    arg_list = "".join(f", args[{first_arg + i}]" for i in range(nargs))
+    return f"_leaf{leaf_index}({fixed}{arg_list})"
+
+
+def argument_check(label: str, args: tuple, specific: Optional[Callable] = None) -> Callable:
+    """A leaf modifier's ``check``: every tensor argument on the attention's device (the kernels
+    read it there), then ``specific(batch, heads, q_len, kv_len)`` for what the leaf's rule needs."""
+    def check(batch, heads, q_len, kv_len, device):
+        expected = normalized_device(device)
+        for arg in args:
+            if isinstance(arg, torch.Tensor) and normalized_device(arg.device) != expected:
+                raise ValueError(f"{label}: a tensor argument is on {arg.device}, the attention runs on {expected}; "
+                                 f"create it on {expected} (e.g. tensor.to(q.device)) before making the modifier")
+        if specific is not None:
+            specific(batch, heads, q_len, kv_len)
+    return check
+
+
+def normalized_device(device) -> torch.device:
+    """``device`` as a torch.device with its index (``"cuda"`` is the current CUDA device)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def described(value) -> str:
+    """``value`` for an error message: a tensor by dtype and shape, anything else by type."""
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"

@@ -1,0 +1,122 @@
+"""The backward's tuning space: :class:`KernelConfig` per kernel, :class:`BwdConfig` for a whole
+backward, the Hopper candidates, and the dq mode (with torch's determinism switch)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .._runtime.launch import pipeline_variants
+from ..block_mask import BlockMask
+from .dq_adds import ATOMIC_ADD, DqAdd
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes and launch options of one backward kernel (block_m: q rows, block_n: keys)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    use_tma: bool = False   # the looped-over tiles (dK/dV: Q, dO; dQ: K, V) through TMA descriptors (Hopper+)
+    pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
+    pipeline_label: str = ""
+
+    def label(self) -> str:
+        tma = "-tma" if self.use_tma else ""
+        pipe = f"+{self.pipeline_label}" if self.pipeline is not None else ""
+        return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{tma}{pipe}"
+
+
+# Hopper candidates. dK/dV: a wide kv tile (the accumulators) walked by narrow q steps; dQ: the
+# mirror image. Timed on the first call per shape (plus disable-lsr on the first); kept small because
+# every candidate compiles. Order and members from the H200 sweeps of scripts/benchmarks/attention.py
+# (--mode fwd_bwd --sweep; docs/history.md#attention-backward). All compile for sm_90 without register
+# spills (ptxas -v) except at D=128 the dK/dV BM64-BN128 tile (FlexAttention's; 16-136 bytes) and the
+# dQ BM128-BN128 tile (28 bytes), the fastest of the sweep all the same (by 15% and 3%).
+DKDV_CONFIGS = {
+    64: [KernelConfig(64, 64, 4, 2, use_tma=True), KernelConfig(64, 64, 4, 2), KernelConfig(32, 64, 4, 3)],
+    128: [KernelConfig(64, 128, 8, 3), KernelConfig(64, 128, 8, 2), KernelConfig(32, 128, 8, 2)],
+}
+
+
+DQ_CONFIGS = {
+    64: [KernelConfig(64, 64, 4, 3, use_tma=True), KernelConfig(64, 64, 4, 2), KernelConfig(128, 64, 8, 2)],
+    128: [KernelConfig(128, 128, 8, 2, use_tma=True), KernelConfig(128, 64, 8, 3, use_tma=True),
+          KernelConfig(128, 64, 8, 2, use_tma=True)],
+}
+
+
+INTERPRETER_DKDV = KernelConfig(16, 32, 4, 1)
+
+
+INTERPRETER_DQ = KernelConfig(32, 16, 4, 1)
+
+
+PREPROCESS_BLOCK_M = 64
+
+
+def candidate_configs(kernel: str, head_dim: int, device: torch.device) -> list:
+    """Configs the tuner tries for ``kernel`` ("dkdv" or "dq")."""
+    if device.type == "cpu":
+        return [INTERPRETER_DKDV if kernel == "dkdv" else INTERPRETER_DQ]
+    table = DKDV_CONFIGS if kernel == "dkdv" else DQ_CONFIGS
+    configs = list(table.get(head_dim) or [KernelConfig(32, 64, 4, 2)])
+    if torch.cuda.get_device_capability(device)[0] < 9:   # TMA descriptors need Hopper or newer
+        configs = [c for c in configs if not c.use_tma] or [KernelConfig(32, 64, 4, 2)]
+    return configs + pipeline_variants(configs[:1])
+
+
+def fitting(configs: list, block_mask: BlockMask | None) -> list:
+    """Configs whose tiles subdivide the given block mask's tiles (all of them without one)."""
+    if block_mask is None:
+        return configs
+    fit = [c for c in configs if block_mask.block_m % c.block_m == 0 and block_mask.block_n % c.block_n == 0]
+    if fit:
+        return fit
+    base = configs[0]
+    return [KernelConfig(math.gcd(block_mask.block_m, base.block_m), math.gcd(block_mask.block_n, base.block_n),
+                         base.num_warps, base.num_stages)]
+
+
+DQ_MODES = ("auto", "atomic", "separate")
+
+
+def choose_dq_mode(dq_mode: str) -> str:
+    """Validate ``dq_mode`` and apply torch's determinism switch: with
+    ``torch.use_deterministic_algorithms(True)`` ``"auto"`` becomes ``"separate"`` and an explicit
+    ``"atomic"`` is an error. ``"auto"`` otherwise stays ``"auto"``: the tuner times both modes on
+    the first call per shape and keeps the faster (on H200, D=64 causal, they were within 2% of
+    each other from N=4096 up: docs/benchmarks/attention_bwd.md)."""
+    if dq_mode not in DQ_MODES:
+        raise ValueError(f"attention backward: dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
+    if torch.are_deterministic_algorithms_enabled():
+        if dq_mode == "atomic":
+            raise RuntimeError("attention backward: dq_mode='atomic' accumulates dQ with floating-point atomics "
+                               "and is not deterministic, but torch.use_deterministic_algorithms(True) is on; use "
+                               "dq_mode='separate' or 'auto'")
+        return "separate"
+    return dq_mode
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """The backward's resolved choices: dq mode and the two kernels' configs (dq: separate mode only);
+    ``dq_add``: how the atomic mode's dK/dV kernel adds dQ (:mod:`.dq_adds`; the tuner keeps the default)."""
+
+    dq_mode: str
+    dkdv: KernelConfig
+    dq: KernelConfig | None = None
+    dq_add: DqAdd = ATOMIC_ADD
+
+    def __post_init__(self):
+        if not isinstance(self.dq_add, DqAdd):
+            raise TypeError(f"BwdConfig: dq_add must be a DqAdd (tritonpatch.kernels.bwd.dq_adds), got "
+                            f"{type(self.dq_add).__name__}")
+
+    def label(self) -> str:
+        dq = f" dq[{self.dq.label()}]" if self.dq is not None else ""
+        add = f" dq_add[{self.dq_add.name}]" if self.dq_mode == "atomic" and self.dq_add != ATOMIC_ADD else ""
+        return f"{self.dq_mode}: dkdv[{self.dkdv.label()}]{dq}{add}"

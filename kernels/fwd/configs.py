@@ -1,0 +1,115 @@
+"""The forward's tuning space: :class:`FwdConfig`, the Hopper candidates, and when the
+warp-specialized kernel applies."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .._runtime.launch import pipeline_variants
+from .._runtime.tma import tma_compatible
+from ..masks import MaskMod
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    """One point of the tuning space."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    use_tma: bool = False     # Q/K/V/Out through TMA tensor descriptors (Hopper+; needs 16-byte strides)
+    warp_specialize: bool = False   # one loop, TMA producer + 2 consumer warpgroups (see warp_specialize_problem)
+    split: bool = False       # warp-specialized pass over the full tiles only (no mask), then SPLIT_PARTIAL_CONFIG
+    #                           over the partial tiles, resuming from the first pass's output: any mask
+    max_registers: int | None = None   # ptxas register cap per thread (Triton's maxnreg), so more programs fit an SM
+    pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
+    pipeline_label: str = ""
+
+    def __post_init__(self):
+        if self.warp_specialize and not (self.use_tma and self.num_warps == 4):
+            raise ValueError("FwdConfig: warp_specialize needs use_tma=True and num_warps=4 (Triton adds the "
+                             "producer and the second consumer warpgroup)")
+        if self.split and not self.warp_specialize:
+            raise ValueError("FwdConfig: split runs the full tiles warp-specialized; it needs warp_specialize=True")
+
+    def label(self) -> str:
+        tma = ("-tma" if self.use_tma else "") + ("-ws" if self.warp_specialize else "") + \
+            ("-split" if self.split else "") + (f"-r{self.max_registers}" if self.max_registers else "")
+        pipe = f"+{self.pipeline_label}" if self.pipeline is not None else ""
+        return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{tma}{pipe}"
+
+    def compile_options(self) -> dict:
+        """Triton compile options of this config (launch keywords, or ``compile_for_target`` options)."""
+        options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.max_registers:
+            options["maxnreg"] = self.max_registers
+        return options
+
+
+# Candidates for Hopper (H100/H200), chosen from ptxas reports for sm_90a (registers, spills, shared memory
+# within 227 KB; tests/test_kernels_compile.py holds each to its spill budget) and the H200 sweeps
+# (scripts/benchmarks/attention.py --sweep, docs/history.md#attention-forward); the tuner times them on the
+# first call per shape. The 64-row one-warpgroup tiles waste less of the partial tiles and, with 2 stages,
+# fit 2-4 programs per SM (by registers and shared memory), whose softmax and matmuls can overlap: they won
+# at D=64 and on the sparser masks at D=128 (sliding window, document). At D=64 a register cap fits one more
+# program per SM: BM64-BN64 at 96 registers (5 programs) is 1.03-1.09x on every mask, BM64-BN128 at 168 (3)
+# 1.24-1.27x on prefix-LM.
+HOPPER_CONFIGS = {
+    64: [FwdConfig(128, 128, 4, 3, True), FwdConfig(64, 128, 4, 2, True), FwdConfig(64, 64, 4, 2, True),
+         FwdConfig(64, 128, 4, 2, True, max_registers=168), FwdConfig(64, 64, 4, 2, True, max_registers=96),
+         FwdConfig(128, 64, 4, 3, True), FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 8, 3)],
+    128: [FwdConfig(128, 128, 8, 2, True), FwdConfig(64, 64, 4, 2, True), FwdConfig(64, 64, 4, 3, True),
+          FwdConfig(64, 32, 4, 3, True), FwdConfig(128, 64, 8, 3, True), FwdConfig(128, 64, 8, 3)],
+}
+
+
+INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
+
+
+# Measured on H200 (docs/design/warp_specialization.md): 3 stages do not fit (D=128) or give NaN.
+WARP_SPECIALIZED_CONFIG = FwdConfig(128, 128, 4, 2, use_tma=True, warp_specialize=True)
+
+
+# The split: WARP_SPECIALIZED_CONFIG's kernel over the full tiles, then the two-loop kernel over the partial ones.
+SPLIT_CONFIG = FwdConfig(128, 128, 4, 2, use_tma=True, warp_specialize=True, split=True)
+
+
+SPLIT_PARTIAL_CONFIG = FwdConfig(128, 128, 8, 2, use_tma=True)
+
+
+def warp_specialize_problem(q, k, v, mask_mod: MaskMod, score_mod, block_mask, split: bool = False) -> str | None:
+    """Why the warp-specialized kernel cannot run this call (None: it can). It is verified on
+    Hopper with Triton 3.6 for D=128 (where it pays) and needs no score_mod, 128-aligned lengths,
+    TMA-compatible tensors and, unless ``split`` (its loop then sees full tiles only, without a
+    mask), a shift-invariant mask (causal, sliding window, none)."""
+    block = WARP_SPECIALIZED_CONFIG.block_m
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "needs a Hopper GPU (sm_90)"
+    if not triton.__version__.startswith("3.6."):
+        return f"verified with Triton 3.6 only (this is {triton.__version__})"
+    if q.shape[-1] != 128:
+        return "only head dim 128 is specialized (it does not pay at 64)"
+    if score_mod is not None:
+        return "does not take a score_mod"
+    if not (split or mask_mod.shift_invariant):
+        return "needs a shift-invariant mask (causal, sliding_window, none); the split variant takes any"
+    if q.shape[2] % block or k.shape[2] % block:
+        return f"sequence lengths must be multiples of {block}"
+    if not tma_compatible(q, k, v):
+        return "needs TMA-compatible tensors (unit stride in D, 16-byte aligned strides and base)"
+    if block_mask is not None and (block_mask.block_m, block_mask.block_n) != (block, block):
+        return f"needs a block mask of {block}x{block} tiles"
+    return None
+
+
+def candidate_configs(head_dim: int, device: torch.device) -> list:
+    """The configs the tuner tries for ``head_dim`` on ``device``."""
+    if device.type == "cpu":
+        return [INTERPRETER_CONFIG]
+    base = HOPPER_CONFIGS.get(head_dim) or [FwdConfig(64, 32, 4, 2)]
+    if torch.cuda.get_device_capability(device)[0] < 9:   # TMA descriptors need Hopper or newer
+        base = [c for c in base if not c.use_tma] or [FwdConfig(128, 64, 4, 2)]
+    return list(base) + pipeline_variants(base[:1])
