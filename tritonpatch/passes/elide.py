@@ -51,9 +51,9 @@ from __future__ import annotations
 
 import re
 
-from .ir import (NAME_END, Module, TensorType, base_name, is_movable, parse_for, parse_type, split_top_level,
-                 without_attribute)
-from .iterations import NARROWED, constant_step, iteration_bound, possible_runs, scalars_fixed_in_loop, segment_counts
+from .ir import Module, constant_step, is_movable, select_parts
+from .ir_syntax import NAME_END, base_name, parse_for, parse_type, without_attribute
+from .iterations import NARROWED, iteration_bound, possible_runs, scalars_fixed_in_loop, segment_counts
 from .masks import Analysis, IROps
 from .report import note
 
@@ -65,18 +65,6 @@ _REGISTER_MOVES = {"f32": ("mov.b32 $0, $1;", "r"), "f16": ("mov.b16 $0, $1;", "
 _ROUNDED_MULTIPLIES = {"f32": "mul.rn.f32 $0, $1, $2;"}        # the widths whose boundaries were checked on SASS
 _ROUNDED_ADDS = {"f32": "add.rn.f32 $0, $1, 0f80000000;"}       # and on the GPU; x + -0.0: see the module docstring
 _ONE = re.compile(r"\s*(?:dense<)?1\.0*(?:e\+?0+)?>?\s*:")
-
-
-def select_parts(module: Module, index: int):
-    """(mask, true value, false value, result type) of a tensor-mask select line, else None."""
-    line = module.lines[index]
-    if line.op != "arith.select" or len(line.results) != 1:
-        return None
-    operands = line.operands
-    types = split_top_level(line.body.rsplit(" : ", 1)[1]) if " : " in line.body else []
-    if len(operands) != 3 or len(types) != 2 or not isinstance(parse_type(types[0]), TensorType):
-        return None
-    return operands[0], operands[1], operands[2], types[1]
 
 
 def _single_source(module: Module, name: str):

@@ -1,162 +1,21 @@
-"""A small model of Triton's textual TTIR / TTGIR, just enough for the mask rewrites.
+"""A small model of Triton's textual TTIR / TTGIR, just enough for the mask rewrites, and the
+questions the passes ask of its operations.
 
-Triton prints one operation per line; operations with regions (``scf.for``, ``scf.if``,
-``tt.reduce``, ...) open a region with a line ending in ``{`` and close it with a line starting
-with ``}``. The model keeps the text of every line untouched (so unchanged code round-trips byte for
-byte) and adds what the passes need: the values each line defines, the values it uses, the
-operation name, its operands and trailing location, the nesting of regions, and a builder for new
-lines with fresh value names.
+:class:`Module` holds the lines of a module (:mod:`.ir_syntax`: each kept as printed, so unchanged
+code round-trips byte for byte) and adds the nesting of regions, a function-wide map from value
+name to defining line, the uses of each op, and a builder for new lines with fresh value names.
+The predicates below say what an operation may do (:func:`is_movable`, :func:`has_side_effect`),
+whether a line is a tensor select (:func:`select_parts`) and what constant a loop steps by
+(:func:`constant_step`).
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
-_NAME = r"%[A-Za-z0-9_$.\-]+"
-VALUE_RE = re.compile(_NAME + r"(?:#\d+)?")
-NAME_END = r"(?![A-Za-z0-9_$.\-])"   # after a value name in a pattern: the name ends there (``#k`` may follow)
-_RESULTS_RE = re.compile(r"^(\s*)((?:" + _NAME + r"(?::\d+)?)(?:, " + _NAME + r"(?::\d+)?)*) = (.*)$")
-_BLOCK_ARGS_RE = re.compile(r"(" + _NAME + r"): ")
-_FOR_RE = re.compile(r"scf\.for (" + _NAME + r") = (" + _NAME + r") to (" + _NAME + r") step (" + _NAME + r")"
-                     r"(?: iter_args\((.*?)\) -> \((.*)\))?\s*: (\S+) \{$")
-_TENSOR_RE = re.compile(r"^tensor<((?:\d+x)*)([^,>]+)(,.*)?>$")
+from .ir_syntax import (NAME_END, VALUE_NAME, VALUE_RE, Line, TensorType, base_name, parse_for, parse_line,
+                        parse_type, split_top_level)
 
-
-def base_name(value: str) -> str:
-    """``%acc#3`` -> ``%acc`` (the defining name of a use)."""
-    return value.split("#", 1)[0]
-
-
-def split_loc(text: str) -> tuple[str, str]:
-    """Split ``"... loc(#loc12)"`` into ``("...", "loc(#loc12)")``; no location -> ``(text, "")``."""
-    stripped = text.rstrip()
-    if not stripped.endswith(")"):
-        return text, ""
-    depth = 0
-    for pos in range(len(stripped) - 1, -1, -1):
-        char = stripped[pos]
-        if char == ")":
-            depth += 1
-        elif char == "(":
-            depth -= 1
-            if depth == 0:
-                if stripped[pos - 3:pos] == "loc" and stripped[pos - 4:pos - 3] == " ":
-                    return stripped[:pos - 4], stripped[pos - 3:]
-                return text, ""
-    return text, ""
-
-
-@dataclass
-class TensorType:
-    """``tensor<128x64xi32, #mma>`` -> shape (128, 64), element ``i32``, encoding ``", #mma"``."""
-    shape: tuple[int, ...]
-    element: str
-    encoding: str = ""
-
-    def text(self, shape=None, element=None) -> str:
-        dims = "".join(f"{d}x" for d in (self.shape if shape is None else shape))
-        return f"tensor<{dims}{element or self.element}{self.encoding}>"
-
-
-def parse_type(text: str):
-    """A TensorType for ``tensor<...>`` text, else the scalar type string itself (``i32``)."""
-    text = text.strip()
-    match = _TENSOR_RE.match(text)
-    if match:
-        dims = tuple(int(d) for d in match.group(1).split("x") if d)
-        return TensorType(dims, match.group(2), match.group(3) or "")
-    return text
-
-
-def int_width(type_text: str) -> int | None:
-    """Bit width of an integer element / scalar type (``i32`` -> 32), None for other types."""
-    element = type_text.element if isinstance(type_text, TensorType) else type_text
-    if re.fullmatch(r"i\d+", element or ""):
-        return int(element[1:])
-    return None
-
-
-@dataclass
-class Line:
-    """One line of IR: its text, and for operation lines the parsed head."""
-    text: str
-    indent: str = ""
-    results: list[str] = field(default_factory=list)   # defined names, e.g. ["%acc"] for "%acc:5 = ..."
-    op: str = ""                                       # "arith.addi", "scf.for", "}" for closers
-    body: str = ""                                     # text after the op name, without location
-    loc: str = ""
-    opens: bool = False
-    closes: bool = False
-
-    @property
-    def operands(self) -> list[str]:
-        """Values used on this line (in order of appearance)."""
-        return VALUE_RE.findall(self.body)
-
-
-def parse_line(text: str) -> Line:
-    stripped = text.strip()
-    line = Line(text, indent=text[:len(text) - len(text.lstrip())])
-    line.opens = stripped.endswith("{")
-    line.closes = stripped.startswith("}")
-    head, line.loc = split_loc(stripped)
-    match = _RESULTS_RE.match(head)
-    rest = head
-    if match:
-        line.results = [r.split(":")[0] for r in match.group(2).split(", ")]
-        rest = match.group(3)
-    if line.closes:
-        line.op = "}"
-        line.body = rest
-        return line
-    op, _, body = rest.partition(" ")
-    if op.startswith('"'):
-        op = op.split('"')[1]
-        body = rest[len(op) + 2:]
-    line.op, line.body = op, body
-    return line
-
-
-@dataclass
-class ForLoop:
-    """The parsed head of an ``scf.for`` line."""
-    iv: str
-    lower: str
-    upper: str
-    step: str
-    iter_args: list[tuple[str, str]]   # (block argument, initial value)
-    result_types: list[str]
-    iv_type: str
-
-
-def split_top_level(text: str, sep: str = ",") -> list[str]:
-    """Split on ``sep`` outside <>, (), [], {} (types such as ``tensor<1x2xf32, #mma>``)."""
-    parts, depth, start = [], 0, 0
-    for pos, char in enumerate(text):
-        if char in "<([{":
-            depth += 1
-        elif char in ">)]}":
-            depth -= 1
-        elif char == sep and depth == 0:
-            parts.append(text[start:pos].strip())
-            start = pos + 1
-    tail = text[start:].strip()
-    if tail:
-        parts.append(tail)
-    return parts
-
-
-def parse_for(line: Line) -> ForLoop | None:
-    head = line.text.strip()
-    match = _FOR_RE.search(head)
-    if not match:
-        return None
-    iv, lower, upper, step, args, types, iv_type = match.groups()
-    iter_args = []
-    for pair in split_top_level(args or ""):
-        name, _, init = pair.partition(" = ")
-        iter_args.append((name.strip(), init.strip()))
-    return ForLoop(iv, lower, upper, step, iter_args, split_top_level(types or ""), iv_type)
+_BLOCK_ARGS_RE = re.compile(r"(" + VALUE_NAME + r"): ")
 
 
 class Module:
@@ -250,7 +109,7 @@ class Module:
             if not active:
                 texts.append(line.text)
                 continue
-            texts.append(re.sub(_NAME + NAME_END,
+            texts.append(re.sub(VALUE_NAME + NAME_END,
                                 lambda m: active[m.group(0)][-1][0] if m.group(0) in active else m.group(0), line.text))
         return texts
 
@@ -349,21 +208,6 @@ def type_of(module: Module, name: str) -> str | None:
     return None
 
 
-def with_attribute(closing: str, attribute: str) -> str:
-    """A region op's closing line (``} loc(...)`` or ``} {attrs} loc(...)``) with a unit attribute
-    added to its attribute dictionary."""
-    stripped = closing.lstrip()
-    indent = closing[:len(closing) - len(stripped)]
-    if stripped.startswith("} {"):
-        return f"{indent}}} {{{attribute}, {stripped[3:]}"
-    return f"{indent}}} {{{attribute}}}{stripped[1:]}"
-
-
-def without_attribute(closing: str, attribute: str) -> str:
-    """The inverse of :func:`with_attribute`."""
-    return closing.replace(f"{{{attribute}, ", "{", 1).replace(f" {{{attribute}}}", "", 1)
-
-
 # --- what an operation may do ------------------------------------------------------------------------
 _TRAPPING_ARITH = ("arith.divsi", "arith.divui", "arith.remsi", "arith.remui", "arith.ceildivsi", "arith.floordivsi",
                    "arith.ceildivui")
@@ -407,3 +251,26 @@ def has_side_effect(line: Line) -> bool:
     if line.op in ("tt.load", "tt.descriptor_load"):
         return "isVolatile = true" in line.text
     return line.op not in _EFFECT_FREE_OPS
+
+
+# --- what a line holds -------------------------------------------------------------------------------
+def select_parts(module: Module, index: int):
+    """(mask, true value, false value, result type) of a tensor-mask select line, else None."""
+    line = module.lines[index]
+    if line.op != "arith.select" or len(line.results) != 1:
+        return None
+    operands = line.operands
+    types = split_top_level(line.body.rsplit(" : ", 1)[1]) if " : " in line.body else []
+    if len(operands) != 3 or len(types) != 2 or not isinstance(parse_type(types[0]), TensorType):
+        return None
+    return operands[0], operands[1], operands[2], types[1]
+
+
+def constant_step(module: Module, name: str) -> int | None:
+    """The value of a positive integer constant (a loop step), else None."""
+    index = module.defs.get(name)
+    line = module.lines[index] if index is not None and index >= 0 else None
+    if line is None or line.op != "arith.constant":
+        return None
+    match = re.match(r"\s*(\d+)\s*:", line.body)
+    return int(match.group(1)) if match and int(match.group(1)) > 0 else None

@@ -22,8 +22,6 @@ as a caller-given key range can be) stays empty whatever the set algebra answers
 """
 from __future__ import annotations
 
-import re
-
 from .ir import Module
 from .masks import Affine, Mask, atom_conditions, no_wrap, scalar_value
 
@@ -262,16 +260,6 @@ def segment_counts(ops, lower, upper, step: int, mask: Mask, iv: str, checks):
     safe = no_wrap_in_loop(ops, lower, upper, iv, checks)
     return (ops.select(safe, k1, zero), ops.select(safe, k2, zero), ops.select(safe, k3, zero),
             ops.select(safe, k4, trips))
-
-
-def constant_step(module: Module, name: str) -> int | None:
-    """The value of a positive integer constant (a loop step), else None."""
-    index = module.defs.get(name)
-    line = module.lines[index] if index is not None and index >= 0 else None
-    if line is None or line.op != "arith.constant":
-        return None
-    match = re.match(r"\s*(\d+)\s*:", line.body)
-    return int(match.group(1)) if match and int(match.group(1)) > 0 else None
 
 
 def scalars_fixed_in_loop(module: Module, loop: int, mask: Mask, iv: str, checks) -> bool:

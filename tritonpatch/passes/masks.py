@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .ir import Module, TensorType, int_width, parse_type, type_of
+from .ir import Module, type_of
+from .ir_syntax import TensorType, int_width, parse_type
 
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 _COEFF_LIMIT = 1 << 20

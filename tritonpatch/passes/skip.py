@@ -35,11 +35,10 @@ from __future__ import annotations
 
 import re
 
-from .elide import select_parts
-from .ir import (Module, TensorType, base_name, declared_pure, has_side_effect, int_width, parse_for, parse_type,
-                 type_of, with_attribute)
-from .iterations import (NARROWED, PrefixSuffix, constant_step, iteration_bound, mask_sets, no_wrap_in_loop,
-                         possible_runs, scalars_fixed_in_loop, smax, smin, trip_count)
+from .ir import Module, constant_step, declared_pure, has_side_effect, select_parts, type_of
+from .ir_syntax import TensorType, base_name, int_width, parse_for, parse_type, with_attribute
+from .iterations import (NARROWED, PrefixSuffix, iteration_bound, mask_sets, no_wrap_in_loop, possible_runs,
+                         scalars_fixed_in_loop, smax, smin, trip_count)
 from .masks import Analysis, IROps, Mask
 from .report import note
 
