@@ -20,7 +20,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "tritonpatch"
 HEAVY = ("triton", "torch")  # imported only where a compile or a command needs them
 OPTIONAL = {"tritonpatch._native"}  # the C++ extension: absent when tritonpatch was installed without it
-CORE = ["tritonpatch", "tritonpatch.errors", "tritonpatch.env", "tritonpatch._llvm_gate", "tritonpatch._llvm_registry",
+CORE = ["tritonpatch", "tritonpatch.errors", "tritonpatch.env", "tritonpatch._llvm_gate", "tritonpatch._llvm_values",
+        "tritonpatch._llvm_registry",
         "tritonpatch._llvm_scope", "tritonpatch.pipeline", "tritonpatch._current", "tritonpatch.scope",
         "tritonpatch.hooks", "tritonpatch.llvm", "tritonpatch.cli"]
 
@@ -103,9 +104,10 @@ def test_no_module_level_import_cycle():
 
 def test_the_registry_imports_nothing_above_it():
     top, nested = imports("tritonpatch._llvm_registry")
-    assert internal(top) == {"tritonpatch._llvm_gate", "tritonpatch.env", "tritonpatch.errors"}
+    assert internal(top) == {"tritonpatch._llvm_gate", "tritonpatch._llvm_values", "tritonpatch.errors"}
     assert {target for _, target in nested} == {"tritonpatch._native", "tritonpatch._triton_compat", "triton"}
     assert internal(imports("tritonpatch._llvm_gate")[0]) == set()
+    assert internal(imports("tritonpatch._llvm_values")[0]) == {"tritonpatch.env", "tritonpatch.errors"}
 
 
 def test_the_llvm_scope_imports_the_registry_at_module_level():
