@@ -6,7 +6,10 @@ import shlex
 import sys
 
 from .generate import generate
-from .run import PIPELINES, REFERENCE, SAMPLES, pass_names, run, summary, write_log
+from .checks import SAMPLES
+from .pipelines import PIPELINES, REFERENCE, pass_names
+from .report import summary, write_log
+from .run import run
 
 
 def parse_args(argv=None):

@@ -1,0 +1,119 @@
+"""The static checks of one patched case against the unpatched reference (no GPU needed).
+
+For sampled runtime arguments and program ids, the patched loops must run a contiguous, in-order
+run of the original loop's iterations inside ``[lb, ub)`` (all of them unless ``skip-masked-blocks``
+is in the pipeline and the loop has no side effects), evaluated from each TTIR's scalar arithmetic
+(:mod:`.ttir`); every iteration ``skip-masked-blocks`` dropped must have a ``-inf``-filled mask that
+is all-false on its tile, and every iteration a rewritten loop runs without the mask a uniform mask
+on its tile (both evaluated by the generator's own mask model). A case that did not compile, or
+needs more shared memory than an sm_90 block may have where the reference fits, is a finding too.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .compiling import Compiled
+from .generate import Kernel
+from .results import Finding
+from .ttir import ScalarProgram, check_segments, dropped_iterations, iterations
+
+SAMPLES = 24            # runtime-argument assignments per kernel for the static checks
+DROPPED_CHECKED = 8     # leading / trailing dropped iterations whose masks are evaluated
+SM90_SHARED_MEMORY = 232448   # bytes of shared memory one block may use on sm_90 (H100 / H200)
+
+
+def _ttir_arguments(kernel: Kernel, env: dict) -> list:
+    """The TTIR function's arguments, in order: (value, width) for integers, None otherwise."""
+    out = []
+    for name, kind in kernel.params:
+        if kind == "constexpr":
+            continue
+        out.append((env[name], 64 if kind == "i64" else 32) if kind in ("i32", "i64") else None)
+    return out
+
+
+def static_findings(kernel: Kernel, reference: Compiled, case: Compiled, samples: int) -> tuple[list, int]:
+    """(findings, loops checked) for one patched case against the reference compile."""
+    findings = []
+    if case.status in ("error", "crash", "backend-crash"):
+        kind = {"error": "compile-error", "crash": "pass-crash", "backend-crash": "backend-crash"}[case.status]
+        findings.append(Finding(kernel.seed, case.pipeline, kind, "; ".join(case.messages)[:1500]))
+        return findings, 0
+    if case.shared > SM90_SHARED_MEMORY >= reference.shared:
+        findings.append(Finding(kernel.seed, case.pipeline, "shared-memory",
+                                f"the patched kernel needs {case.shared} bytes of shared memory, more than an "
+                                f"sm_90 block may have ({SM90_SHARED_MEMORY}); the unpatched kernel needs "
+                                f"{reference.shared}"))
+    if not case.ttir or not reference.ttir:
+        return findings, 0
+    original, patched = ScalarProgram(reference.ttir), ScalarProgram(case.ttir)
+    skipping = "skip" in case.pipeline.split("+")
+    exact = not skipping or bool(kernel.loop_effects)      # a loop with side effects keeps every iteration
+    checked = 0
+    for env in kernel.samples(samples):
+        arguments = _ttir_arguments(kernel, env)
+        pids = (env["pid"][0], env["pid"][1], 0)
+        by_line, runs = defaultdict(list), defaultdict(list)
+        for loop, bounds in patched.loop_bounds(arguments, pids):
+            by_line[loop.line].append(bounds)
+            runs[loop.line].append((loop, bounds))
+        for loop, bounds in original.loop_bounds(arguments, pids):
+            segments = by_line.pop(loop.line, [])
+            if bounds is None or not segments or None in segments:
+                kind, problem = "unchecked", "a loop bound is not computable from the arguments (evaluator gap)"
+            elif bounds[2] <= 0:
+                continue                                      # a sampled runtime step <= 0: no defined loop
+            else:
+                checked += 1
+                kind, problem = "bounds", check_segments(bounds, segments, exact)
+                if problem and skipping and kernel.loop_effects and check_segments(bounds, segments, False) is None:
+                    kind, problem = "side-effects-dropped", (f"skip-masked-blocks dropped iterations of a loop with "
+                                                             f"{', '.join(kernel.loop_effects)}: {problem}")
+                if problem is None and not exact:
+                    kind, problem = "skipped-live-tile", _live_tile_dropped(kernel, bounds, segments, loop.width, env)
+                if problem is None:
+                    kind, problem = "elided-mixed-tile", _mixed_tile_elided(kernel, loop, runs[loop.line], env)
+            if problem:
+                findings.append(Finding(kernel.seed, case.pipeline, kind, f"{problem} [{_describe_env(kernel, env)}]"))
+                return findings, checked
+        if by_line:
+            findings.append(Finding(kernel.seed, case.pipeline, "bounds",
+                                    f"patched TTIR has loops at source lines {sorted(by_line, key=str)} that the "
+                                    f"unpatched TTIR has not"))
+            return findings, checked
+    return findings, checked
+
+
+def _live_tile_dropped(kernel: Kernel, original, segments, iv_width: int, env: dict) -> str | None:
+    """Every dropped iteration must have a ``-inf``-filled mask that is all-false on its tile."""
+    neg_inf = [select.mask for select in kernel.selects if select.neg_inf]
+    for start in dropped_iterations(original, segments, DROPPED_CHECKED):
+        tile = kernel.tile_at(env, start, iv_width)
+        if not any(not mask.evaluate(tile).any() for mask in neg_inf):
+            return f"skip-masked-blocks dropped iteration start={start}, whose tile has no all-false -inf mask"
+    return None
+
+
+def _mixed_tile_elided(kernel: Kernel, original, runs: list, env: dict) -> str | None:
+    """A rewritten loop with fewer masked selects than the original runs without a mask: where
+    the kernel has a single mask, that mask must be uniform (all-true or all-false) on each of
+    its tiles (up to 8 first and last iterations checked)."""
+    masks = {select.mask for select in kernel.selects}
+    if len(masks) != 1:
+        return None
+    (mask,) = masks
+    for loop, (lower, upper, step) in runs:
+        if loop.masked_selects >= original.masked_selects:
+            continue
+        first, count = iterations(lower, upper, step)
+        for k in sorted(set(range(min(count, DROPPED_CHECKED))) | set(range(max(0, count - DROPPED_CHECKED), count))):
+            values = mask.evaluate(kernel.tile_at(env, first + k * step, loop.width))
+            if values.any() and not values.all():
+                return (f"elide-uniform-masks runs iteration start={first + k * step} in a loop without the mask "
+                        f"([{lower}, {upper}) step {step}), but the mask is mixed on that tile")
+    return None
+
+
+def _describe_env(kernel: Kernel, env: dict) -> str:
+    """The sample's values of the scalars the kernel reads, and its program ids."""
+    return ", ".join(f"{name}={env[name]}" for name in kernel.used_scalars) + f", pid={env['pid']}"

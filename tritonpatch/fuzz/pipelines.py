@@ -1,0 +1,21 @@
+"""The pipelines a fuzzer case compiles under: the unpatched reference and the combinations of
+the three mask passes, named by short names joined with ``+`` (``skip+elide``)."""
+from __future__ import annotations
+
+import itertools
+
+PASSES = {"skip": "skip-masked-blocks", "elide": "elide-uniform-masks", "hoist": "hoist-masks"}
+REFERENCE = "unpatched"
+PIPELINES = tuple("+".join(combo) for size in (1, 2, 3) for combo in itertools.combinations(PASSES, size))
+
+
+def pass_names(pipeline: str) -> list[str]:
+    """``"skip+elide"`` -> ``["skip-masked-blocks", "elide-uniform-masks"]`` (the reference: [])."""
+    if pipeline == REFERENCE:
+        return []
+    names = pipeline.split("+")
+    unknown = [n for n in names if n not in PASSES]
+    if unknown:
+        raise ValueError(f"unknown pass {unknown[0]!r} in pipeline {pipeline!r}; use {'+'.join(PASSES)} "
+                         f"joined by '+', or {REFERENCE!r}")
+    return [PASSES[n] for n in names]
