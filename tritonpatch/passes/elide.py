@@ -54,7 +54,8 @@ import re
 from .ir import Module, constant_step, is_movable, select_parts
 from .ir_syntax import NAME_END, base_name, parse_for, parse_type, without_attribute
 from .iterations import NARROWED, iteration_bound, possible_runs, scalars_fixed_in_loop, segment_counts
-from .masks import Analysis, IROps
+from .mask_analysis import Analysis
+from .masks import IROps
 from .report import note
 
 _CHAIN_OPS = ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "arith.negf")

@@ -1,13 +1,15 @@
-"""Affine index analysis of mask expressions and their per-tile verdicts.
+"""Mask expressions over a tile and their per-tile verdicts.
 
 An integer tensor built from ``make_range``, ``splat`` of integer scalars, ``expand_dims``,
 ``broadcast``, ``addi`` / ``subi``, ``muli`` by a constant and ``extsi`` has, at tile position
 ``(i_0, ..., i_{r-1})``, the value ``S + sum_a c_a * i_a`` where ``S`` is a runtime scalar (an affine
-form of scalar SSA values) and ``c_a`` are compile-time integers. So ``lhs OP rhs`` is
-``d = lhs - rhs OP 0`` with ``d`` ranging exactly over ``[S + L-, S + L+]`` on the tile, both ends
-attained at tile corners (``L-`` / ``L+``: sums of the negative / positive ``c_a * (n_a - 1)``).
-The verdicts "all true" / "all false" of an inequality are therefore exact; of ``==`` / ``!=`` and
-of and/or/xor/not combinations they are sound (never claim uniformity that is not there).
+form of scalar SSA values) and ``c_a`` are compile-time integers: an :class:`Affine`
+(:mod:`.mask_analysis` reads them, and the :class:`Mask` combining their compares, out of the IR).
+So ``lhs OP rhs`` is ``d = lhs - rhs OP 0`` with ``d`` ranging exactly over ``[S + L-, S + L+]`` on
+the tile, both ends attained at tile corners (``L-`` / ``L+``: sums of the negative / positive
+``c_a * (n_a - 1)``). The verdicts "all true" / "all false" of an inequality are therefore exact;
+of ``==`` / ``!=`` and of and/or/xor/not combinations they are sound (never claim uniformity that
+is not there).
 
 The verdict formulas are written once against a small scalar-operation interface with two
 implementations: :class:`PyOps` (Python integers, for tests and the brute-force property check)
@@ -15,16 +17,10 @@ and :class:`IROps` (emits TTIR scalar ops into a :class:`~tritonpatch.passes.ir.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .ir import Module, type_of
-from .ir_syntax import TensorType, int_width, parse_type
-
-I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
-_COEFF_LIMIT = 1 << 20
-_CONST_LIMIT = 1 << 40
-PREDICATES = ("slt", "sle", "sgt", "sge", "eq", "ne")
+from .ir_syntax import int_width
 
 
 @dataclass(frozen=True)
@@ -77,158 +73,6 @@ class Mask:
 
     def atoms(self) -> int:
         return 1 if self.kind == "atom" else sum(child.atoms() for child in self.children)
-
-
-@dataclass
-class Analysis:
-    """Analysis of the values feeding one mask in one module."""
-    module: Module
-    checks: list[Check] = field(default_factory=list)
-    ops: set[int] = field(default_factory=set)        # lines of the tensor ops that build the mask
-
-    # --- scalars -------------------------------------------------------------------------------
-    def scalar(self, name: str) -> Affine | None:
-        """Affine form of an integer scalar: constants folded, add/sub/mul-by-constant/extsi
-        expanded, anything else an opaque leaf (which must be at most 32 bits wide). Results of
-        multi-result ops (``%x#1``) are not analysed."""
-        if "#" in name:
-            return None
-        index = self.module.defs.get(name)
-        type_text = type_of(self.module, name)
-        width = int_width(type_text) if isinstance(type_text, str) else None
-        if width is None:
-            return None
-        line = self.module.lines[index] if index is not None and index >= 0 else None
-        if line is not None and name in line.results and len(line.results) == 1 and not line.opens:
-            operands = line.operands
-            if line.op == "arith.constant":
-                match = re.match(r"\s*(-?\d+)\s*:", line.body)
-                if match and abs(int(match.group(1))) <= _CONST_LIMIT:
-                    return Affine(int(match.group(1)), (), (), ())
-                return None
-            if line.op in ("arith.addi", "arith.subi") and len(operands) == 2:
-                left, right = self.scalar(operands[0]), self.scalar(operands[1])
-                if left is None or right is None:
-                    return None
-                result = left.combine(right, 1 if line.op == "arith.addi" else -1)
-                return self._bounded(result, width, scalar=True)
-            if line.op == "arith.muli" and len(operands) == 2:
-                left, right = self.scalar(operands[0]), self.scalar(operands[1])
-                if left is not None and right is not None:
-                    if right.is_constant:
-                        return self._bounded(left.scale(right.const), width, scalar=True)
-                    if left.is_constant:
-                        return self._bounded(right.scale(left.const), width, scalar=True)
-            if line.op == "arith.extsi" and len(operands) == 1:
-                return self.scalar(operands[0])
-        if width > 32:
-            return None
-        return Affine(0, ((name, 1),), (), ())
-
-    def _bounded(self, value: Affine, width: int, scalar: bool = False) -> Affine | None:
-        if any(abs(c) > _COEFF_LIMIT for _, c in value.scalars) or any(abs(c) > _COEFF_LIMIT for c in value.axes):
-            return None
-        if abs(value.const) > _CONST_LIMIT:
-            return None
-        if width < 64 and Check(value if not scalar else Affine(value.const, value.scalars, (), ()), width) \
-                not in self.checks:
-            self.checks.append(Check(value if not scalar else Affine(value.const, value.scalars, (), ()), width))
-        return value
-
-    def _sole_definition(self, name: str):
-        """(index, line) of the op defining ``name`` as its only result in this region, else None
-        (block arguments, multi-result ops and region-opening ops are never analysed)."""
-        if "#" in name:
-            return None
-        index = self.module.defs.get(name)
-        if index is None or index < 0:
-            return None
-        line = self.module.lines[index]
-        if name not in line.results or len(line.results) != 1 or line.opens:
-            return None
-        return index, line
-
-    # --- integer tensors -------------------------------------------------------------------------
-    def tensor(self, name: str) -> Affine | None:
-        """Affine form of an integer tensor (see the module docstring), None if it is not one."""
-        found = self._sole_definition(name)
-        if found is None:
-            return None
-        index, line = found
-        result_type = parse_type(type_of(self.module, name) or "")
-        if not isinstance(result_type, TensorType) or int_width(result_type) is None:
-            return None
-        shape, width, operands = result_type.shape, int_width(result_type), line.operands
-        value = None
-        if line.op == "arith.constant":
-            match = re.match(r"\s*dense<(-?\d+)>", line.body)
-            if match and abs(int(match.group(1))) <= _CONST_LIMIT:
-                value = Affine(int(match.group(1)), (), (0,) * len(shape), shape)
-        elif line.op == "tt.make_range":
-            start = re.search(r"start = (-?\d+)", line.body)
-            value = Affine(int(start.group(1)), (), (1,), shape) if start else None
-        elif line.op == "tt.splat" and len(operands) == 1:
-            inner = self.scalar(operands[0])
-            value = Affine(inner.const, inner.scalars, (0,) * len(shape), shape) if inner else None
-        elif line.op == "tt.expand_dims" and len(operands) == 1:
-            inner, axis = self.tensor(operands[0]), re.search(r"axis = (\d+)", line.body)
-            if inner is not None and axis:
-                position = int(axis.group(1))
-                value = Affine(inner.const, inner.scalars, inner.axes[:position] + (0,) + inner.axes[position:], shape)
-        elif line.op in ("tt.broadcast", "ttg.convert_layout", "arith.extsi") and len(operands) == 1:
-            inner = self.tensor(operands[0])
-            if inner is not None:
-                axes = tuple(0 if n == 1 else c for c, n in zip(inner.axes, shape))
-                value = Affine(inner.const, inner.scalars, axes, shape)
-        elif line.op in ("arith.addi", "arith.subi", "arith.muli") and len(operands) == 2:
-            left, right = self.tensor(operands[0]), self.tensor(operands[1])
-            if left is not None and right is not None:
-                if line.op == "arith.muli":
-                    if right.is_constant:
-                        value = left.scale(right.const)
-                    elif left.is_constant:
-                        value = right.scale(left.const)
-                else:
-                    value = left.combine(right, 1 if line.op == "arith.addi" else -1)
-                value = self._bounded(value, width) if value is not None else None
-        if value is not None:
-            self.ops.add(index)
-        return value
-
-    # --- masks ---------------------------------------------------------------------------------------
-    def mask(self, name: str) -> Mask | None:
-        """The mask expression computing i1 tensor ``name``, None if it is not analysable."""
-        found = self._sole_definition(name)
-        if found is None:
-            return None
-        index, line = found
-        operands, result = line.operands, None
-        if line.op == "arith.cmpi":
-            pred = line.body.split(",", 1)[0].strip()
-            if pred in PREDICATES and len(operands) == 2:
-                left, right = self.tensor(operands[0]), self.tensor(operands[1])
-                if left is not None and right is not None:
-                    result = Mask("atom", pred=pred, diff=left.combine(right, -1))
-        elif line.op in ("arith.andi", "arith.ori", "arith.xori") and len(operands) == 2:
-            left, right = self.mask(operands[0]), self.mask(operands[1])
-            if left is not None and right is not None:
-                if line.op == "arith.xori" and right.kind == "const" and right.value is True:
-                    result = Mask("not", children=(left,))
-                elif line.op == "arith.xori" and left.kind == "const" and left.value is True:
-                    result = Mask("not", children=(right,))
-                else:
-                    result = Mask(line.op.split(".")[1][:-1], children=(left, right))
-        elif line.op in ("tt.broadcast", "tt.expand_dims", "ttg.convert_layout") and len(operands) == 1:
-            result = self.mask(operands[0])
-        elif line.op == "arith.constant":
-            match = re.match(r"\s*dense<(true|false)>", line.body)
-            result = Mask("const", value=match.group(1) == "true") if match else None
-        elif line.op == "tt.splat" and len(operands) == 1 and "#" not in operands[0] \
-                and type_of(self.module, operands[0]) == "i1":
-            result = Mask("scalar", value=operands[0])
-        if result is not None:
-            self.ops.add(index)
-        return result
 
 
 # --- scalar operations: Python and IR ---------------------------------------------------------------
@@ -462,5 +306,5 @@ def _evaluate(mask: Mask, env, position) -> bool:
     return values[0] != values[1]
 
 
-__all__ = ["Affine", "Check", "Mask", "Analysis", "PyOps", "IROps", "verdict", "guarded_verdict", "atom_verdict",
+__all__ = ["Affine", "Check", "Mask", "PyOps", "IROps", "verdict", "guarded_verdict", "atom_verdict",
            "brute_force", "scalar_value", "no_wrap", "atom_conditions"]

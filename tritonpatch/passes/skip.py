@@ -39,7 +39,8 @@ from .ir import Module, constant_step, declared_pure, has_side_effect, select_pa
 from .ir_syntax import TensorType, base_name, int_width, parse_for, parse_type, with_attribute
 from .iterations import (NARROWED, PrefixSuffix, iteration_bound, mask_sets, no_wrap_in_loop, possible_runs,
                          scalars_fixed_in_loop, smax, smin, trip_count)
-from .masks import Analysis, IROps, Mask
+from .mask_analysis import Analysis
+from .masks import IROps, Mask
 from .report import note
 
 NEG_INF, ZERO, ONE, POSITIVE = ("-inf",), ("0",), ("1",), ("+",)
