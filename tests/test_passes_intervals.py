@@ -7,7 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tritonpatch.passes.masks import Affine, Check, Mask, PyOps, brute_force, no_wrap, verdict
+from mask_brute_force import brute_force
+from tritonpatch.passes.masks import Affine, Check, Mask, PyOps, no_wrap, verdict
 from tritonpatch.passes.iterations import (Interval, PrefixSuffix, iteration_bound, mask_sets, possible_runs,
                                            segment_counts)
 from tritonpatch.passes.skip import narrowed_bounds
