@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from .compiling import Compiled
-from .generate import Kernel
+from .kernel import Kernel
 from .results import Finding
 from .ttir import ScalarProgram, check_segments, dropped_iterations, iterations
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import tritonpatch
 from tritonpatch.passes import collect_reports
 
-from .generate import Kernel, generate
+from .generate import generate
+from .kernel import Kernel
 from .pipelines import pass_names
 
 

@@ -7,7 +7,7 @@ bitsets, trip counts) always compare bit for bit.
 """
 from __future__ import annotations
 
-from .generate import Kernel
+from .kernel import Kernel
 
 _TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "i32": "int32", "i8": "int8"}
 SENTINEL = 1234.5

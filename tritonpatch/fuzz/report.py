@@ -6,7 +6,7 @@ import os
 from collections import Counter, defaultdict
 from dataclasses import asdict
 
-from .generate import Kernel
+from .kernel import Kernel
 from .pipelines import REFERENCE
 from .results import Case, RunResult
 

@@ -36,8 +36,9 @@ from tritonpatch.passes import collect_reports
 
 from .checks import SAMPLES, static_findings
 from .compiling import compile_all, compile_case, worker_init
-from .generate import Kernel, generate
+from .generate import generate
 from .gpu import compare, initial_tensors, launch
+from .kernel import Kernel
 from .pipelines import PIPELINES, REFERENCE, pass_names
 from .report import show_cases, show_kernel
 from .results import Case, Finding, RunResult
