@@ -12,15 +12,15 @@ from .autograd import AttentionFunction, attention_with_grad
 from .block_mask import (BlockMask, block_mask_from_classes, block_mask_from_tensors, block_mask_to_tensors,
                          build_block_mask, from_flex_block_mask)
 from .bwd import attention_backward
-from .fwd import FwdConfig, tuned_configs
+from .fwd import FwdConfig, attention_forward, tuned_configs
 from ._modifiers import lookup_modifier
 from .masks import MaskMod, allow_all, and_masks, causal, custom_mask, document, or_masks, prefix_lm, sliding_window
-from .scores import ScoreMod, alibi, alibi_slopes, custom_score, softcap
+from .scores import ScoreMod, alibi, alibi_slopes, custom_score, score_gradient, softcap
 
 __all__ = [
     "attention", "reference", "MaskMod", "ScoreMod", "causal", "prefix_lm", "sliding_window", "document",
     "and_masks", "or_masks", "allow_all", "custom_mask", "custom_score", "alibi", "alibi_slopes", "softcap",
     "BlockMask", "build_block_mask", "block_mask_from_classes", "from_flex_block_mask", "FwdConfig", "tuned_configs",
-    "attention_backward", "attention_with_grad", "AttentionFunction", "block_mask_from_tensors",
-    "block_mask_to_tensors", "lookup_modifier",
+    "attention_forward", "attention_backward", "attention_with_grad", "AttentionFunction", "block_mask_from_tensors",
+    "block_mask_to_tensors", "lookup_modifier", "score_gradient",
 ]

@@ -72,6 +72,15 @@ def call_expr(leaf_index: int, fixed: str, first_arg: int, nargs: int) -> str:
     return f"_leaf{leaf_index}({fixed}{arg_list})"
 
 
+def check_problem(modifier, batch: int, heads: int, q_len: int, kv_len: int, device) -> None:
+    """Raise a ValueError naming the modifier, what it needs and what it got when its runtime
+    arguments do not fit an attention of ``[batch, heads, q_len, kv_len]`` on ``device`` (a
+    tensor argument on another device, ``document`` ids of another length); the kernels would
+    read out of bounds otherwise. The ``check_problem`` method of masks and score modifiers."""
+    if modifier.check is not None:
+        modifier.check(batch, heads, q_len, kv_len, device)
+
+
 def argument_check(label: str, args: tuple, specific: Optional[Callable] = None) -> Callable:
     """A leaf modifier's ``check``: every tensor argument on the attention's device (the kernels
     read it there), then ``specific(batch, heads, q_len, kv_len)`` for what the leaf's rule needs."""

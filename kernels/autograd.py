@@ -110,7 +110,7 @@ def _fwd_op_backward(ctx, dout, dlse):
 
 def register_custom_op_autograd() -> None:
     """Give ``torch.ops.tritonpatch.attention_fwd`` its backward (idempotent; call after the forward
-    op is defined, i.e. at the end of ``tritonpatch/kernels/__init__.py``). Inside compiled graphs
+    op is defined, i.e. at the end of ``tritonpatch/kernels/api.py``). Inside compiled graphs
     the dQ mode is ``"auto"``."""
     op = torch.ops.tritonpatch.attention_fwd.default
     if getattr(register_custom_op_autograd, "_done", False):

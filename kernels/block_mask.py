@@ -195,7 +195,7 @@ def from_flex_block_mask(flex_mask) -> BlockMask:
 
     Its partial tiles still need a mask on the device: pass one of ours as ``mask_mod`` to
     :func:`tritonpatch.kernels.attention` alongside it. Cached per Flex mask tensors (by object and
-    version, ``masks.TensorIdentity``), so a mask passed on every call is converted once."""
+    version, ``_identity.TensorIdentity``), so a mask passed on every call is converted once."""
     tensors = (flex_mask.kv_num_blocks, flex_mask.kv_indices, flex_mask.full_kv_num_blocks,
                flex_mask.full_kv_indices)
     key = (tuple(argument_key(t) for t in tensors), tuple(flex_mask.BLOCK_SIZE), tuple(flex_mask.seq_lengths))

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from ._identity import argument_key
 from ._modifiers import argument_check, call_expr, described, generate, has_custom_leaf, register
+from ._modifiers import check_problem as modifier_check_problem
 
 
 TileRule = Callable[..., tuple]
@@ -60,13 +61,7 @@ class MaskMod:
         """Hashable identity of the mask: its structure and its runtime arguments (:func:`argument_key`)."""
         return (self.structure, tuple(argument_key(a) for a in self.args))
 
-    def check_problem(self, batch: int, heads: int, q_len: int, kv_len: int, device) -> None:
-        """Raise a ValueError naming the modifier, what it needs and what it got when its runtime
-        arguments do not fit an attention of ``[batch, heads, q_len, kv_len]`` on ``device`` (a
-        tensor argument on another device, ``document`` ids of another length); the kernels would
-        read out of bounds otherwise."""
-        if self.check is not None:
-            self.check(batch, heads, q_len, kv_len, device)
+    check_problem = modifier_check_problem
 
     def portable_key(self) -> str | None:
         """The mask's code by factory names, the same in every process (for tuning decisions kept on
@@ -104,7 +99,7 @@ def _leaf_mask(name, leaf_fn, torch_fn, args=(), tile_rule=None, batch_dependent
                check=None):
     structure = ("mask-leaf", name, len(args))
     device_fn = generate(structure, [leaf_fn], call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
-                          "b, h, q_idx, kv_idx, args")
+                         "b, h, q_idx, kv_idx, args")
     return MaskMod(name, device_fn, torch_fn, tuple(args), tile_rule, batch_dependent, False, structure,
                    shift_invariant, check)
 
@@ -123,7 +118,7 @@ def custom_mask(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | 
     name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
     structure = ("mask-leaf", "custom", id(device_fn), len(args))
     wrapper = generate(structure, [device_fn], call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
-                        "b, h, q_idx, kv_idx, args")
+                       "b, h, q_idx, kv_idx, args")
     args = tuple(args)
     return MaskMod(name, wrapper, torch_fn, args, tile_rule, batch_dependent, head_dependent, structure,
                    shift_invariant, argument_check(f"custom_mask {name!r}", args))
@@ -141,7 +136,7 @@ def _combine(kind: str, masks: tuple) -> MaskMod:
     calls = [_child_call(i, start, len(m.args)) for i, (m, start) in enumerate(zip(masks, _offsets(masks)))]
     structure = (kind, tuple(m.structure for m in masks))
     device_fn = generate(structure, [m.device_fn for m in masks], op.join(f"({c})" for c in calls),
-                          "b, h, q_idx, kv_idx, args")
+                         "b, h, q_idx, kv_idx, args")
     args = tuple(a for m in masks for a in m.args)
     reduce = torch.logical_and if kind == "and" else torch.logical_or
     spans = list(zip(_offsets(masks), [len(m.args) for m in masks]))

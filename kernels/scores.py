@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ._modifiers import argument_check, call_expr, described, generate, register
+from ._modifiers import check_problem as modifier_check_problem
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,11 +40,7 @@ class ScoreMod:
         """Evaluate on torch tensors (broadcasting), like a FlexAttention ``score_mod``."""
         return self.torch_fn(score, b, h, q_idx, kv_idx, *self.args)
 
-    def check_problem(self, batch: int, heads: int, q_len: int, kv_len: int, device) -> None:
-        """Raise a ValueError naming the modifier when its runtime arguments do not fit an attention
-        of ``[batch, heads, q_len, kv_len]`` on ``device`` (as :meth:`.masks.MaskMod.check_problem`)."""
-        if self.check is not None:
-            self.check(batch, heads, q_len, kv_len, device)
+    check_problem = modifier_check_problem
 
     def portable_key(self) -> str | None:
         """Like :meth:`.masks.MaskMod.portable_key`: the factory's name, None for a ``custom_score``."""
@@ -73,7 +70,7 @@ def custom_score(device_fn, torch_fn: Callable, args: tuple = (), *, name: str |
 def _score_mod(device_fn, torch_fn: Callable, args: tuple, name: str, from_factory: bool,
                check: Optional[Callable] = None) -> ScoreMod:
     wrapper = generate(("score-leaf", "custom", id(device_fn), len(args)), [device_fn],
-                        call_expr(0, "score, b, h, q_idx, kv_idx", 0, len(args)), "score, b, h, q_idx, kv_idx, args")
+                       call_expr(0, "score, b, h, q_idx, kv_idx", 0, len(args)), "score, b, h, q_idx, kv_idx, args")
     return ScoreMod(name, wrapper, torch_fn, tuple(args), from_factory, check)
 
 

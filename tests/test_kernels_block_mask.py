@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import tritonpatch.kernels as K
 from attention_cases import new_tensor_at_old_address
 from tritonpatch.kernels.block_mask import EMPTY, FULL, PARTIAL
-from tritonpatch.kernels.masks import argument_key
+from tritonpatch.kernels._identity import argument_key
 
 
 def brute_force_classes(mask, batch, heads, q_len, kv_len, block_m, block_n):

@@ -1,4 +1,4 @@
-"""Replayed launches (kernels/runtime_launch.py LaunchPlans, TRITONPATCH_FAST_LAUNCH) without a GPU.
+"""Replayed launches (kernels/_runtime/launch.py LaunchPlans, TRITONPATCH_FAST_LAUNCH) without a GPU.
 
 Kernel launches are replaced by a fake compiled kernel. The central check: for a call that replays
 an earlier call's launch, the argument values the replay passes equal, position by position, the
@@ -28,7 +28,7 @@ from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from tritonpatch.kernels.fwd import launch as fwd_launch
 from tritonpatch.kernels._runtime import tma
-from tritonpatch.kernels.masks import argument_key
+from tritonpatch.kernels._identity import argument_key
 from attention_cases import new_tensor_at_old_address
 
 

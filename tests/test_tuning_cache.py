@@ -1,4 +1,4 @@
-"""Tuning decisions on disk (kernels/tuning_cache.py): storage, keys, and the two attention tuners
+"""Tuning decisions on disk (kernels/_runtime/tuning_cache.py): storage, keys, and the two attention tuners
 reusing a decision in a new process instead of timing again. The tuners run on CPU tensors with the
 kernel launches and ``do_bench`` replaced by fakes that record what was launched and report chosen
 times, so these tests need no GPU."""

@@ -52,9 +52,9 @@ def _preprocess_kernel(O, DO, DELTA, DLSE, DQ_ACC,
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_acc, stride_qm, stride_qd, stride_dom, stride_dod,
-                stride_dqb, stride_dqh, stride_dqm, num_tiles, tile_ids, b, h, kv_idx, q_len, kv_len, sm_scale, qk_scale,
-                mask_args, score_args, MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr, SCORE_GRAD_FN: tl.constexpr,
-                APPLY_MASK: tl.constexpr, HAS_SCORE: tl.constexpr, DQ_ADD: tl.constexpr, ADD_DQ: tl.constexpr,
+                stride_dqb, stride_dqh, stride_dqm, num_tiles, tile_ids, b, h, kv_idx, q_len, kv_len, sm_scale,
+                qk_scale, mask_args, score_args, MASK_FN: tl.constexpr, SCORE_FN: tl.constexpr,
+                SCORE_GRAD_FN: tl.constexpr, APPLY_MASK: tl.constexpr, HAS_SCORE: tl.constexpr, DQ_ADD: tl.constexpr, ADD_DQ: tl.constexpr,
                 USE_TMA: tl.constexpr, SUB_M: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Accumulate dK, dV of one kv tile over the q tiles ``tile_ids[:num_tiles]`` (each a mask block of
     ``SUB_M * BLOCK_M`` rows, walked ``BLOCK_M`` rows at a time). Works on transposed scores
@@ -185,7 +185,7 @@ def _dq_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride
         start_n = tl.load(tile_ids + t // SUB_N) * (SUB_N * BLOCK_N) + (t % SUB_N) * BLOCK_N
         kv_idx = start_n + offs_n
         kt, v = load_kv_tile(k_src, v_src, b, kv_h, start_n, kv_idx, kv_len, stride_kn, stride_kd, stride_vn,
-                              stride_vd, APPLY_MASK, USE_TMA, BLOCK_N, HEAD_DIM)
+                             stride_vd, APPLY_MASK, USE_TMA, BLOCK_N, HEAD_DIM)
         vt = tl.trans(v)
         s = tl.dot(q, kt)
         kv_safe = tl.minimum(kv_idx, kv_len - 1)[None, :]

@@ -94,7 +94,7 @@ def launch_dkdv(q, k, v, dout, dk, dv, dq_acc, lse, delta, tmask: TransposedBloc
 
 
 def launch_dq(q, k, v, out, dout, dq, lse, delta, dlse, block_mask: BlockMask, mask_mod, score_mod, scale,
-               config: KernelConfig, warmup: bool = False, plan_key=None):
+              config: KernelConfig, warmup: bool = False, plan_key=None):
     tensors = (q, k, v, out, dout, dq, lse, delta, dlse)
     key = None if plan_key is None else (plan_key, "dq", config)
     if not warmup and _PLANS.replay(key, tensors):
@@ -134,12 +134,12 @@ class Buffers:
 
     def dkdv(self, config: KernelConfig, dq_acc, dq_add: DqAdd | None, warmup: bool = False):
         launch_dkdv(self.q, self.k, self.v, self.dout, self.dk, self.dv, dq_acc, self.lse, self.delta,
-                     transpose_block_mask(self.masks_for(config)), self.mask_mod, self.score_mod, self.scale, config,
-                     dq_add, warmup, self.plan_key)
+                    transpose_block_mask(self.masks_for(config)), self.mask_mod, self.score_mod, self.scale, config,
+                    dq_add, warmup, self.plan_key)
 
     def dq(self, config: KernelConfig, dq, warmup: bool = False):
         launch_dq(self.q, self.k, self.v, self.out, self.dout, dq, self.lse, self.delta, self.dlse,
-                   self.masks_for(config), self.mask_mod, self.score_mod, self.scale, config, warmup, self.plan_key)
+                  self.masks_for(config), self.mask_mod, self.score_mod, self.scale, config, warmup, self.plan_key)
 
 
 def run(buf: Buffers, config: BwdConfig) -> torch.Tensor:
@@ -171,7 +171,8 @@ def compile_spec(kernel: str, dtype: torch.dtype, head_dim: int, config: KernelC
                     "LSE": "fp32", "DELTA": "fp32"}
         groups = ["q", "k", "v", "do", "dk"]
         extra = ["stride_qab", "stride_qah", "stride_qam", "stride_in"]
-        specific = {"DQ_ADD": None if dq_add is None else dq_add.fn, "ADD_DQ": dq_add is not None, "MASK_BLOCK_N": mask_n, "SUB_M": mask_m // config.block_m}
+        specific = {"DQ_ADD": None if dq_add is None else dq_add.fn, "ADD_DQ": dq_add is not None,
+                    "MASK_BLOCK_N": mask_n, "SUB_M": mask_m // config.block_m}
     elif kernel == "dq":
         fn = _attn_bwd_dq_kernel
         pointers = {"Q": elem, "K": elem, "V": elem, "O": elem, "DO": elem, "DQ": elem, "LSE": "fp32",
@@ -194,7 +195,7 @@ def compile_spec(kernel: str, dtype: torch.dtype, head_dim: int, config: KernelC
         signature.update({f"stride_{g}b": "i32", f"stride_{g}h": "i32", f"stride_{g}{row}": "i32"})
         constexprs[f"stride_{g}d"] = 1
     signature.update({name: "i32" for name in ["stride_lb", "stride_lh", "stride_nb", "stride_nh", "stride_ib",
-                                                "stride_ih", "num_heads", "group_size", "q_len", "kv_len"] + extra})
+                                               "stride_ih", "num_heads", "group_size", "q_len", "kv_len"] + extra})
     signature.update({"partial_num": "*i32", "partial_ids": "*i32", "full_num": "*i32", "full_ids": "*i32",
                       "sm_scale": "fp32", "qk_scale": "fp32",
                       "mask_args": arg_types(mask_mod.args),

@@ -49,7 +49,8 @@ def tune(buf: Buffers, block_mask, dq_mode: str, precompile: bool = True) -> Bwd
         return _tuned[key]
     disk_key = None if interpreting() else tuning_cache.tuning_key(
         "attention_bwd", buf.q, buf.k, buf.mask_mod, buf.score_mod, block_mask, dq_mode=dq_mode, tma=buf.tma_ok,
-        code=[kernel.cache_key for kernel in (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _preprocess_kernel)])
+        code=[kernel.cache_key
+              for kernel in (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _preprocess_kernel, ATOMIC_ADD.fn)])
     config = _stored_config(tuning_cache.lookup(disk_key), buf, block_mask)
     if config is None:
         if precompile:
@@ -60,7 +61,7 @@ def tune(buf: Buffers, block_mask, dq_mode: str, precompile: bool = True) -> Bwd
         else:
             config = _tune_mode(buf, block_mask, dq_mode)
         tuning_cache.remember(disk_key, {"dq_mode": config.dq_mode, "dkdv": config.dkdv.label(),
-                                          "dq": config.dq.label() if config.dq is not None else None})
+                                         "dq": config.dq.label() if config.dq is not None else None})
     _tuned[key] = config
     return config
 

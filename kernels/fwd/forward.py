@@ -41,6 +41,8 @@ def attention_forward(q, k, v, *, mask_mod: MaskMod | None = None, score_mod: Sc
 def forward_call_key(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, config):
     """The replay key of a forward call (:func:`.._call.call_key`); None for arguments the checks would
     reject."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return None
     return call_key((q, k, v), mask_mod, score_mod, block_mask, scale, enable_gqa, config)
 
 
@@ -57,7 +59,7 @@ def _resolve(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, config
     if config is None:
         config = tune(q, k, v, mask_mod, score_mod, block_mask, scale, masks_for, key)
     elif config.warp_specialize and (problem := warp_specialize_problem(q, k, v, mask_mod, score_mod, block_mask,
-                                                                         config.split)):
+                                                                        config.split)):
         raise ValueError(f"config {config.label()}: the warp-specialized kernel {problem}")
     elif block_mask is not None and (config.block_m, config.block_n) != (block_mask.block_m, block_mask.block_n):
         raise ValueError(f"config {config.label()} does not match block_mask tiles "

@@ -17,7 +17,7 @@ ALL_TILES, FULL_TILES, PARTIAL_TILES = 0, 1, 2   # the kernel's TILES: which til
 
 @triton.jit
 def load_kv_tile(k_src, v_src, b, kv_h, start_n, kv_idx, kv_len, stride_kn, stride_kd, stride_vn, stride_vd,
-                  CHECK_END: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+                 CHECK_END: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
     """K^T [HEAD_DIM, BLOCK_N] and V [BLOCK_N, HEAD_DIM] of one kv tile.
 
     With USE_TMA the sources are 4-D tensor descriptors (TMA zero-fills past the end); otherwise
@@ -93,7 +93,7 @@ def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_v
         start_n = tl.load(tile_ids + j) * BLOCK_N
         kv_idx = start_n + offs_n
         k, v = load_kv_tile(k_src, v_src, b, kv_h, start_n, kv_idx, kv_len, stride_kn, stride_kd, stride_vn, stride_vd,
-                             APPLY_MASK, USE_TMA, BLOCK_N, HEAD_DIM)
+                            APPLY_MASK, USE_TMA, BLOCK_N, HEAD_DIM)
         x = tl.dot(q, k)
         if HAS_SCORE:
             x = SCORE_FN(x * sm_scale, b, h, q_idx, kv_idx[None, :], score_args)

@@ -53,22 +53,22 @@ _PLANS = LaunchPlans()
 
 
 def launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_mod, scale, config: FwdConfig,
-            warmup: bool = False, plan_key=None):
+           warmup: bool = False, plan_key=None):
     """Launch the forward kernel (both passes of a split config), or with ``warmup`` only compile it
     (returns the (last) compiled kernel, a future inside ``parallel_compiles``). ``plan_key``: replay
     the launches recorded under this key (see :class:`LaunchPlans`), or record these."""
     if not config.split:
         return launch_pass(q, k, v, out, lse, block_mask, mask_mod, score_mod, scale, config, ALL_TILES, warmup,
-                            plan_key)
+                           plan_key)
     # the first pass is the warp-specialized kernel of this config (``split`` is not read per pass)
     launch_pass(q, k, v, out, lse, block_mask, mask_mod, score_mod, scale, config, FULL_TILES, warmup,
-                 None if plan_key is None else (plan_key, FULL_TILES))
+                None if plan_key is None else (plan_key, FULL_TILES))
     return launch_pass(q, k, v, out, lse, block_mask, mask_mod, score_mod, scale, SPLIT_PARTIAL_CONFIG,
-                        PARTIAL_TILES, warmup, None if plan_key is None else (plan_key, PARTIAL_TILES))
+                       PARTIAL_TILES, warmup, None if plan_key is None else (plan_key, PARTIAL_TILES))
 
 
 def launch_pass(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_mod, scale, config: FwdConfig,
-                 tiles: int, warmup: bool, plan_key):
+                tiles: int, warmup: bool, plan_key):
     """One launch of ``_attn_fwd_kernel`` over the ``tiles`` of the block mask."""
     tensors = (q, k, v, out, lse)
     if plan_key is not None and not warmup:

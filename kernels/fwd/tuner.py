@@ -54,12 +54,12 @@ def tune(q, k, v, mask_mod, score_mod, block_mask, scale, masks_for, plan_key=No
         best = candidates[0]
     else:
         disk_key = tuning_cache.tuning_key("attention_fwd", q, k, mask_mod, score_mod, block_mask,
-                                            tma=tma_ok, code=_attn_fwd_kernel.cache_key)
+                                           tma=tma_ok, code=_attn_fwd_kernel.cache_key)
         best = tuning_cache.by_label(candidates, (tuning_cache.lookup(disk_key) or {}).get("config"))
         if best is None:
             def launch_config(cfg, warmup=False):
                 return launch(q, k, v, out, lse, masks_for(cfg), mask_mod, score_mod, scale, cfg, warmup,
-                               None if plan_key is None else (plan_key, cfg))
+                              None if plan_key is None else (plan_key, cfg))
 
             with parallel_compiles():
                 for cfg in candidates:

@@ -33,6 +33,7 @@ import triton.language as tl
 
 import tritonpatch.kernels as K
 from tritonpatch.kernels._call import BlockMasks
+from tritonpatch.kernels._identity import launch_key
 from tritonpatch.kernels._runtime.launch import replay_key
 from tritonpatch.kernels.bwd import backward as bwd_backward
 from tritonpatch.kernels.bwd import configs as bwd_configs
@@ -114,8 +115,10 @@ def forward(q, k, v, mask):
 def no_dq_backward(q, k, v, out, lse, dout, mask, config: bwd_configs.BwdConfig):
     """A call running the atomic mode's kernels as ``attention_backward`` does (delta and the zeroed
     accumulator, then dK/dV; launches replayed after the first), without any dQ work."""
-    buffers = bwd_launch.Buffers(q, k, v, out, dout, lse, None, mask, None, q.shape[-1] ** -0.5,
-                                 BlockMasks(None, mask, q, k), plan_key=replay_key((q, k, v, out, lse, dout), "no dQ"))
+    scale = q.shape[-1] ** -0.5
+    key = replay_key((q, k, v, out, lse, dout), "no dQ", launch_key(mask), scale, config)
+    buffers = bwd_launch.Buffers(q, k, v, out, dout, lse, None, mask, None, scale, BlockMasks(None, mask, q, k),
+                                 plan_key=key)
 
     def call():
         dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device)
