@@ -345,17 +345,28 @@ def test_command_line_shows_a_case_and_writes_the_log(tmp_path, capsys):
     assert status == (1 if payload["findings"] else 0)
 
 
-def test_feature_filter_keeps_only_kernels_with_one_of_the_features(capsys):
-    """--feature narrows the seed range to kernels with one of the named features; a filter that
-    matches nothing is an error, not an empty run that passes."""
-    from tritonpatch.fuzz.__main__ import selected_seeds
+def test_feature_filter_keeps_only_kernels_with_one_of_the_features(capsys, monkeypatch):
+    """--feature narrows the seed range to kernels with one of the named features, generating each
+    kernel of the range once; a filter that matches nothing is an error, not an empty run that passes."""
+    import importlib
+
+    from tritonpatch.fuzz.generate import generate_kernels
 
     wanted = ["pre-select-trans-scale", "pre-select-cast-scale"]
-    seeds = selected_seeds(range(400), wanted)
+    seeds = list(generate_kernels(range(400), wanted))
     assert seeds and all(set(wanted) & set(generate(seed).features) for seed in seeds)
     assert all(not set(wanted) & set(generate(seed).features) for seed in set(range(400)) - set(seeds))
     assert main(["--seed", "0", "--kernels", "20", "--feature", "no-such-feature"]) == 2
     assert "no kernel of seeds 0..19 has a feature" in capsys.readouterr().err
+
+    generator = importlib.import_module("tritonpatch.fuzz.generate")   # (the package's name is the function)
+    generated = []
+    make = generator.generate
+    monkeypatch.setattr(generator, "generate", lambda seed: generated.append(seed) or make(seed))
+    assert main(["--seed", "20", "--kernels", "10", "--feature", "pre-select-trans-scale", "--pipeline", "skip",
+                 "--jobs", "1"]) == 0
+    assert "1 of 10 kernels have a feature of ['pre-select-trans-scale']" in capsys.readouterr().out
+    assert generated == list(range(20, 30))      # in this process: each kernel of the range once
 
 
 def test_command_line_rejects_an_unknown_pass(capsys):

@@ -5,11 +5,10 @@ import argparse
 import shlex
 import sys
 
-from .generate import generate
 from .checks import SAMPLES
 from .pipelines import PIPELINES, REFERENCE, pass_names
 from .report import summary, write_log
-from .run import run
+from .run import NoKernelSelected, run
 
 
 def parse_args(argv=None):
@@ -52,14 +51,6 @@ def parse_args(argv=None):
     return args
 
 
-def selected_seeds(seeds, features: list[str] | None) -> list[int]:
-    """``seeds``, or those whose kernel has at least one of ``features`` (generation is cheap)."""
-    if not features:
-        return list(seeds)
-    wanted = set(features)
-    return [seed for seed in seeds if wanted.intersection(generate(seed).features)]
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.gpu:
@@ -67,14 +58,12 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("--gpu needs a CUDA GPU; run without --gpu for the compile-only checks", file=sys.stderr)
             return 2
-    seeds = selected_seeds(range(args.seed, args.seed + args.kernels), args.feature)
-    if not seeds:
-        print(f"no kernel of seeds {args.seed}..{args.seed + args.kernels - 1} has a feature of {args.feature}",
-              file=sys.stderr)
+    try:
+        result = run(range(args.seed, args.seed + args.kernels), args.pipelines, features=args.feature, gpu=args.gpu,
+                     jobs=args.jobs, samples=args.samples, show=args.show)
+    except NoKernelSelected as exc:
+        print(exc, file=sys.stderr)
         return 2
-    if args.feature:
-        print(f"{len(seeds)} of {args.kernels} kernels have a feature of {args.feature}", flush=True)
-    result = run(seeds, args.pipelines, gpu=args.gpu, jobs=args.jobs, samples=args.samples, show=args.show)
     print(summary(result))
     if args.log:
         command = "python -m tritonpatch.fuzz " + " ".join(shlex.quote(a) for a in (argv if argv is not None

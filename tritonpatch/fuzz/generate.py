@@ -90,3 +90,15 @@ def generate(seed: int) -> Kernel:
                   index_width=sizes["index_width"],
                   loop_effects=tuple(d.loop_effects), table=table,
                   used_scalars=tuple(n for n in SCALAR_KINDS if n in d.scalars and _reads(d.lines, n)))
+
+
+def generate_kernels(seeds, features: list[str] | None = None) -> dict[int, Kernel]:
+    """Seed -> kernel for ``seeds``, each kernel generated once; with ``features``, only the kernels
+    that have at least one of them (see ``Kernel.features``)."""
+    wanted = set(features or ())
+    kernels = {}
+    for seed in seeds:
+        kernel = generate(seed)
+        if not wanted or wanted.intersection(kernel.features):
+            kernels[seed] = kernel
+    return kernels

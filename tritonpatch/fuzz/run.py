@@ -36,7 +36,7 @@ from tritonpatch.passes import collect_reports
 
 from .checks import SAMPLES, static_findings
 from .compiling import compile_all, compile_case, worker_init
-from .generate import generate
+from .generate import generate_kernels
 from .gpu import compare, initial_tensors, launch
 from .kernel import Kernel
 from .pipelines import PIPELINES, REFERENCE, pass_names
@@ -52,10 +52,16 @@ def _progress(out, done: int, total: int, compared: int, findings: int, start: f
           file=out, flush=True)
 
 
-def run(seeds, pipelines=PIPELINES, *, gpu: bool = False, jobs: int | None = None, samples: int = SAMPLES,
-        out=None, show: bool = False) -> RunResult:
-    """Compile, check and (``gpu``) compare every case of ``seeds`` x (reference + ``pipelines``);
-    progress (and with ``show`` each kernel and case) goes to ``out`` (default: stdout)."""
+class NoKernelSelected(ValueError):
+    """No kernel of the seeds has one of the features asked for (a run of nothing would pass)."""
+
+
+def run(seeds, pipelines=PIPELINES, *, features: list[str] | None = None, gpu: bool = False, jobs: int | None = None,
+        samples: int = SAMPLES, out=None, show: bool = False) -> RunResult:
+    """Compile, check and (``gpu``) compare every case of the kernels of ``seeds`` x (reference +
+    ``pipelines``); with ``features``, of only the kernels that have one of them (each kernel is
+    generated once; :class:`NoKernelSelected` when none has). Progress (and with ``show`` each
+    kernel and case) goes to ``out`` (default: stdout)."""
     from triton.backends.compiler import GPUTarget
 
     out = out or sys.stdout
@@ -65,10 +71,16 @@ def run(seeds, pipelines=PIPELINES, *, gpu: bool = False, jobs: int | None = Non
         pass_names(pipeline)
     jobs = max(1, jobs or os.cpu_count() or 1)
     start = time.perf_counter()
+    kernels = generate_kernels(seeds, features)
+    if features:
+        if not kernels:
+            span = f"{seeds[0]}..{seeds[-1]}" if seeds else "(none)"
+            raise NoKernelSelected(f"no kernel of seeds {span} has a feature of {features}")
+        print(f"{len(kernels)} of {len(seeds)} kernels have a feature of {features}", file=out, flush=True)
+        seeds = list(kernels)
     run_dir = tempfile.mkdtemp(prefix="tritonpatch-fuzz-")
     kernel_dir, cache_dir = os.path.join(run_dir, "kernels"), os.path.join(run_dir, "cache")
     os.makedirs(kernel_dir)
-    kernels = {seed: generate(seed) for seed in seeds}
     for kernel in kernels.values():
         with open(os.path.join(kernel_dir, kernel.name + ".py"), "w") as handle:
             handle.write(kernel.source)
