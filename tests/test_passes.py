@@ -255,6 +255,27 @@ def test_a_pass_that_changes_nothing_returns_the_module_itself():
     assert reports[0].counts == {"loops_split": 0} and reports[0].kept
 
 
+def test_a_stage_parses_each_changed_text_once(monkeypatch):
+    """The runner verifies each pass's changed output by parsing it with Triton and hands on the
+    last module it parsed: one parse per pass that changed the IR, none more for the result."""
+    import tritonpatch.passes.runner as runner
+    from triton._C.libtriton import ir
+
+    compiled, _, _ = compile_with([], constexprs=loop_constexprs(CAUSAL))
+    context = ir.context()
+    ir.load_dialects(context)
+    parse = runner.parse_module
+    module = parse(compiled.asm["ttir"], context)
+    parsed = []
+    monkeypatch.setattr(runner, "parse_module", lambda text, ctx: parsed.append(text) or parse(text, ctx))
+    specs = [parse_pass_spec("skip-masked-blocks"), parse_pass_spec("elide-uniform-masks")]
+    with collect_reports() as reports:
+        result = run_stage_passes("ttir", module, specs, strict=True)
+    assert [r.name for r in reports if any(r.counts.values())] == ["skip-masked-blocks", "elide-uniform-masks"]
+    assert len(parsed) == 2 and len(set(parsed)) == 2
+    assert result is not module and result.str() == parse(parsed[-1], context).str()
+
+
 # --- the seed kernel ---------------------------------------------------------------------------
 BLOCK_POINTERS = tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 9)   # removed in Triton 3.9
 

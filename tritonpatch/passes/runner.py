@@ -1,8 +1,9 @@
 """Running the passes of one stage on Triton's module, with the fallback that keeps them safe.
 
-:func:`apply_stage_passes` runs the passes of one stage in order on the module's text, re-parses
-the result with Triton and verifies it; if any pass raises or its output does not verify, the
-stage keeps the unpatched module and emits one warning (or raises
+:func:`apply_stage_passes` runs the passes of one stage in order on the module's text; each text a
+pass changed is parsed with Triton and verified once (so a failure names the pass that caused it),
+and the last module parsed is the stage's result. If any pass raises or its output does not
+verify, the stage keeps the unpatched module and emits one warning (or raises
 :class:`~tritonpatch.errors.PassError` in strict mode), so a pass can never miscompile quietly.
 """
 from __future__ import annotations
@@ -64,7 +65,7 @@ def apply_stage_passes(stage: str, module, specs: Sequence[PassSpec], *, strict:
         return StageOutcome(module, [])
     original = module.str()
     kernel = _kernel_name(original)
-    text, reports, changed = original, [], False
+    text, reports, result = original, [], module
     try:
         for spec in selected:
             info = pass_info(spec[0])
@@ -76,12 +77,11 @@ def apply_stage_passes(stage: str, module, specs: Sequence[PassSpec], *, strict:
             reports.append(PassReport(info.name, stage, kernel, dict(counts), notes=tuple(notes)))
             if new_text != text:
                 try:
-                    parse_module(new_text, module.context)
+                    result = parse_module(new_text, module.context)
                 except Exception as exc:  # noqa: BLE001
                     raise PassError(f"pass {info.name!r} produced IR that Triton rejects on kernel {kernel!r}: "
                                     f"{type(exc).__name__}: {exc}") from exc
-                text, changed = new_text, True
-        result = parse_module(text, module.context) if changed else module
+                text = new_text
     except PassError as exc:
         for report in reports:
             report.kept = False
