@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from . import __version__, env
 from . import passes as ir_passes
+from .passes import registry as pass_registry
 from ._llvm_registry import normalize_value
 from .errors import NativeUnavailableError, OptionTypeError, PipelineError, UnknownOptionError
 
@@ -190,7 +191,7 @@ class Pipeline:
         if not self.passes:
             return self._tag
         memo = self._pass_tag
-        generation, strict = ir_passes.generation, _strict_setting()
+        generation, strict = pass_registry.generation, _strict_setting()
         if memo[0] == generation and memo[1] == strict:
             return memo[2]
         tag = f"{self._tag}{ir_passes.implementation_tag(self.passes)}{'-strict' if env.strict() else ''}"

@@ -22,7 +22,6 @@ The framework modules above know nothing of the built-in passes; those are the a
 """
 from __future__ import annotations
 
-from . import registry
 from .builtin import register_builtin_passes
 from .digests import implementation_digest, source_digest
 from .registry import (STAGES, PassInfo, PassOption, PassSpec, available_passes, implementation_tag, pass_info,
@@ -32,14 +31,6 @@ from .runner import StageOutcome, apply_stage_passes, parse_module, run_stage_pa
 from .specs import parse_pass_spec, resolved_options, validate_pass_spec
 
 register_builtin_passes()
-
-
-def __getattr__(name: str):
-    """``generation``: the registry's count of registrations and removals, read where it is now
-    (a Pipeline's memoized cache tag is stale once it moves)."""
-    if name == "generation":
-        return registry.generation
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["PassSpec", "PassOption", "PassInfo", "PassReport", "STAGES", "register_pass", "unregister_pass",
