@@ -9,7 +9,8 @@ import tempfile
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))  # tests import compile_helpers
+# tests import their helpers (tests/_support: compile_helpers, attention_cases, ...) and the IR corpus package
+sys.path[:0] = [os.path.join(os.path.dirname(__file__), "_support"), os.path.dirname(__file__)]
 
 
 GPU_SKIP_REASON = "needs a CUDA GPU (run on the device machine)"

@@ -50,7 +50,7 @@ class FwdConfig:
 
 
 # Candidates for Hopper (H100/H200), chosen from ptxas reports for sm_90a (registers, spills, shared memory
-# within 227 KB; tests/test_kernels_compile.py holds each to its spill budget) and the H200 sweeps
+# within 227 KB; tests/cpu/test_kernels_compile.py holds each to its spill budget) and the H200 sweeps
 # (scripts/benchmarks/attention.py --sweep, docs/history.md#attention-forward); the tuner times them on the
 # first call per shape. The 64-row one-warpgroup tiles waste less of the partial tiles and, with 2 stages,
 # fit 2-4 programs per SM (by registers and shared memory), whose softmax and matmuls can overlap: they won

@@ -5,7 +5,7 @@ launch-like argument attributes, so the corpus can be regenerated bit for bit. T
 kernels (the seed report's kernel, the attention forward and backward, the masked-matmul
 example) are taken through their public compile paths; the loop kernels below are the corpus's
 own, frozen here so that editing a test elsewhere never moves the corpus: the mask styles of
-tests/test_passes.py, a caller-given loop range, an impure inline asm in the loop, an xor mask,
+tests/cpu/test_passes.py, a caller-given loop range, an impure inline asm in the loop, an xor mask,
 and the Triton tutorial's two-stage causal attention.
 """
 from __future__ import annotations

@@ -44,7 +44,7 @@ the copy is not emitted:
 * anything else (a dot, a load, an add, ...): no multiply to fuse, so a register move
   (``mov.b32``), opaque to LLVM and free in ptxas.
 
-tests/test_passes.py and tests/test_passes_contraction.py check on SASS that each all-true copy
+tests/cpu/test_passes.py and tests/cpu/test_passes_contraction.py check on SASS that each all-true copy
 does the floating-point work of the unpatched loop.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "tritonpatch"
 HEAVY = ("triton", "torch")  # imported only where a compile or a command needs them
 OPTIONAL = {"tritonpatch._native"}  # the C++ extension: absent when tritonpatch was installed without it

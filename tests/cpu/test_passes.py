@@ -108,7 +108,7 @@ def compile_like_a_launch(fn, signature, constexprs, passes, num_stages=2):
     arguments divisible by 16), so loads are pipelined as on the device. Under Triton 3.8 the
     ptxas it ships (CUDA 12.9) crashes (SIGSEGV) on some split loops; the compile then falls back
     to the unpatched kernel with a warning, and the test is an expected failure (docs/passes.md,
-    tests/data/ptxas_wgmma_wait_crash.ptx)."""
+    tests/_support/data/ptxas_wgmma_wait_crash.ptx)."""
     from triton.compiler import ASTSource
     from tritonpatch.targets import parse_target
     names = list(fn.arg_names)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 COMPAT = {ROOT / "tritonpatch" / "_triton_compat.py", ROOT / "kernels" / "_runtime" / "triton_compat.py"}
 
 

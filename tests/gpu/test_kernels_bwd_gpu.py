@@ -1,7 +1,7 @@
 """GPU numerics of the attention backward vs autograd through the fp32 reference (bf16, relative
 error <= 2e-2 per gradient), both tile-load paths (pointers, TMA descriptors), determinism of
 dq_mode="separate", and the inline-PTX red and TMA reduce-add dQ variants.
-Run on the device machine: ``pytest -m gpu tests/test_kernels_bwd_gpu.py``."""
+Run on the device machine: ``pytest -m gpu tests/gpu/test_kernels_bwd_gpu.py``."""
 from __future__ import annotations
 
 import dataclasses

@@ -15,7 +15,7 @@ from pipeline_helpers import HERE, child_environment, fresh_process_ptx
 from tritonpatch import Pipeline, PipelineError, env
 from tritonpatch.pipeline import pipeline_from_environ
 
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))   # the repository (HERE: tests/_support)
 native = pytest.mark.skipif(not tllvm.available(), reason="tritonpatch._native is not usable here")
 
 

@@ -20,7 +20,7 @@ import triton.language as tl
 
 import tritonpatch.kernels as K
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def doc_ids(seq, device):
@@ -67,7 +67,7 @@ def run_interpreter_suite(test_file: str) -> tuple[int, int]:
     set before Triton is imported); assert it passed and return (passed, skipped) counts."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                           os.path.join(REPO, "tests", test_file)],
+                           os.path.join(REPO, "tests", "interpret", test_file)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     summary = proc.stdout.splitlines()[-1]
@@ -106,7 +106,7 @@ def new_tensor_at_old_address(how: str, first_values, second_values, dtype, use,
 
 
 # ---------------------------------------------------------------------------------------------
-# Seeded random attention calls (tests/test_attention_random*.py)
+# Seeded random attention calls (tests/cpu/test_attention_random.py, tests/interpret/test_attention_random_interpret.py)
 # ---------------------------------------------------------------------------------------------
 
 SEED_VARIABLE = "ATTENTION_RANDOM_SEED"

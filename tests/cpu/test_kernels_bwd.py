@@ -23,7 +23,7 @@ from attention_cases import run_interpreter_suite, spill_allowance
 
 
 def test_interpreter_suite():
-    """tests/test_kernels_bwd_interpret.py in its own TRITON_INTERPRET=1 process."""
+    """tests/interpret/test_kernels_bwd_interpret.py in its own TRITON_INTERPRET=1 process."""
     passed, skipped = run_interpreter_suite("test_kernels_bwd_interpret.py")
     assert passed > 0 and skipped == 0
 

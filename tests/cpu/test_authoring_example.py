@@ -16,7 +16,7 @@ from pipeline_helpers import raw_llvm_options
 from tritonpatch._triton_compat import TRITON_VERSION
 from tritonpatch.targets import compile_for_target
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
 sys.path.insert(0, EXAMPLES)
 import masked_matmul as example  # noqa: E402
 

@@ -1,5 +1,5 @@
 """GPU numerics of the attention forward vs the fp32 reference (bf16, relative error <= 1e-2).
-Run on the device machine: ``pytest -m gpu tests/test_kernels_gpu.py``."""
+Run on the device machine: ``pytest -m gpu tests/gpu/test_kernels_gpu.py``."""
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,6 @@
 """The brute-force oracle of the mask verdicts: a mask evaluated on every element of its tile.
 
-The property tests (tests/test_passes_intervals.py) check the passes' interval formulas
+The property tests (tests/cpu/test_passes_intervals.py) check the passes' interval formulas
 (:mod:`tritonpatch.passes.masks`, :mod:`tritonpatch.passes.iterations`) against it."""
 from __future__ import annotations
 

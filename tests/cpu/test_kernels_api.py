@@ -12,7 +12,7 @@ from attention_cases import run_interpreter_suite
 
 
 def test_interpreter_suite():
-    """tests/test_kernels_interpret.py in its own TRITON_INTERPRET=1 process."""
+    """tests/interpret/test_kernels_interpret.py in its own TRITON_INTERPRET=1 process."""
     passed, _ = run_interpreter_suite("test_kernels_interpret.py")
     assert passed >= 30   # the suite really ran
 

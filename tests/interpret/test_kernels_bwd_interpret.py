@@ -13,7 +13,7 @@ import triton.language as tl  # noqa: F401 - the interpreter needs tl in jit fun
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="interpreter tests run in their own TRITON_INTERPRET=1 process "
-                                       "(tests/test_kernels_bwd.py::test_interpreter_suite)")
+                                       "(tests/cpu/test_kernels_bwd.py::test_interpreter_suite)")
 
 import tritonpatch.kernels as K  # noqa: E402
 from tritonpatch.kernels import block_mask as block_mask_module  # noqa: E402

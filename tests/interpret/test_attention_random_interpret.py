@@ -1,5 +1,5 @@
 """Randomized attention in Triton's interpreter against the reference: the CPU twin of
-tests/test_attention_random.py at small sizes, plus the packed-sequence loop that once reused freed
+tests/cpu/test_attention_random.py at small sizes, plus the packed-sequence loop that once reused freed
 doc_ids addresses.
 
 Runs only with ``TRITON_INTERPRET=1`` set before Triton is imported;
@@ -16,7 +16,7 @@ import triton.language as tl  # noqa: F401 - the interpreter needs tl in jit fun
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="interpreter tests run in their own TRITON_INTERPRET=1 process "
-                                       "(tests/test_attention_random.py::test_interpreter_suite)")
+                                       "(tests/cpu/test_attention_random.py::test_interpreter_suite)")
 
 import tritonpatch.kernels as K  # noqa: E402
 from attention_cases import (RandomCalls, check_random_call, new_tensor_at_old_address,  # noqa: E402

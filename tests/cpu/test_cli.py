@@ -69,7 +69,7 @@ def test_bench_lists_the_checkouts_benchmarks():
     """The console script finds scripts/benchmarks/<name>.py of the checkout it is installed from."""
     listed = run_cli("bench", "--list")
     assert listed.returncode == 0, listed.stderr
-    folder = os.path.join(os.path.dirname(__file__), "..", "scripts", "benchmarks")
+    folder = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "benchmarks")
     listed_paths = {line.split()[0]: os.path.realpath(line.split()[1]) for line in listed.stdout.splitlines()}
     assert listed_paths == {name[:-3]: os.path.realpath(os.path.join(folder, name)) for name in os.listdir(folder)
                             if name.endswith(".py") and not name.startswith("_")}
@@ -132,7 +132,7 @@ def test_version_says_why_llvm_options_are_unavailable(monkeypatch):
 
 
 def test_license_is_mit_as_the_metadata_says():
-    root = os.path.join(os.path.dirname(__file__), "..")
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
     with open(os.path.join(root, "LICENSE")) as f:
         text = f.read()
     with open(os.path.join(root, "pyproject.toml")) as f:

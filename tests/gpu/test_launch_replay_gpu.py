@@ -2,7 +2,7 @@
 launches (TRITONPATCH_FAST_LAUNCH=0), call after call with fresh inputs, forward and backward, for the
 pointer, TMA and warp-specialized forward kernels; a document mask whose ids change in place and an
 input with another alignment are not served by a stale plan.
-Run on the device machine: ``pytest -m gpu tests/test_launch_replay_gpu.py``."""
+Run on the device machine: ``pytest -m gpu tests/gpu/test_launch_replay_gpu.py``."""
 from __future__ import annotations
 
 import pytest

@@ -11,7 +11,7 @@ import textwrap
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples"))
 from strided_sum import strided_sum  # noqa: E402  (the example doubles as the pipeline tests' kernel)
 
 

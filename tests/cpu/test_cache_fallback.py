@@ -5,6 +5,7 @@ compiles in fresh processes."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import textwrap
 import warnings
@@ -123,7 +124,7 @@ def test_strict_and_successful_passes_are_keyed_apart_once(monkeypatch):
 
 _MASKED_LOOP = textwrap.dedent("""
     import json, sys, warnings
-    sys.path.insert(0, {here!r})
+    sys.path[:0] = [{here!r}, {cpu_tests!r}]
     import tritonpatch
     from test_passes import CAUSAL, LOOP_SIGNATURE, PREFIX_RUNTIME, DIAGONAL, loop_constexprs, masked_loop_kernel
     from triton.compiler import ASTSource
@@ -148,7 +149,7 @@ def test_masked_loop_elision_compiles_or_falls_back_to_the_plain_kernel():
     """On Triton 3.8 ptxas crashes on some elided masked loops: the compile must still give a
     kernel, the unpatched one, with one warning. Elsewhere the elision compiles."""
     def run(passes):
-        return run_fresh_process(_MASKED_LOOP.format(here=HERE), child_environment(), args=(json.dumps(passes),))
+        return run_fresh_process(_MASKED_LOOP.format(here=HERE, cpu_tests=os.path.dirname(os.path.abspath(__file__))), child_environment(), args=(json.dumps(passes),))
 
     plain, elided = run([]), run(["elide-uniform-masks"])
     for mask, result in elided.items():

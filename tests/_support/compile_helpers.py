@@ -12,7 +12,8 @@ import triton.language as tl
 
 from tritonpatch.targets import compile_for_target
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "examples"))
 from masked_attention import masked_attention_kernel  # noqa: E402  (the example doubles as a test kernel)
 
 

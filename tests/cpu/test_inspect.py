@@ -120,7 +120,7 @@ def test_compare_reports_known_differences():
 
 
 def test_cli_compare_json_html_and_cache_dir(tmp_path):
-    spec = os.path.join(os.path.dirname(__file__), "..", "examples", "masked_attention.toml")
+    spec = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "masked_attention.toml")
     html = tmp_path / "report.html"
     cache = tmp_path / "cache"
     result = run_cli_env({"TRITON_CACHE_DIR": str(cache)}, "compare", spec, "--b", "disable-lsr", "--json",
@@ -144,7 +144,7 @@ def test_cli_compare_json_html_and_cache_dir(tmp_path):
 
 
 def test_cli_cache_dir_names_the_pipeline_that_built_each_entry(tmp_path):
-    spec = os.path.join(os.path.dirname(__file__), "..", "examples", "masked_attention.toml")
+    spec = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "masked_attention.toml")
     cache = tmp_path / "cache"
     built = run_cli_env({"TRITON_CACHE_DIR": str(cache)}, "compare", spec, "--b", "disable-lsr", "--json")
     assert built.returncode == 0, built.stderr
@@ -153,7 +153,7 @@ def test_cli_cache_dir_names_the_pipeline_that_built_each_entry(tmp_path):
 
 
 def test_cli_compare_rejects_a_bad_pipeline():
-    spec = os.path.join(os.path.dirname(__file__), "..", "examples", "masked_attention.toml")
+    spec = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "masked_attention.toml")
     result = run_cli("compare", spec, "--b", "frobnicate")
     assert result.returncode == 2 and "bad item 'frobnicate'" in result.stderr
 
@@ -184,14 +184,14 @@ def test_launch_sections_are_checked(launch, message):
 def test_example_launch_section_is_valid():
     from tritonpatch.cli import load_kernel_spec
 
-    spec = load_kernel_spec(os.path.join(os.path.dirname(__file__), "..", "examples", "masked_attention.toml"))
+    spec = load_kernel_spec(os.path.join(os.path.dirname(__file__), "..", "..", "examples", "masked_attention.toml"))
     assert spec["launch"]["outputs"] == ["Out"]
 
 
 @pytest.mark.gpu
 def test_cli_compare_times_both_variants_and_checks_outputs_on_a_gpu():
     """disable-lsr rewrites address arithmetic only: the outputs must be bitwise equal."""
-    spec = os.path.join(os.path.dirname(__file__), "..", "examples", "masked_attention.toml")
+    spec = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "masked_attention.toml")
     result = run_cli("compare", spec, "--b", "disable-lsr", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)

@@ -1,12 +1,12 @@
 """Randomized attention against the fp32 reference: many calls with fresh tensors and fresh modifier
-tensors of recurring shapes (tests/attention_cases.py RandomCalls), the pattern that catches caches
+tensors of recurring shapes (tests/_support/attention_cases.py RandomCalls), the pattern that catches caches
 fooled by a reused address or an in-place write, over every mask factory and their combinations,
 custom modifiers with tensor arguments, score modifiers, GQA/MQA, Sq != Skv, ragged lengths, prebuilt
 block masks, forward and backward.
 
-GPU: ``python -m pytest -m gpu tests/test_attention_random.py`` (seed: ``ATTENTION_RANDOM_SEED``,
+GPU: ``python -m pytest -m gpu tests/cpu/test_attention_random.py`` (seed: ``ATTENTION_RANDOM_SEED``,
 default 2024; a failure names the seed and the call). The CPU twin, in Triton's interpreter at small
-sizes, is tests/test_attention_random_interpret.py; ``test_interpreter_suite`` runs it in its own
+sizes, is tests/interpret/test_attention_random_interpret.py; ``test_interpreter_suite`` runs it in its own
 ``TRITON_INTERPRET=1`` process.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from attention_cases import RandomCalls, check_random_call, random_seed, run_int
 # (B, H, Hkv, Sq, Skv, D): multiples of the tiles and ragged ends, GQA and MQA, Sq < Skv and Sq > Skv
 GPU_SHAPES = [(2, 8, 8, 1024, 1024, 64), (1, 8, 2, 1000, 1000, 128), (2, 4, 1, 700, 1100, 64),
               (3, 4, 4, 777, 777, 128), (1, 16, 4, 2048, 2048, 128), (2, 6, 3, 1536, 500, 64)]
-GPU_LIMITS = {"out": 1e-2, "grad": 2e-2, "lse": 1e-2, "lse_rtol": 1e-3}   # as tests/test_kernels_gpu.py, _bwd_gpu.py
+GPU_LIMITS = {"out": 1e-2, "grad": 2e-2, "lse": 1e-2, "lse_rtol": 1e-3}   # as tests/gpu/test_kernels_gpu.py, _bwd_gpu.py
 
 
 @pytest.mark.gpu
@@ -36,6 +36,6 @@ def test_random_calls_match_reference():
 
 
 def test_interpreter_suite():
-    """tests/test_attention_random_interpret.py in its own TRITON_INTERPRET=1 process."""
+    """tests/interpret/test_attention_random_interpret.py in its own TRITON_INTERPRET=1 process."""
     passed, skipped = run_interpreter_suite("test_attention_random_interpret.py")
     assert passed >= 3 and skipped == 0
