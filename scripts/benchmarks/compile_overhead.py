@@ -103,7 +103,7 @@ def bench_compile(rounds: int) -> dict:
             for mode in order:
                 set_mode(mode)
                 seconds = compile_seconds(name)
-                if round_index:  # round 0 is warm-up
+                if round_index:  # the first round is warm-up
                     times[name][mode].append(seconds)
     tritonpatch.uninstall()
     result = {}
