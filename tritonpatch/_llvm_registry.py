@@ -12,19 +12,12 @@ a typed Python face (``tritonpatch.llvm`` re-exports it, with the Pipeline-level
     apply_options / restore_options change LLVM's live values now (low level, for code that
                                     does not compile: compiles in between are neither scoped nor keyed)
 
-Values are set only through LLVM's own command-line parser, after validation, and read back.
-Restoring is exact: an option that had never been specified goes back through
-``Option::reset()`` (LLVM code tests ``getNumOccurrences()``), its occurrence count included.
-
-Options whose setting runs a callback (``cl::cb``) are never set: the callback changes LLVM state
-outside the option, which no restore undoes. Options whose valid values can still end the process
-inside LLVM, touch files, start programs or print LLVM's internals are refused unless allowed by
-name with ``allow_unsafe_options(name, ...)``; ``unsafe_reason(name)`` says why.
+How values are set and restored, and which options are refused: :mod:`tritonpatch.llvm`.
 
 Only :mod:`._llvm_gate`, :mod:`._llvm_values` (what each option accepts) and :mod:`.errors` are
 imported from tritonpatch: the scope that applies options around compiles (:mod:`._llvm_scope`) and
-the Pipeline layers sit above this module. Two imports wait for the first opening of the registry, for optional parts: the native
-extension (absent when tritonpatch was installed without building it) and Triton itself.
+the Pipeline layers sit above this module. Two imports wait for the first opening of the registry,
+for optional parts: the native extension (absent when tritonpatch was installed without building it) and Triton itself.
 """
 from __future__ import annotations
 
