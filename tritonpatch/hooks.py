@@ -40,6 +40,7 @@ from ._current import compile_pipeline, current_cache_tag, environment_pipeline,
 from .errors import PassError, PipelineError
 from .passes import apply_stage_passes, parse_module
 from .pipeline import Pipeline
+from .targets import shared_memory_per_block
 
 __all__ = ["install", "uninstall", "installed"]
 
@@ -66,7 +67,7 @@ class _StagesHook:
         if self.previous is not None:
             self.previous(backend, stages, options, language, capability)
         if self.active:
-            _wrap_stages(backend, stages, options, language, compile_pipeline(), stock_cubin)
+            _wrap_stages(backend, stages, options, language, compile_pipeline(), stock_cubin, capability)
 
 
 def _with_llvm_options(stage: Callable, settings: tuple, triton_names: tuple,
@@ -84,7 +85,7 @@ def _with_llvm_options(stage: Callable, settings: tuple, triton_names: tuple,
     return run_with_llvm_options
 
 
-def _wrap_stages(backend, stages: dict, options, language, pipeline: Pipeline, stock_cubin) -> None:
+def _wrap_stages(backend, stages: dict, options, language, pipeline: Pipeline, stock_cubin, capability) -> None:
     from . import _triton_compat as compat
 
     if "llir" not in stages or "ptx" not in stages:
@@ -108,7 +109,8 @@ def _wrap_stages(backend, stages: dict, options, language, pipeline: Pipeline, s
         stages[first] = _recording_pipeline(stages[first], pipeline)
     if pipeline.passes:
         if compat.is_triton_language(language):
-            _PatchedCompile(stages, pipeline.passes, env.strict(), ahead=not compat.ir_locations_from_stored_files())
+            _PatchedCompile(stages, pipeline.passes, env.strict(), ahead=not compat.ir_locations_from_stored_files(),
+                            shared_memory_limit=shared_memory_per_block(capability))
         else:
             logger.debug("IR passes skipped for a %s kernel (hand-written TTGIR)", language)
 
@@ -170,17 +172,20 @@ class _PatchedCompile:
     real run instead whenever Triton hands it anything but the output computed ahead (an override
     file replaced it). If a stage ahead fails, the stage that ran the passes hands on its unpatched
     output, the rest of the compile runs without passes, and nothing computed ahead is used.
-    With ``ahead=False`` (Triton rewrites stored modules' locations between stages) passes run
-    stage by stage, and a failure after them is not caught.
+    A patched kernel that needs more shared memory per block than ``shared_memory_limit`` (the
+    GPU's; loop copies are software-pipelined each with its own buffers) counts as such a failure:
+    it could never launch. With ``ahead=False`` (Triton rewrites stored modules' locations between
+    stages) passes run stage by stage, and a failure after them is not caught.
     """
 
-    def __init__(self, stages: dict, specs: tuple, strict: bool, ahead: bool):
+    def __init__(self, stages: dict, specs: tuple, strict: bool, ahead: bool, shared_memory_limit: int | None = None):
         self.order = list(stages)
         self.inner = dict(stages)
         self.specs = specs
         self.strict = strict
         self.compile_ahead = ahead
         self.ahead: dict = {}  # stage -> (what Triton will hand it, what it returns)
+        self.shared_memory_limit = shared_memory_limit
         self.patching = True
         for name in self.order:
             stages[name] = functools.partial(self.run, name)
@@ -214,6 +219,7 @@ class _PatchedCompile:
         try:
             for stage in self.order[self.order.index(name) + 1:]:
                 output = self.inner[stage](module, trial)
+                self._check_resources(trial)
                 if stage in _PASS_STAGES:
                     later = self._passes(stage, output, trial)
                     reports += later.reports
@@ -228,6 +234,12 @@ class _PatchedCompile:
         metadata.update(trial)
         self.ahead = ahead
         return first_shown
+
+    def _check_resources(self, metadata: dict) -> None:
+        shared = metadata.get("shared")
+        if self.shared_memory_limit is not None and isinstance(shared, int) and shared > self.shared_memory_limit:
+            raise OutOfSharedMemory(f"the patched kernel needs {shared} bytes of shared memory per block, over the "
+                                    f"GPU's {self.shared_memory_limit}")
 
     def _fall_back(self, stage: str, exc: Exception, unpatched, reports: list, metadata: dict):
         self.patching = False
@@ -245,6 +257,10 @@ class _PatchedCompile:
         warnings.warn(message, RuntimeWarning, stacklevel=2)
         _record_fallback(metadata, message)
         return unpatched
+
+
+class OutOfSharedMemory(RuntimeError):
+    """A patched kernel would need more shared memory than its GPU has: it could never launch."""
 
 
 def _stored_copy(module):

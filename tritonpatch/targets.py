@@ -22,6 +22,18 @@ _CTAS = (1, 2, 4, 8, 16)  # the largest cluster Hopper and Blackwell launch
 _TARGET_OPTIONS = ("arch", "backend_name")  # they belong to the target, not to the kernel
 
 
+# Shared memory one block may use (opt-in maximum), by compute capability: CUDA C++ Programming
+# Guide, "Technical Specifications per Compute Capability".
+_SHARED_MEMORY_PER_BLOCK = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448,
+                            101: 232448, 103: 232448, 110: 232448, 120: 101376, 121: 101376}
+
+
+def shared_memory_per_block(capability) -> int | None:
+    """The bytes of shared memory a block may use on GPUs of ``capability`` (e.g. 90), None where
+    the table does not know the capability."""
+    return _SHARED_MEMORY_PER_BLOCK.get(capability) if isinstance(capability, int) else None
+
+
 def ptxas_path(capability: int) -> str:
     """The ptxas Triton uses for ``sm_<capability>`` (Triton ships one for older GPUs and one for newer)."""
     from triton.backends.nvidia.compiler import get_ptxas

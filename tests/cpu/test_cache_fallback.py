@@ -32,12 +32,18 @@ def add_as_rejected_asm(text, options):
     return new, {"adds_rewritten": count}
 
 
+def commuted_add(text, options):
+    """A harmless rewrite that still changes the module: ``a + b`` becomes ``b + a``."""
+    new, count = _ADD.subn(lambda m: f"arith.addf {m.group(2)}, {m.group(1)} : {m.group(3)}", text)
+    return new, {"adds_commuted": count}
+
+
 def broken(text, options):
     raise ValueError("broken on purpose")
 
 
 PASSES = {"test-rejected-asm-ttir": ("ttir", add_as_rejected_asm), "test-rejected-asm-ttgir": ("ttgir", add_as_rejected_asm),
-          "test-broken-pass": ("ttir", broken)}
+          "test-broken-pass": ("ttir", broken), "test-commuted-add": ("ttir", commuted_add)}
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +83,30 @@ def test_failure_after_the_passes_gives_the_unpatched_kernel(reference, name):
     assert [stage for stage in ("ttir", "ttgir", "llir", "ptx") if BOGUS in kernel.asm[stage]] == []
     assert name in kernel.metadata.tritonpatch_fallback
     assert [(r.name, r.counts, r.kept) for r in reports] == [(name, {"adds_rewritten": 1}, False)]
+
+
+def test_a_patched_kernel_over_the_gpus_shared_memory_gives_the_unpatched_kernel(reference, monkeypatch, tmp_path):
+    """Loop copies are pipelined each with their own buffers: a patched kernel that could never
+    launch (here: against a limit below what any kernel needs) falls back like a failed compile."""
+    import tritonpatch.hooks
+
+    monkeypatch.setattr(tritonpatch.hooks, "shared_memory_per_block", lambda capability: -1)
+    kernel, messages, reports = compile_with(["test-commuted-add"])
+    assert len(messages) == 1 and "bytes of shared memory per block, over the GPU's -1" in messages[0], messages
+    assert kernel.asm["ptx"] == reference["default"]
+    assert [(r.name, r.kept) for r in reports] == [("test-commuted-add", False)]
+    monkeypatch.setattr(tritonpatch.hooks, "shared_memory_per_block", lambda capability: 232448)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "second"))
+    kernel, messages, reports = compile_with(["test-commuted-add"])
+    assert messages == [] and [(r.name, r.kept) for r in reports] == [("test-commuted-add", True)]
+    assert not getattr(kernel.metadata, "tritonpatch_fallback", None)
+
+
+def test_shared_memory_limits_are_the_cuda_guides():
+    from tritonpatch.targets import shared_memory_per_block
+
+    assert [shared_memory_per_block(c) for c in (80, 89, 90, 100, 120, 75, "90")] == \
+        [166912, 101376, 232448, 232448, 101376, None, None]
 
 
 def test_failure_after_the_passes_raises_when_strict(monkeypatch):

@@ -49,14 +49,16 @@ does the floating-point work of the unpatched loop.
 """
 from __future__ import annotations
 
+import functools
 import re
 
-from .ir import Module, constant_step, is_movable, select_parts
+from .ir import Module, constant_step, is_movable, renamed, select_parts, substitute
 from .ir_syntax import NAME_END, base_name, parse_for, parse_type, without_attribute
 from .iterations import NARROWED, iteration_bound, possible_runs, scalars_fixed_in_loop, segment_counts
 from .mask_analysis import Analysis
 from .masks import IROps
 from .report import note
+from .versioning import VERSIONED, plan_versioning, versioned_rewrite
 
 _CHAIN_OPS = ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "arith.negf")
 _RENAMES = ("tt.broadcast", "tt.expand_dims", "tt.splat", "tt.reshape", "tt.trans", "ttg.convert_layout")
@@ -81,11 +83,6 @@ def is_constant(module: Module, name: str) -> bool:
     if line is not None and line.op in _RENAMES + _CASTS and len(line.operands) == 1:
         return is_constant(module, line.operands[0])
     return line is not None and line.op == "arith.constant"
-
-
-def substitute(text: str, old: str, new: str) -> str:
-    """``text`` with every use of value ``old`` (also ``old#k``) replaced by ``new``."""
-    return re.sub(re.escape(old) + NAME_END, lambda _: new, text)
 
 
 # --- one specialised copy of the loop --------------------------------------------------------------
@@ -262,18 +259,6 @@ def remove_dead_ops(lines: list[str]) -> list[str]:
         lines = [text for i, text in enumerate(lines) if i not in dead]
 
 
-def renamed(lines: list[str], prefix: str) -> list[str]:
-    """The loop's lines with every value defined inside it renamed to ``%<prefix>_<name>`` (the
-    copies of a loop then define distinct names, as the rest of the pass machinery expects)."""
-    fragment = Module("\n".join(lines))
-    inner = sorted((n for n, i in fragment.defs.items() if i > 0 or n not in fragment.lines[0].results),
-                   key=len, reverse=True)
-    if not inner:
-        return lines
-    pattern = re.compile("(" + "|".join(re.escape(n) for n in inner) + ")" + NAME_END)
-    return [pattern.sub(lambda m: f"%{prefix}_{m.group(1)[1:]}", text) for text in lines]
-
-
 def with_head(lines: list[str], module: Module, loop: int, result: str | None, lower: str, upper: str,
               inits: list[str] | None) -> list[str]:
     """The loop's lines with its head given new result name, bounds and initial values."""
@@ -355,8 +340,9 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
 
 
 def run(text: str, options) -> tuple[str, dict[str, int]]:
-    """Split every loop (innermost first) on its first analysable select; log why each loop or
-    select was left as it is (``tritonpatch.passes.note``)."""
+    """Split every loop (innermost first) on its first analysable select, versioning a loop on its
+    carried offsets (:mod:`.versioning`) where that makes the mask analysable; log why each loop
+    or select was left as it is (``tritonpatch.passes.note``)."""
     module = Module(text)
     counts = {"loops_split": 0}
     for loop in module.loops():
@@ -366,19 +352,36 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
     done: set[str] = set()
     while True:
         candidates = ((loop, index) for loop in reversed(module.loops()) for index in module.children(loop)
-                      if select_parts(module, index) is not None and module.lines[index].results[0] not in done)
+                      if VERSIONED not in module.lines[module.end_of(loop)].text
+                      and select_parts(module, index) is not None and module.lines[index].results[0] not in done)
         loop, select = next(candidates, (None, None))
         if loop is None:
             break
         name = module.lines[select].results[0]
         done.add(name)
-        outcome = split_loop(module, loop, select, options["max_atoms"], options["all_false_loops"])
+        split = functools.partial(split_loop, max_atoms=options["max_atoms"],
+                                  all_false_loops=options["all_false_loops"])
+        outcome = split(module, loop, select)
+        plan = plan_versioning(module, loop) if isinstance(outcome, str) else None
+        if plan is not None and not isinstance(plan, str):
+            versioned = versioned_rewrite(module, loop, plan, lambda fast_module, fast, rename: split(
+                fast_module, fast, _named_line(fast_module, fast, rename(name))))
+            if isinstance(versioned, str):
+                outcome = f"{outcome}; in a copy versioned on its carried offsets: {versioned}"
+            else:
+                outcome = versioned
+                counts["loops_versioned"] = counts.get("loops_versioned", 0) + 1  # only when one was
         if isinstance(outcome, str):
             note(f"loop {parse_for(module.lines[loop]).iv} (line {loop + 1}) not split on {name}: {outcome}")
         else:
             done.update(parse_line_results(outcome, "arith.select"))
             counts["loops_split"] += 1
     return (module.text() if any(counts.values()) else text), counts
+
+
+def _named_line(module: Module, loop: int, name: str) -> int:
+    """The line of ``loop``'s body that defines ``name``."""
+    return next(index for index in module.children(loop) if name in module.lines[index].results)
 
 
 def parse_line_results(lines: list[str], op: str) -> set[str]:

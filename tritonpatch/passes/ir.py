@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from .ir_syntax import (NAME_END, VALUE_NAME, VALUE_RE, Line, TensorType, base_name, parse_for, parse_line,
+from .ir_syntax import (NAME_END, VALUE_NAME, VALUE_RE, Line, TensorType, base_name, int_width, parse_for, parse_line,
                         parse_type, split_top_level)
 
 _BLOCK_ARGS_RE = re.compile(r"(" + VALUE_NAME + r"): ")
@@ -274,3 +274,65 @@ def constant_step(module: Module, name: str) -> int | None:
         return None
     match = re.match(r"\s*(\d+)\s*:", line.body)
     return int(match.group(1)) if match and int(match.group(1)) > 0 else None
+
+
+def increment_scalar(module: Module, increment: str):
+    """("value", name) / ("constant", int) of the scalar an increment is (or splats), None for
+    other tensors (their advance by a count is not expressible as one scalar product)."""
+    increment_type = parse_type(type_of(module, increment) or "")
+    if not isinstance(increment_type, TensorType):
+        return ("value", increment) if int_width(increment_type) in (32, 64) else None
+    source = module.lines[module.defs[base_name(increment)]]
+    if source.op == "tt.splat" and len(source.operands) == 1:
+        return ("value", source.operands[0])
+    constant = re.match(r"\s*dense<(-?\d+)>", source.body) if source.op == "arith.constant" else None
+    return ("constant", int(constant.group(1))) if constant else None
+
+
+def result_used_after(module: Module, op: int, position: int) -> bool:
+    """Whether result ``position`` of the ``scf.for`` / ``scf.if`` at ``op`` is used after it. A use
+    by the ``scf.yield`` of an enclosing ``scf.if`` (a versioned loop, :mod:`.versioning`) counts
+    only when that ``scf.if``'s result is used after it."""
+    results = module.lines[op].results
+    if not results:
+        return False
+    token = f"{results[0]}#{position}" if _result_count(module, op) > 1 else results[0]
+    pattern = re.compile(re.escape(token) + r"(?![A-Za-z0-9_$.\-#])")
+    for index in range(module.end_of(op) + 1, len(module.lines)):
+        line = module.lines[index]
+        if not pattern.search(line.body):
+            continue
+        parent = module.parent_of[index]
+        if line.op == "scf.yield" and parent is not None and module.lines[parent].op == "scf.if":
+            if any(result_used_after(module, parent, k) for k, v in enumerate(line.operands) if v == token):
+                return True
+            continue
+        return True
+    return False
+
+
+def _result_count(module: Module, op: int) -> int:
+    """How many results the ``scf.for`` / ``scf.if`` at ``op`` has."""
+    line = module.lines[op]
+    if line.op == "scf.for":
+        return len(parse_for(line).iter_args)
+    match = re.search(r"-> \((.*)\) \{\s*$", line.body) or re.search(r"-> (.*) \{\s*$", line.body)
+    return len(split_top_level(match.group(1))) if match else 0
+
+
+# --- editing fragments ---------------------------------------------------------------------------
+def substitute(text: str, old: str, new: str) -> str:
+    """``text`` with every use of value ``old`` (also ``old#k``) replaced by ``new``."""
+    return re.sub(re.escape(old) + NAME_END, lambda _: new, text)
+
+
+def renamed(lines: list[str], prefix: str) -> list[str]:
+    """The loop's lines with every value defined inside it renamed to ``%<prefix>_<name>`` (the
+    copies of a loop then define distinct names, as the rest of the pass machinery expects)."""
+    fragment = Module("\n".join(lines))
+    inner = sorted((n for n, i in fragment.defs.items() if i > 0 or n not in fragment.lines[0].results),
+                   key=len, reverse=True)
+    if not inner:
+        return lines
+    pattern = re.compile("(" + "|".join(re.escape(n) for n in inner) + ")" + NAME_END)
+    return [pattern.sub(lambda m: f"%{prefix}_{m.group(1)[1:]}", text) for text in lines]

@@ -33,120 +33,19 @@ output is finite, up to the sign of a zero accumulator (``-0 + 0 = +0``).
 """
 from __future__ import annotations
 
-import re
-
-from .ir import Module, constant_step, declared_pure, has_side_effect, select_parts, type_of
-from .ir_syntax import TensorType, base_name, int_width, parse_for, parse_type, with_attribute
+from .ir import (Module, constant_step, declared_pure, has_side_effect, increment_scalar, result_used_after,
+                 select_parts, type_of)
+from .ir_syntax import TensorType, base_name, parse_for, parse_type, with_attribute
 from .iterations import (NARROWED, PrefixSuffix, iteration_bound, mask_sets, no_wrap_in_loop, possible_runs,
                          scalars_fixed_in_loop, smax, smin, trip_count)
 from .mask_analysis import Analysis
+from .masked_iteration import NEG_INF, constant_kind, unchanged_when_masked
 from .masks import IROps, Mask
 from .report import note
-
-NEG_INF, ZERO, ONE, POSITIVE = ("-inf",), ("0",), ("1",), ("+",)
-_NEG_INF_BITS = {"0xFF800000", "0xFC00", "0xFF80", "0xFFF0000000000000"}
+from .versioning import plan_versioning, versioned_rewrite
 
 
-# --- loop-carried values in an all-false iteration ----------------------------------------------
-def _constant_kind(module: Module, name: str):
-    """NEG_INF / ZERO / ONE / POSITIVE for a float constant (splat or scalar), else None."""
-    index = module.defs.get(base_name(name))
-    if index is None or index < 0:
-        return None
-    line = module.lines[index]
-    if line.op == "tt.splat" and len(line.operands) == 1:
-        return _constant_kind(module, line.operands[0])
-    if line.op != "arith.constant":
-        return None
-    match = re.match(r"\s*(?:dense<)?([^>:\s]+)>?\s*:", line.body)
-    if not match:
-        return None
-    literal = match.group(1)
-    if literal.upper().replace("0X", "0x") in _NEG_INF_BITS:
-        return NEG_INF
-    try:
-        value = float(literal)
-    except ValueError:
-        return None
-    if value == 0.0 and not literal.startswith("-"):
-        return ZERO
-    if value == 1.0:
-        return ONE
-    return POSITIVE if value > 0 and value != float("inf") else None
-
-
-def _reduce_kind(module: Module, index: int):
-    """"max" or "add" for a single-operand tt.reduce with that combiner, else None."""
-    ops = [module.lines[i].op for i in range(index + 1, module.end_of(index))
-           if module.lines[i].op and not module.lines[i].text.lstrip().startswith("^")]
-    ops = [op for op in ops if op not in ("tt.reduce.return", "}")]
-    if len(module.lines[index].operands) != 1 or len(ops) != 1:
-        return None
-    return {"arith.maxnumf": "max", "arith.maximumf": "max", "arith.addf": "add"}.get(ops[0])
-
-
-def _transfer(module: Module, index: int, env: dict):
-    """Abstract value of the op at ``index`` in an all-false iteration (None: unknown)."""
-    line = module.lines[index]
-    args = [None if "#" in v else env[v] if v in env else _constant_kind(module, v) for v in line.operands]
-    if line.op == "tt.reduce":
-        kind = _reduce_kind(module, index)
-        if (kind, args[0] if args else None) in (("max", NEG_INF), ("add", ZERO)):
-            return args[0]
-        return None
-    if line.op == "arith.constant" or (line.op == "tt.splat" and args == [None]):
-        return _constant_kind(module, line.results[0])
-    if line.op in ("tt.expand_dims", "tt.broadcast", "tt.splat", "ttg.convert_layout"):
-        value = args[0]
-        if value is None or value[0] != "arg":
-            return value
-        return value + ((line.op, line.body),)
-    if line.op in ("arith.truncf", "arith.extf"):
-        return args[0] if args[0] in (NEG_INF, ZERO, ONE) else None
-    if line.op == "arith.select" and len(args) == 3:
-        return args[1] if args[1] is not None and args[1] == args[2] else None
-    if line.op in ("math.exp2", "math.exp"):
-        return {NEG_INF: ZERO, ZERO: ONE}.get(args[0])
-    if len(args) != 2 and line.op != "tt.dot":
-        return None
-    if line.op in ("arith.maxnumf", "arith.maximumf"):
-        return args[0] if args[1] == NEG_INF else args[1] if args[0] == NEG_INF else None
-    if line.op == "arith.mulf":
-        if ONE in args:
-            return args[1] if args[0] == ONE else args[0]
-        return NEG_INF if args in ([NEG_INF, POSITIVE], [POSITIVE, NEG_INF]) else None
-    if line.op == "arith.addf":
-        return args[0] if args[1] == ZERO else args[1] if args[0] == ZERO else None
-    if line.op == "arith.subf":
-        if args[0] is not None and args[0] == args[1] and args[0][0] == "arg":
-            return ZERO                       # m - m = 0 for finite m
-        if args[0] == NEG_INF and (args[1] in (ZERO, ONE, POSITIVE) or (args[1] or ("",))[0] == "arg"):
-            return NEG_INF                    # -inf - finite m
-        return None
-    if line.op == "tt.dot" and len(args) >= 3:
-        return args[2] if ZERO in args[:2] else None
-    return None
-
-
-def unchanged_when_masked(module: Module, loop: int, select: int, fill: str, carried: set[int]) -> bool:
-    """Whether an iteration in which ``select`` returns ``fill`` yields, for every iteration
-    argument in ``carried``, exactly the value it received."""
-    head = parse_for(module.lines[loop])
-    env = {name: ("arg", position) for position, (name, _) in enumerate(head.iter_args)}
-    children = module.children(loop)
-    for index in children[:-1]:
-        line = module.lines[index]
-        if index == select:
-            env[line.results[0]] = _constant_kind(module, fill)
-        elif len(line.results) == 1:
-            env[line.results[0]] = _transfer(module, index, env)
-    yielded = module.lines[children[-1]]
-    if yielded.op != "scf.yield":
-        return False
-    operands = yielded.operands
-    return all(env.get(base_name(operands[i])) == ("arg", i) for i in carried)
-
-
+# --- iteration arguments advanced by a loop-invariant step -------------------------------------
 def induction_steps(module: Module, loop: int) -> dict[int, tuple[str, str]]:
     """Iteration arguments advanced by a loop-invariant amount each iteration:
     position -> (op, increment value name) for ``arith.addi`` / ``tt.addptr``."""
@@ -163,35 +62,15 @@ def induction_steps(module: Module, loop: int) -> dict[int, tuple[str, str]]:
             increment = operands[1]
             where = module.defs.get(base_name(increment))
             if where is not None and not module.inside(where, loop) and where != loop \
-                    and _increment_scalar(module, increment) is not None:
+                    and increment_scalar(module, increment) is not None:
                 steps[position] = (line.op, increment)
     return steps
 
 
-def _increment_scalar(module: Module, increment: str):
-    """("value", name) / ("constant", int) of the scalar an increment is (or splats), None for
-    other tensors (their advance by a count is not expressible as one scalar product)."""
-    increment_type = parse_type(type_of(module, increment) or "")
-    if not isinstance(increment_type, TensorType):
-        return ("value", increment) if int_width(increment_type) in (32, 64) else None
-    source = module.lines[module.defs[base_name(increment)]]
-    if source.op == "tt.splat" and len(source.operands) == 1:
-        return ("value", source.operands[0])
-    constant = re.match(r"\s*dense<(-?\d+)>", source.body) if source.op == "arith.constant" else None
-    return ("constant", int(constant.group(1))) if constant else None
+# --- the rewrite ------------------------------------------------------------------------------------
 
 
 # --- the rewrite ------------------------------------------------------------------------------------
-def _result_used_after(module: Module, loop: int, position: int) -> bool:
-    """Whether result ``position`` of the loop is used after it."""
-    results = module.lines[loop].results
-    if not results:
-        return False
-    token = f"{results[0]}#{position}" if len(parse_for(module.lines[loop]).iter_args) > 1 else results[0]
-    pattern = re.compile(re.escape(token) + r"(?![A-Za-z0-9_$.\-#])")
-    return any(pattern.search(module.lines[i].body) for i in range(module.end_of(loop) + 1, len(module.lines)))
-
-
 def skip_loop(module: Module, loop: int, max_atoms: int) -> str | None:
     """Narrow the bounds of one loop. Returns None when it did, else why not (module untouched)."""
     head = parse_for(module.lines[loop])
@@ -214,9 +93,9 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> str | None:
         if mask is None or not 0 < mask.atoms() <= max_atoms:
             reasons.append(f"{name}: its mask is not an analysable index compare (or has over {max_atoms} compares)")
             continue
-        if _constant_kind(module, parts[2]) == NEG_INF:
+        if constant_kind(module, parts[2]) == NEG_INF:
             fill = parts[2]                                   # where(mask, x, -inf)
-        elif _constant_kind(module, parts[1]) == NEG_INF:
+        elif constant_kind(module, parts[1]) == NEG_INF:
             fill, mask = parts[1], Mask("not", children=(mask,))   # where(~mask, -inf, x)
         else:
             reasons.append(f"{name}: neither operand is -inf")
@@ -229,7 +108,7 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> str | None:
                            "moving index), so no iteration could be dropped")
             continue
         steps = induction_steps(module, loop)
-        used_after = [position for position in steps if _result_used_after(module, loop, position)]
+        used_after = [position for position in steps if result_used_after(module, loop, position)]
         if used_after:
             reasons.append(f"{name}: the final value of the advanced iteration argument "
                            f"{head.iter_args[used_after[0]][0]} is used after the loop")
@@ -290,7 +169,7 @@ def _advanced_init(module: Module, ops: IROps, init: str, op: str, increment: st
     separate additions would); a pointer by an i64 offset (``count`` separate pointer increments
     never wrap at 32 bits)."""
     increment_type = parse_type(type_of(module, increment) or "")
-    kind, scalar = _increment_scalar(module, increment)
+    kind, scalar = increment_scalar(module, increment)
     scalar64 = ops.leaf(scalar) if kind == "value" else ops.const(scalar)
     element = increment_type.element if isinstance(increment_type, TensorType) else increment_type
     offset_element = "i64" if op == "tt.addptr" else element
@@ -314,6 +193,15 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
     for loop in reversed(module.loops()):
         where = f"loop {parse_for(module.lines[loop]).iv} (line {loop + 1})"
         reason = skip_loop(module, loop, options["max_atoms"])
+        plan = plan_versioning(module, loop) if reason is not None else None
+        if reason is not None and not isinstance(plan, str):
+            versioned = versioned_rewrite(module, loop, plan,
+                                          lambda fast_module, fast, _: skip_loop(fast_module, fast, options["max_atoms"]))
+            if versioned is None:
+                counts["loops_versioned"] = counts.get("loops_versioned", 0) + 1  # only when one was
+                reason = None
+            else:
+                reason = f"{reason}; in a copy versioned on its carried offsets: {versioned}"
         if reason is None:
             counts["loops_narrowed"] += 1
         else:

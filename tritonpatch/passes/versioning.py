@@ -1,0 +1,339 @@
+"""Loop versioning for offsets carried through a loop: the fast copy the mask passes can read.
+
+torch.compile's FlexAttention templates do not index a tile by the induction variable. They carry
+its position through the loop (``offs_n = offs_n + offset``, ``kv_offset += offset``) with an
+increment that only jumps at the end of a sparse block::
+
+    needs_jump = (i + 1) % SPARSE_MULTIPLE == 0
+    offset = jump * needs_jump + (1 - needs_jump) * BLOCK        # jump: loaded block indices
+
+The mask then compares against a loop-carried value, which the interval analysis
+(:mod:`.mask_analysis`) cannot follow. Where ``SPARSE_MULTIPLE`` is large (no block mask:
+``2**30 / BLOCK``), no iteration of a loop shorter than it ever jumps. This module recognises such
+an iteration argument (``arg' = arg + increment`` with the increment a scalar, or a splat of one,
+that folds to a constant ``C`` once every ``(iv + a) % M == 0`` compare in it is assumed false) and
+rewrites the loop into::
+
+    scf.if (no iteration of this loop has iv + a divisible by M, and iv + a never wraps) {
+        the loop, each such argument advanced by the constant C, and each of its uses replaced by
+        the closed form  init + (iv - lower) / step * C   (affine in iv: the passes can read it)
+    } else {
+        the original loop, unchanged (marked tritonpatch.versioned)
+    }
+
+The check runs once before the loop on the loop's bounds; the fast copy computes, bit for bit,
+the values the original computes (the folded increment equals the original one on every
+iteration where the assumption holds, and the closed form equals the running sum in the integer
+ring of the argument's width, wrap-around included). A modulus below :data:`MIN_MODULUS` is
+refused: with a block mask (``SPARSE_MULTIPLE`` 1 or 2) the fast copy would run only for loops of
+one or two iterations, so it would add code and never help.
+
+A pass asks :func:`plan_versioning` whether a loop it refused can be versioned, then
+:func:`versioned_rewrite`: it builds the versioned loop on a trial copy of the module and keeps it
+only when the pass's own rewrite then applies to the fast copy.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from .ir import Module, constant_step, has_side_effect, increment_scalar, is_movable, renamed, substitute, type_of
+from .ir_syntax import TensorType, base_name, int_width, parse_for, parse_type, with_attribute
+from .masks import IROps
+
+VERSIONED = "tritonpatch.versioned"   # the original (cold) copy of a versioned loop: never versioned again
+MIN_MODULUS = 1024
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+@dataclass(frozen=True)
+class JumpCompare:
+    """``(iv + offset) % modulus == 0`` (``held`` False) or ``!= 0`` (``held`` True), assumed to
+    give ``held`` on every iteration of the fast copy."""
+    value: str
+    offset: int
+    modulus: int
+    held: bool
+
+
+@dataclass(frozen=True)
+class CarriedOffset:
+    """Iteration argument ``position`` advanced by ``step`` per iteration in the fast copy; ``add``
+    is the line computing its next value."""
+    position: int
+    add: int
+    step: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    offsets: tuple[CarriedOffset, ...]
+    compares: tuple[JumpCompare, ...]
+
+
+def _constant_int(module: Module, name: str) -> int | None:
+    """The value of an integer scalar constant, else None."""
+    index = module.defs.get(base_name(name))
+    if index is None or index < 0 or "#" in name:
+        return None
+    line = module.lines[index]
+    match = re.match(r"\s*(-?\d+)\s*:", line.body) if line.op == "arith.constant" else None
+    return int(match.group(1)) if match else None
+
+
+class _Folder:
+    """Folds an i32 / i64 scalar computed in the loop body to a constant, assuming the jump
+    compares it meets (see :class:`JumpCompare`) give their non-jumping value."""
+
+    def __init__(self, module: Module, loop: int, iv: str):
+        self.module, self.loop, self.iv = module, loop, iv
+        self.compares: dict[str, JumpCompare] = {}
+        self.assumed: set[str] = set()          # the compares the last fold relied on
+
+    def fold(self, name: str) -> int | None:
+        constant = _constant_int(self.module, name)
+        if constant is not None:
+            return constant
+        index = self.module.defs.get(base_name(name))
+        if index is None or "#" in name or not self.module.inside(index, self.loop):
+            return None
+        line = self.module.lines[index]
+        operands = line.operands
+        if line.op in ("arith.extui", "arith.extsi") and len(operands) == 1 and type_of(self.module, operands[0]) == "i1":
+            flag = self.fold_flag(operands[0])
+            return None if flag is None else (int(flag) if line.op == "arith.extui" else -int(flag))
+        if line.op not in ("arith.addi", "arith.subi", "arith.muli") or len(operands) != 2:
+            return None
+        left, right = self.fold(operands[0]), self.fold(operands[1])
+        if line.op == "arith.muli" and 0 in (left, right):
+            return 0                                   # 0 * anything, a loaded jump included
+        if left is None or right is None:
+            return None
+        width = int_width(type_of(self.module, name) or "") or 64
+        value = left + right if line.op == "arith.addi" else left - right if line.op == "arith.subi" else left * right
+        return _wrapped(value, width)
+
+    def fold_flag(self, name: str) -> bool | None:
+        """The value of an i1 jump compare ``(iv + a) % M ==/!= 0`` in the fast copy, else None."""
+        index = self.module.defs.get(base_name(name))
+        if index is None or not self.module.inside(index, self.loop):
+            return None
+        line = self.module.lines[index]
+        pred = line.body.split(",", 1)[0].strip() if line.op == "arith.cmpi" else ""
+        if pred not in ("eq", "ne") or len(line.operands) != 2 or _constant_int(self.module, line.operands[1]) != 0:
+            return None
+        remainder = self.module.defs.get(base_name(line.operands[0]))
+        rem = self.module.lines[remainder] if remainder is not None and remainder >= 0 else None
+        if rem is None or rem.op != "arith.remsi" or len(rem.operands) != 2:
+            return None
+        modulus = _constant_int(self.module, rem.operands[1])
+        offset = self._iv_plus_constant(rem.operands[0])
+        if modulus is None or modulus < MIN_MODULUS or offset is None:
+            return None
+        held = pred == "ne"
+        self.compares[name] = JumpCompare(name, offset, modulus, held)
+        self.assumed.add(name)
+        return held
+
+    def _iv_plus_constant(self, name: str) -> int | None:
+        """``a`` when ``name`` is ``iv + a`` (i32, ``a`` a constant), else None."""
+        if name == self.iv:
+            return 0
+        index = self.module.defs.get(base_name(name))
+        line = self.module.lines[index] if index is not None and index >= 0 else None
+        if line is None or line.op != "arith.addi" or len(line.operands) != 2 or type_of(self.module, name) != "i32":
+            return None
+        for mine, other in ((0, 1), (1, 0)):
+            if line.operands[mine] == self.iv and _constant_int(self.module, line.operands[other]) is not None:
+                return _constant_int(self.module, line.operands[other])
+        return None
+
+
+def _wrapped(value: int, width: int) -> int:
+    """``value`` as a signed integer of ``width`` bits."""
+    value &= (1 << width) - 1
+    return value - (1 << width) if value >> (width - 1) else value
+
+
+def plan_versioning(module: Module, loop: int) -> Plan | str:
+    """The iteration arguments a versioned copy would advance by constants, and the compares it
+    assumes; or why the loop cannot be versioned."""
+    head = parse_for(module.lines[loop])
+    step = constant_step(module, head.step)
+    if VERSIONED in module.lines[module.end_of(loop)].text:
+        return "it is the original copy of a versioned loop"
+    if step is None or head.iv_type != "i32":
+        return "its step is not a positive constant or its induction variable is not i32"
+    yielded = module.lines[module.children(loop)[-1]]
+    folder, offsets = _Folder(module, loop, head.iv), []
+    for position, value in enumerate(yielded.operands):
+        index = module.defs.get(base_name(value))
+        if index is None or "#" in value or not module.inside(index, loop):
+            continue
+        line = module.lines[index]
+        if line.op != "arith.addi" or len(line.operands) != 2 or line.operands[0] != head.iter_args[position][0]:
+            continue
+        increment = line.operands[1]
+        where = module.defs.get(base_name(increment))
+        scalar = increment_scalar(module, increment)
+        if where is None or not module.inside(where, loop) or scalar is None or scalar[0] != "value":
+            continue
+        folder.assumed.clear()
+        constant = folder.fold(scalar[1])
+        if constant is None or not folder.assumed:
+            continue
+        if constant % step:
+            return (f"the increment of {head.iter_args[position][0]} folds to {constant}, not a multiple of the "
+                    f"step {step}")
+        offsets.append(CarriedOffset(position, index, constant))
+    if not offsets:
+        return ("no iteration argument is advanced by an increment that folds to a constant when its "
+                f"(iv + a) % M == 0 jumps (M >= {MIN_MODULUS}) are false")
+    return Plan(tuple(offsets), tuple(folder.compares.values()))
+
+
+def _no_jump_condition(ops: IROps, lower: str, upper: str, step: int, compares) -> str:
+    """i1: no iteration of ``[lower, upper)`` meets a jump, and ``iv + a`` never wraps in i32."""
+    trips = ops.select(ops.cmp("slt", lower, upper), ops.ceil_div(ops.add(upper, ops.mul(lower, -1)), step),
+                       ops.const(0))
+    last = ops.add(lower, ops.mul(ops.add(trips, ops.const(-1)), step))
+    holds = ops.cmp("sle", trips, ops.const(0))
+    clear = None
+    for compare in compares:
+        first, final = ops.add(lower, ops.const(compare.offset)), ops.add(last, ops.const(compare.offset))
+        in_range = ops.and_(ops.cmp("sge", first, ops.const(_INT32_MIN)), ops.cmp("sle", final, ops.const(_INT32_MAX)))
+        next_multiple = ops.mul(ops.ceil_div(first, compare.modulus), compare.modulus)
+        no_multiple = ops.and_(in_range, ops.cmp("sgt", next_multiple, final))
+        clear = no_multiple if clear is None else ops.and_(clear, no_multiple)
+    return ops.or_(holds, clear)
+
+
+def _fast_copy(module: Module, loop: int, plan: Plan, ops: IROps, step: int) -> list[str]:
+    """The loop's lines with each carried offset advanced by its constant and its other uses
+    replaced by the closed form (emitted at the top of the body)."""
+    head = parse_for(module.lines[loop])
+    texts = [module.lines[i].text for i in range(loop, module.end_of(loop) + 1)]
+    body_indent = module.lines[module.children(loop)[0]].indent
+    loc = module.lines[loop].loc
+    iterations = None
+    closed_lines = []
+    for offset in plan.offsets:
+        arg, init = head.iter_args[offset.position]
+        arg_type = head.result_types[offset.position]
+        parsed = parse_type(arg_type)
+        element = parsed.element if isinstance(parsed, TensorType) else arg_type
+        width = int_width(element)
+        add = module.lines[offset.add]
+        increment = add.operands[1]
+        constant = module.fresh("vstep")
+        value = f"dense<{offset.step}>" if isinstance(parsed, TensorType) else str(offset.step)
+        ops.lines.append(f"{ops.indent}{constant} = arith.constant {value} : {arg_type} {ops.loc}".rstrip())
+        texts[offset.add - loop] = add.text.replace(f", {increment} :", f", {constant} :", 1)
+        if iterations is None:                    # (iv - lower) / step, in i64 when an offset is i64
+            iterations = {}
+        if width not in iterations:
+            iv, lower = head.iv, head.lower
+            if width == 64:
+                iv, lower = module.fresh("viv"), module.fresh("vlb")
+                closed_lines += [f"{body_indent}{iv} = arith.extsi {head.iv} : i32 to i64 {loc}".rstrip(),
+                                 f"{body_indent}{lower} = arith.extsi {head.lower} : i32 to i64 {loc}".rstrip()]
+            distance = module.fresh("vdist")
+            closed_lines.append(f"{body_indent}{distance} = arith.subi {iv}, {lower} : i{width} {loc}".rstrip())
+            iterations[width] = distance
+        factor = module.fresh("vfactor")
+        ops.lines.append(f"{ops.indent}{factor} = arith.constant {offset.step // step} : i{width} {ops.loc}".rstrip())
+        advance = module.fresh("vadvance")
+        closed_lines.append(f"{body_indent}{advance} = arith.muli {iterations[width]}, {factor} : i{width} {loc}".rstrip())
+        if isinstance(parsed, TensorType):
+            splat = module.fresh("vsplat")
+            closed_lines.append(f"{body_indent}{splat} = tt.splat {advance} : i{width} -> {arg_type} {loc}".rstrip())
+            advance = splat
+        closed = module.fresh("vclosed")
+        closed_lines.append(f"{body_indent}{closed} = arith.addi {init}, {advance} : {arg_type} {loc}".rstrip())
+        for i in range(1, len(texts) - 1):
+            if i != offset.add - loop:
+                texts[i] = substitute(texts[i], arg, closed)
+    return remove_dead_ops([texts[0]] + closed_lines + texts[1:], module)
+
+
+def remove_dead_ops(lines: list[str], module: Module) -> list[str]:
+    """Drop ops in the loop whose results are unused (until none is left): movable ops,
+    non-volatile loads, and integer divisions by a non-zero constant (of ``module``): the
+    block-index computations that only fed the folded increment."""
+    while True:
+        fragment = Module("\n".join(lines))
+        used = {base_name(v) for line in fragment.lines for v in line.operands}
+        dead = [i for i, line in enumerate(fragment.lines[1:-1], start=1)
+                if line.results and not line.opens and not line.closes and _removable(line, module)
+                and not any(r in used for r in line.results)]
+        if not dead:
+            return lines
+        lines = [text for i, text in enumerate(lines) if i not in dead]
+
+
+def _removable(line, module: Module) -> bool:
+    if is_movable(line) or (line.op == "tt.load" and not has_side_effect(line)):
+        return True
+    return line.op in ("arith.divsi", "arith.remsi", "arith.divui", "arith.remui") and len(line.operands) == 2 \
+        and _constant_int(module, line.operands[1]) not in (None, 0)
+
+
+def version_loop(module: Module, loop: int, plan: Plan) -> tuple[int, str]:
+    """Rewrite ``loop`` into ``scf.if (no jump) {fast copy} else {original}``; returns the index of
+    the fast copy's head in the rewritten module and the prefix its value names were given
+    (``%x`` of the loop is ``%<prefix>_x`` in the copy)."""
+    line = module.lines[loop]
+    head = parse_for(line)
+    step = constant_step(module, head.step)
+    ops = IROps(module, line.indent, module.lines[module.end_of(loop)].loc)
+    condition = _no_jump_condition(ops, ops.leaf(head.lower), ops.leaf(head.upper), step, plan.compares)
+    fast = _fast_copy(module, loop, plan, ops, step)
+    cold = [module.lines[i].text for i in range(loop, module.end_of(loop) + 1)]
+    cold[-1] = with_attribute(cold[-1], VERSIONED)
+    inner = "  "
+    results = line.results[0] if line.results else None
+    count = len(head.iter_args)
+    fast_name, cold_name = module.fresh("fast"), module.fresh("cold")
+    closing_loc = module.lines[module.end_of(loop)].loc
+    emitted = list(ops.lines)
+    if results is not None:
+        types = ", ".join(head.result_types)
+        emitted.append(f"{line.indent}{results}{f':{count}' if count > 1 else ''} = scf.if {condition} -> "
+                       f"({types}) {{")
+    else:
+        emitted.append(f"{line.indent}scf.if {condition} {{")
+    first_fast, prefixes = len(emitted), []
+    for position, (copy, name) in enumerate(((fast, fast_name), (cold, cold_name))):
+        if position == 1:
+            emitted.append(f"{line.indent}}} else {{")
+        if results is not None:
+            copy = [re.sub(r"^(\s*)" + re.escape(results) + r"(?=[:\s])", r"\g<1>" + name, copy[0], 1)] + copy[1:]
+        prefixes.append(module.fresh("v")[1:])
+        emitted += [inner + text for text in renamed(copy, prefixes[-1])]
+        if results is not None:
+            values = ", ".join(f"{name}#{k}" for k in range(count)) if count > 1 else name
+            emitted.append(f"{line.indent}{inner}scf.yield {values} : {types} {closing_loc}".rstrip())
+    emitted.append(f"{line.indent}}} {closing_loc}".rstrip())
+    texts = [l.text for l in module.lines]
+    module.replace(texts[:loop] + emitted + texts[module.end_of(loop) + 1:])
+    return loop + first_fast, prefixes[0]
+
+
+def versioned_rewrite(module: Module, loop: int, plan: Plan,
+                      rewrite: Callable[[Module, int, Callable[[str], str]], object]) -> object:
+    """Try ``rewrite`` (a pass's rewrite of one loop: given the module, the loop's index and the
+    map from a value name of the original loop to its name in the copy; returns a reason string
+    when it does not apply) on the fast copy of ``loop`` versioned by ``plan`` on a trial copy of
+    the module. On success ``module`` holds the versioned, rewritten loop and the rewrite's
+    outcome is returned; else ``module`` is untouched and the reason is returned."""
+    trial = Module(module.text())
+    trial._counter = module._counter
+    fast, prefix = version_loop(trial, loop, plan)
+    outcome = rewrite(trial, fast, lambda name: f"%{prefix}_{name[1:]}")
+    if isinstance(outcome, str):
+        return outcome
+    counter = trial._counter
+    module.replace([line.text for line in trial.lines])
+    module._counter = counter
+    return outcome
