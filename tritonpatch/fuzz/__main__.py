@@ -6,6 +6,7 @@ import shlex
 import sys
 
 from .checks import SAMPLES
+from .generate import CARRIED_SEEDS
 from .pipelines import PIPELINES, REFERENCE, pass_names
 from .report import summary, write_log
 from .run import NoKernelSelected, run
@@ -27,6 +28,10 @@ def parse_args(argv=None):
     parser.add_argument("--pipeline", action="append", metavar="P",
                         help=f"a pass combination such as skip, elide+hoist, skip+elide+hoist (repeatable; "
                              f"default: all {len(PIPELINES)}); the unpatched reference always runs")
+    parser.add_argument("--carried-offsets", action="store_true",
+                        help="the kernels of the seeds in FlexAttention's loop shape: the tile position carried "
+                             f"through the loop, jumping every JUMP_EVERY iterations (seeds {CARRIED_SEEDS:,} + SEED "
+                             "..., the loops the passes version)")
     parser.add_argument("--gpu", action="store_true",
                         help="also launch every case on the GPU and compare outputs bit for bit (without it: "
                              "compile-only for sm_90, the dry run)")
@@ -59,7 +64,8 @@ def main(argv=None) -> int:
             print("--gpu needs a CUDA GPU; run without --gpu for the compile-only checks", file=sys.stderr)
             return 2
     try:
-        result = run(range(args.seed, args.seed + args.kernels), args.pipelines, features=args.feature, gpu=args.gpu,
+        first = args.seed + (CARRIED_SEEDS if args.carried_offsets else 0)
+        result = run(range(first, first + args.kernels), args.pipelines, features=args.feature, gpu=args.gpu,
                      jobs=args.jobs, samples=args.samples, show=args.show)
     except NoKernelSelected as exc:
         print(exc, file=sys.stderr)

@@ -5,8 +5,8 @@ buffers."""
 from __future__ import annotations
 
 from .kernel import Select
-from .pieces import (DTYPES, Draft, choose_effects, declare_masks, effects_after_loop, effects_before_loop,
-                     effects_in_loop, loop_bounds, opaque_move, scale_suffix, select_before)
+from .pieces import (DTYPES, Draft, carried_columns, choose_effects, declare_masks, effects_after_loop,
+                     effects_before_loop, effects_in_loop, loop_bounds, opaque_move, scale_suffix, select_before)
 
 
 def _index(axis: str, offsets: str, where: str, width: int) -> str:
@@ -211,7 +211,7 @@ def _prologue_rows(d: Draft, rows: str, extent: str, index_width: int) -> None:
 
 def _columns(d: Draft, tile: str, extent: str, axis: str, index_width: int) -> None:
     """The iteration's column block: ``offs_c``, bounds mask ``col_in`` and its index tensor."""
-    d.line(2, f"offs_c = start + tl.arange(0, {tile})")
+    d.line(2, f"offs_c = {carried_columns(d, 2, tile) if d.carried else f'start + tl.arange(0, {tile})'}")
     d.line(2, f"col_in = (offs_c >= 0) & (offs_c < {extent})")
     d.line(2, _index(axis, "offs_c", "[None, :]", index_width))
 

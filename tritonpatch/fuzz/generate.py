@@ -5,7 +5,11 @@ A kernel is assembled from small pieces, each drawing from the seeded RNG:
 * a **family** (the body template): online-softmax attention forward, the dK/dV loop of an
   attention backward, a masked matmul accumulation, masked row reductions;
 * a **loop skeleton**: bounds from constants, arguments and program ids (empty, reversed and ragged
-  ranges included), ``range`` or ``tl.range``, constexpr or runtime steps;
+  ranges included), ``range`` or ``tl.range``, constexpr or runtime steps; in some kernels the tile
+  position is carried through the loop as FlexAttention's templates carry it (a scalar or a tensor
+  advanced by the step, jumping by a loaded amount every ``JUMP_EVERY`` iterations: the loops
+  :mod:`tritonpatch.passes.versioning` versions): seed ``CARRIED_SEEDS + n`` is kernel ``n`` in
+  that shape;
 * **mask expressions** (:mod:`.masks`) over the tile's query / key positions, applied by a
   **select style** (``where(m, x, -inf)``, ``where(~m, -inf, x)``, zero or constant fills, before or
   after the exponential);
@@ -29,10 +33,13 @@ from .kernel import Kernel
 from .pieces import TABLE_SIZE, Draft, mask_scalars
 
 
-BUFFER_ORDER = ("Q", "K", "V", "DO", "X", "LSE", "DELTA", "MASK_TABLE", "OUT", "STATS", "DK", "DV", "ROW_MAX",
+BUFFER_ORDER = ("Q", "K", "V", "DO", "X", "LSE", "DELTA", "MASK_TABLE", "JUMPS", "OUT", "STATS", "DK", "DV", "ROW_MAX",
                 "ROW_SUM", "COUNTER", "TILE_LOG", "ITER_BITS", "TRIPS")
 SCALAR_KINDS = {"N_Q": "i32", "N_KV": "i32", "P0": "i32", "P1": "i32", "P2": "i64", "LO": "i32", "HI": "i32",
-                "W": "i32", "STEP": "i32", "SCALE": "fp32"}
+                "W": "i32", "STEP": "i32", "SCALE": "fp32", "J0": "i32"}
+CARRIED_ONLY = {"JUMPS", "J0"}      # parameters only the carried-offset kernels take
+CARRIED_SEEDS = 1_000_000           # seed CARRIED_SEEDS + n: kernel n with its tile position carried through the loop
+JUMP_EVERY = (1024, 4096, 2)        # 2: a block-mask-like walk the passes must refuse to version
 
 
 def _reads(lines: list[str], name: str) -> bool:
@@ -45,13 +52,15 @@ def _uniform_params(d: Draft) -> list[tuple[str, str]]:
     of Triton launchers (each distinct signature costs a host compiler run on the GPU machine)."""
     declared = dict(d.params)
     assert set(declared) <= set(BUFFER_ORDER) | set(SCALAR_KINDS), set(declared)
-    return ([(name, declared.get(name, "*fp32")) for name in BUFFER_ORDER]
-            + [(name, declared.get(name, kind)) for name, kind in SCALAR_KINDS.items()])
+    wanted = [n for n in BUFFER_ORDER + tuple(SCALAR_KINDS) if n not in CARRIED_ONLY or d.carried]
+    return ([(name, declared.get(name, "*fp32")) for name in BUFFER_ORDER if name in wanted]
+            + [(name, declared.get(name, kind)) for name, kind in SCALAR_KINDS.items() if name in wanted])
 
 
 def generate(seed: int) -> Kernel:
     """The kernel of ``seed`` (the same seed always gives the same kernel)."""
-    rng = random.Random(seed)
+    carried = seed >= CARRIED_SEEDS
+    rng = random.Random(seed - CARRIED_SEEDS if carried else seed)
     family = rng.choices(sorted(FAMILIES), weights=[FAMILY_WEIGHTS[f] for f in sorted(FAMILIES)])[0]
     dtype = rng.choice(("fp16", "fp16", "bf16", "fp32"))
     bm, bn = rng.choice((16, 32, 64)), rng.choice((16, 32, 64))
@@ -65,6 +74,9 @@ def generate(seed: int) -> Kernel:
     sizes = {"dtype": dtype, "BM": bm, "BN": bn, "dim": dim, "n_q": n_q, "n_kv": n_kv, "batch": batch,
              "programs": grid[0] * grid[1], "index_width": 64 if rng.random() < 0.2 else 32}
     d = Draft(rng)
+    carried_rng = random.Random(f"carried-{seed}")
+    if carried:
+        d.carried = carried_rng.choice(("scalar", "scalar", "tensor"))
     d.scalar("N_Q", "i32", n_q, (n_q, 0, 1, 17, 1 << 20))
     d.scalar("N_KV", "i32", n_kv, (n_kv, 0, 1, 33, 1 << 20))
     mask_scalars(d)
@@ -73,6 +85,8 @@ def generate(seed: int) -> Kernel:
     params = _uniform_params(d)
     name = f"fuzz_kernel_{seed}"
     constexprs = {"BM": bm, "BN": bn, "D": dim}
+    if d.carried:
+        constexprs["JUMP_EVERY"] = carried_rng.choice(JUMP_EVERY)
     header = ", ".join([n for n, _ in params] + [f"{c}: tl.constexpr" for c in constexprs])
     source_lines = ["import triton", "import triton.language as tl", "", "",
                     f"# tritonpatch pass fuzzer, seed {seed}: {family}, {dtype}, BM={bm} BN={bn} D={dim}",
@@ -88,7 +102,7 @@ def generate(seed: int) -> Kernel:
                   rows_axis="kv" if family == "attention_bwd" else "q",
                   tile=(bn, bm) if family == "attention_bwd" else (bm, bn),
                   index_width=sizes["index_width"],
-                  loop_effects=tuple(d.loop_effects), table=table,
+                  loop_effects=tuple(d.loop_effects), table=table, carried=d.carried is not None,
                   used_scalars=tuple(n for n in SCALAR_KINDS if n in d.scalars and _reads(d.lines, n)))
 
 

@@ -27,6 +27,8 @@ def initial_tensors(kernel: Kernel):
             value = torch.rand(buffer.shape, generator=generator) * 4.0
         elif buffer.fill == "table":
             value = torch.tensor(kernel.table)
+        elif buffer.fill == "jumps":       # block jumps: back, none, forward by a few tiles
+            value = torch.randint(-3, 6, buffer.shape, generator=generator) * kernel.tile[1]
         elif buffer.fill == "sentinel":
             value = torch.full(buffer.shape, SENTINEL if dtype.is_floating_point else -1)
         else:

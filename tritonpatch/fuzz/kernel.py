@@ -19,7 +19,7 @@ class Buffer:
     dtype: str
     shape: tuple[int, ...]
     role: str
-    fill: str = "randn"      # randn | uniform | sentinel | zeros | table
+    fill: str = "randn"      # randn | uniform | sentinel | zeros | table | jumps
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class Kernel:
     loop_effects: tuple[str, ...] = ()   # what makes every iteration observable (side effects, trip count)
     table: tuple[int, ...] = ()
     used_scalars: tuple[str, ...] = ()   # the scalar parameters the body reads (the others stay unused)
+    carried: bool = False                # the tile position is carried through the loop (see generate)
 
     @property
     def signature(self) -> dict[str, str]:

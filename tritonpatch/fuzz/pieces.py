@@ -28,6 +28,8 @@ class Draft:
     masks: list = field(default_factory=list)
     loop_effects: list = field(default_factory=list)
     lines: list = field(default_factory=list)
+    carried: str | None = None        # "scalar" / "tensor": the tile position is carried through the loop
+    carried_step: str = ""
 
     def scalar(self, name: str, kind: str, launch, pool) -> str:
         if name not in self.scalars:
@@ -95,7 +97,46 @@ def loop_bounds(d: Draft, extent: str, extent_value: int, rows: str, rows_value:
     iterator = rng.choice(["range", "range", "tl.range"])
     d.features += [f"lower={lower.replace(pid, 'pid')}", f"upper={upper.replace(pid, 'pid')}", f"step={step}",
                    iterator, f"bounds-{kind}"]
+    if wide:
+        d.carried = None                  # a carried position is i32, as in FlexAttention's templates
+    if d.carried is not None:
+        return _carried_loop(d, lower, upper, step, tile, iterator)
     return f"for start in {iterator}({lower}, {upper}, {step}):"
+
+
+JUMP_STARTS = (0, 0, 3, 1000, 1020, 4090)
+JUMP_TABLE = 8
+
+
+def _carried_loop(d: Draft, lower: str, upper: str, step: str, tile: str, iterator: str) -> str:
+    """FlexAttention's loop shape: a block counter ``jump_it`` from ``J0`` for the same number of
+    iterations, the tile position ``kv_pos`` carried through the loop and advanced by ``step``,
+    except on every JUMP_EVERY-th iteration, where it jumps by a loaded amount (the starts near a
+    multiple of JUMP_EVERY make some launches jump: the versioned loop's cold path)."""
+    d.scalar("J0", "i32", d.rng.choice(JUMP_STARTS), JUMP_STARTS + ((1 << 31) - 40, 1023))
+    d.buffer("JUMPS", "i32", (JUMP_TABLE,), "input", "jumps")
+    d.carried_step = step
+    d.line(1, f"kv_pos = {lower}")
+    d.line(1, f"trips = ({upper} - kv_pos + ({step}) - 1) // ({step})")
+    if d.carried == "tensor":
+        d.line(1, f"offs_carried = kv_pos + tl.arange(0, {tile})")
+    d.features.append(f"carried-{d.carried}")
+    return f"for jump_it in {iterator}(J0, J0 + trips):"
+
+
+def carried_columns(d: Draft, depth: int, tile: str) -> str:
+    """The start of a carried loop's body: ``start`` from ``kv_pos``, the next position computed;
+    returns the expression of the iteration's column offsets."""
+    d.line(depth, "start = kv_pos")
+    d.line(depth, "needs_jump = (((jump_it + 1) % JUMP_EVERY) == 0).to(tl.int32)")
+    d.line(depth, f"advance = tl.load(JUMPS + jump_it % {JUMP_TABLE}) * needs_jump + (1 - needs_jump) * "
+                  f"({d.carried_step})")
+    d.line(depth, "kv_pos += advance")
+    if d.carried == "tensor":
+        d.line(depth, "offs_now = offs_carried")
+        d.line(depth, "offs_carried += advance")
+        return "offs_now"
+    return f"start + tl.arange(0, {tile})"
 
 
 # --- selects ------------------------------------------------------------------------------------------

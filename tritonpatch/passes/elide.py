@@ -371,6 +371,8 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
             else:
                 outcome = versioned
                 counts["loops_versioned"] = counts.get("loops_versioned", 0) + 1  # only when one was
+        elif plan:
+            outcome = f"{outcome}; not versioned: {plan}"
         if isinstance(outcome, str):
             note(f"loop {parse_for(module.lines[loop]).iv} (line {loop + 1}) not split on {name}: {outcome}")
         else:

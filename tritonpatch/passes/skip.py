@@ -202,6 +202,8 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
                 reason = None
             else:
                 reason = f"{reason}; in a copy versioned on its carried offsets: {versioned}"
+        elif reason is not None and plan:
+            reason = f"{reason}; not versioned: {plan}"
         if reason is None:
             counts["loops_narrowed"] += 1
         else:

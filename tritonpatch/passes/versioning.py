@@ -90,6 +90,7 @@ class _Folder:
         self.module, self.loop, self.iv = module, loop, iv
         self.compares: dict[str, JumpCompare] = {}
         self.assumed: set[str] = set()          # the compares the last fold relied on
+        self.small_moduli: set[int] = set()     # jump compares refused for their modulus
 
     def fold(self, name: str) -> int | None:
         constant = _constant_int(self.module, name)
@@ -129,6 +130,8 @@ class _Folder:
             return None
         modulus = _constant_int(self.module, rem.operands[1])
         offset = self._iv_plus_constant(rem.operands[0])
+        if modulus is not None and offset is not None and 0 < modulus < MIN_MODULUS:
+            self.small_moduli.add(modulus)
         if modulus is None or modulus < MIN_MODULUS or offset is None:
             return None
         held = pred == "ne"
@@ -158,7 +161,8 @@ def _wrapped(value: int, width: int) -> int:
 
 def plan_versioning(module: Module, loop: int) -> Plan | str:
     """The iteration arguments a versioned copy would advance by constants, and the compares it
-    assumes; or why the loop cannot be versioned."""
+    assumes; or why the loop cannot be versioned ("" when it carries no offset advanced by an
+    increment computed in the loop: nothing to say)."""
     head = parse_for(module.lines[loop])
     step = constant_step(module, head.step)
     if VERSIONED in module.lines[module.end_of(loop)].text:
@@ -166,7 +170,7 @@ def plan_versioning(module: Module, loop: int) -> Plan | str:
     if step is None or head.iv_type != "i32":
         return "its step is not a positive constant or its induction variable is not i32"
     yielded = module.lines[module.children(loop)[-1]]
-    folder, offsets = _Folder(module, loop, head.iv), []
+    folder, offsets, candidates = _Folder(module, loop, head.iv), [], 0
     for position, value in enumerate(yielded.operands):
         index = module.defs.get(base_name(value))
         if index is None or "#" in value or not module.inside(index, loop):
@@ -179,6 +183,7 @@ def plan_versioning(module: Module, loop: int) -> Plan | str:
         scalar = increment_scalar(module, increment)
         if where is None or not module.inside(where, loop) or scalar is None or scalar[0] != "value":
             continue
+        candidates += 1
         folder.assumed.clear()
         constant = folder.fold(scalar[1])
         if constant is None or not folder.assumed:
@@ -187,9 +192,12 @@ def plan_versioning(module: Module, loop: int) -> Plan | str:
             return (f"the increment of {head.iter_args[position][0]} folds to {constant}, not a multiple of the "
                     f"step {step}")
         offsets.append(CarriedOffset(position, index, constant))
+    if not offsets and folder.small_moduli:
+        return (f"its carried offsets jump every {min(folder.small_moduli)} iterations ((iv + a) % M == 0 with M "
+                f"below {MIN_MODULUS}, as with a block mask): a copy without jumps would never run")
     if not offsets:
-        return ("no iteration argument is advanced by an increment that folds to a constant when its "
-                f"(iv + a) % M == 0 jumps (M >= {MIN_MODULUS}) are false")
+        return ("" if not candidates else "its carried offsets advance by values that are not constant even without "
+                "jumps (loaded in the loop, as a block mask's walk over block indices is)")
     return Plan(tuple(offsets), tuple(folder.compares.values()))
 
 

@@ -1,0 +1,137 @@
+"""The mask passes on the kernels torch.compile generates for FlexAttention, and on the same loop
+shape written by hand.
+
+The fixtures (``tests/_support/data/flex``, regenerated on a GPU machine by
+``python scripts/capture_flex_templates.py``) are Inductor's forward and backward templates for a
+mask written as a ``score_mod`` (no block mask: the loops carry the key / query position through
+``offs_n += offset``) and as a ``mask_mod`` with a block mask (a walk over loaded block indices).
+Compiled for sm_90 with the passes in strict mode (a pass failure or IR Triton rejects raises):
+the score_mod loops are versioned on their carried offsets, narrowed and split; the block-mask
+loops are left alone with the reason in the report, and compile to the unpatched kernel.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import random
+
+import pytest
+import triton
+import triton.language as tl
+
+import tritonpatch
+from tritonpatch.passes import collect_reports
+from tritonpatch.passes.masks import PyOps
+from tritonpatch.passes.versioning import JumpCompare, MIN_MODULUS, _no_jump_condition
+from tritonpatch.targets import compile_for_target
+
+FLEX = pathlib.Path(__file__).resolve().parents[1] / "_support" / "data" / "flex"
+PASSES = ["skip-masked-blocks", "elide-uniform-masks"]
+
+
+def flex_template(stem: str):
+    """(kernel, capture metadata) of a fixture."""
+    meta = json.loads((FLEX / f"{stem}.json").read_text())
+    spec = importlib.util.spec_from_file_location(f"flex_{stem}", FLEX / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, meta["kernel"]), meta
+
+
+def compile_template(stem: str, passes: list[str]):
+    """(CompiledKernel, pass reports) of a fixture compiled for sm_90, strict."""
+    fn, meta = flex_template(stem)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITONPATCH_STRICT", "1")
+        with collect_reports() as reports, tritonpatch.options(passes=passes):
+            kernel = compile_for_target(fn, meta["signature"], {}, target="sm_90", num_warps=meta["num_warps"],
+                                        num_stages=meta["num_stages"])
+    return kernel, {report.name: report for report in reports}
+
+
+@pytest.mark.parametrize("stem, loops", [("score_mod_prefix_lm_fwd", 1), ("score_mod_prefix_lm_bwd", 2),
+                                         ("score_mod_causal_ragged_fwd", 1), ("score_mod_causal_ragged_bwd", 2)])
+def test_score_mod_templates_are_versioned_narrowed_and_split(stem, loops):
+    """Every masked loop (the forward's; the backward's dQ loop over keys and dK/dV loop over
+    queries) gets a fast copy, which skip narrows and elide splits; the original stays as the
+    cold path."""
+    kernel, reports = compile_template(stem, PASSES)
+    skip, elide = reports["skip-masked-blocks"], reports["elide-uniform-masks"]
+    assert skip.counts == {"loops_narrowed": loops, "loops_versioned": loops} and skip.kept, skip
+    assert elide.counts["loops_split"] == loops and elide.kept, elide
+    assert kernel.asm["ttir"].count("tritonpatch.versioned") == loops
+    assert not getattr(kernel.metadata, "tritonpatch_fallback", None)
+
+
+def test_block_mask_templates_are_left_alone_and_say_why():
+    """With a block mask the loop walks loaded block indices: nothing to version, the kernel is
+    the unpatched one, and the report says why."""
+    plain, _ = compile_template("mask_mod_prefix_lm_fwd", [])
+    patched, reports = compile_template("mask_mod_prefix_lm_fwd", PASSES)
+    assert patched.asm["ptx"] == plain.asm["ptx"]
+    for name, count in (("skip-masked-blocks", "loops_narrowed"), ("elide-uniform-masks", "loops_split")):
+        report = reports[name]
+        assert report.counts == {count: 0}, report
+        assert any("advance by values that are not constant even without jumps" in note for note in report.notes), \
+            report.notes
+
+
+@triton.jit
+def carried_offset_sum(X, OUT, N, J0, BLOCK: tl.constexpr, JUMP_EVERY: tl.constexpr):
+    """A masked row sum over column tiles whose position is carried through the loop as
+    FlexAttention's templates carry it (a jump by a loaded amount every JUMP_EVERY iterations)."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    total = tl.full([BLOCK], float("-inf"), tl.float32)
+    position = 0
+    for block in range(J0, J0 + tl.cdiv(N, BLOCK)):
+        columns = position + tl.arange(0, BLOCK)
+        jump = (((block + 1) % JUMP_EVERY) == 0).to(tl.int32)
+        position += tl.load(X + block % 4).to(tl.int32) * jump + (1 - jump) * BLOCK
+        x = tl.load(X + rows[:, None] * N + columns[None, :])
+        x = tl.where(columns[None, :] <= rows[:, None], x, float("-inf"))
+        total = tl.maximum(total, tl.max(x, 1))
+    tl.store(OUT + rows, total)
+
+
+def compile_carried(jump_every: int, passes: list[str]):
+    with collect_reports() as reports, tritonpatch.options(passes=passes):
+        kernel = compile_for_target(carried_offset_sum, {"X": "*fp32", "OUT": "*fp32", "N": "i32", "J0": "i32"},
+                                    {"BLOCK": 64, "JUMP_EVERY": jump_every}, target="sm_90", num_warps=4)
+    return kernel, {report.name: report for report in reports}
+
+
+def test_a_hand_written_loop_with_a_carried_offset_is_versioned():
+    kernel, reports = compile_carried(MIN_MODULUS * 4, ["skip-masked-blocks"])
+    assert reports["skip-masked-blocks"].counts == {"loops_narrowed": 1, "loops_versioned": 1}
+    assert "scf.if" in kernel.asm["ttir"] and "tritonpatch.versioned" in kernel.asm["ttir"]
+
+
+def test_a_jump_every_few_iterations_is_not_versioned_and_says_why():
+    _, reports = compile_carried(2, ["skip-masked-blocks"])
+    report = reports["skip-masked-blocks"]
+    assert report.counts == {"loops_narrowed": 0}
+    assert any("jump every 2 iterations" in note for note in report.notes), report.notes
+
+
+def brute_force_no_jump(lower: int, upper: int, step: int, offset: int, modulus: int) -> bool:
+    """No iteration has ``(iv + offset) % modulus == 0``, and ``iv + offset`` fits in i32."""
+    return all((iv + offset) % modulus and -(1 << 31) <= iv + offset < (1 << 31) for iv in range(lower, upper, step))
+
+
+def test_the_check_before_a_versioned_loop_never_admits_a_jump():
+    """The run-time condition choosing the fast copy, evaluated by the Python twin of the emitted
+    ops, against brute force: true only when no iteration jumps (exactly that for a unit step)."""
+    rng = random.Random(0)
+    for _ in range(4000):
+        modulus = rng.choice((MIN_MODULUS, 1 << 12, 1 << 23, 1 << 24))
+        lower = rng.choice((0, 1, modulus - 3, modulus - 1, 2 * modulus - 40, -modulus - 2, (1 << 31) - 50,
+                            rng.randrange(-(1 << 31), 1 << 31)))
+        upper = min(lower + rng.choice((0, 1, 2, 3, 40, 3000, -5)), (1 << 31) - 1)      # i32 loop bounds
+        step, offset = rng.choice((1, 1, 2, 3, 64)), rng.choice((0, 1, 2, -1, 1 << 20))
+        compare = JumpCompare("%jump", offset, modulus, held=False)
+        admitted = _no_jump_condition(PyOps({}), lower, upper, step, [compare])
+        truth = brute_force_no_jump(lower, upper, step, offset, modulus)
+        assert not admitted or truth, (lower, upper, step, offset, modulus)
+        if step == 1:
+            assert admitted == truth, (lower, upper, step, offset, modulus)
