@@ -2,8 +2,11 @@
 # The GPU half of the test suite and the differential fuzzer, as run on the H200 for docs/validation/.
 #
 #   scripts/validate_gpu.sh install            build and install tritonpatch into the machine's python3
-#   scripts/validate_gpu.sh fuzz OUT [N] [SEED] python -m tritonpatch.fuzz --gpu over N kernels (default 320) from
-#                                              SEED on (default 1) x 7 pass combinations -> OUT/fuzz_passes_gpu.{json,txt}
+#   scripts/validate_gpu.sh fuzz OUT [N] [SEED] [NAME [ARG...]]
+#                                              python -m tritonpatch.fuzz --gpu over N kernels (default 320) from
+#                                              SEED on (default 1) x 7 pass combinations (or the fuzzer ARGs, e.g.
+#                                              --carried-offsets --pipeline skip) -> OUT/NAME.{json,txt} (default
+#                                              NAME: fuzz_passes_gpu)
 #   scripts/validate_gpu.sh tests OUT [FILE...] every @pytest.mark.gpu test (or those of FILE...) -> OUT/gpu_tests.txt
 #
 # Each writes its log with a header line: GPU, torch, Triton, Python, date, commit.
@@ -45,10 +48,10 @@ case "$mode" in
         python3 -c "import tritonpatch.llvm as l; print('tritonpatch installed; native LLVM options:', l.available())"
         ;;
     fuzz)
-        out=${2:?OUT folder}; kernels=${3:-320}; seed=${4:-1}; mkdir -p "$out"
+        out=${2:?OUT folder}; kernels=${3:-320}; seed=${4:-1}; name=${5:-fuzz_passes_gpu}; mkdir -p "$out"
         command=(python3 -m tritonpatch.fuzz --gpu --seed "$seed" --kernels "$kernels" --jobs "$(nproc)"
-                 --log "$out/fuzz_passes_gpu.json")
-        { header "${command[@]}"; "${command[@]}"; } 2>&1 | tee "$out/fuzz_passes_gpu.txt"
+                 --log "$out/$name.json" "${@:6}")
+        { header "${command[@]}"; "${command[@]}"; } 2>&1 | tee "$out/$name.txt"
         ;;
     tests)
         out=${2:?OUT folder}; shift 2; mkdir -p "$out"
