@@ -131,7 +131,7 @@ def worker(args) -> None:
         if args.phase == "compile":
             (q, k, v), dout = inputs(0)
             if collect is not None:
-                with collect() as reports:
+                with collect(every_thread=True) as reports:      # Inductor compiles in a thread pool
                     out = step(q, k, v, dout)
             else:
                 reports, out = [], step(q, k, v, dout)

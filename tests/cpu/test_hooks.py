@@ -268,6 +268,27 @@ def test_ir_pass_runs_after_its_stage():
     assert "0f3F800000" in patched.asm["ptx"] and "0f3F800000" not in default.asm["ptx"]
 
 
+def test_reports_of_a_compile_in_another_thread_reach_an_every_thread_collector():
+    """torch.compile compiles its templates in a thread pool: a collect_reports(every_thread=True)
+    block sees those reports, a plain block (this thread only) does not."""
+    from tritonpatch.passes import collect_reports, register_pass, unregister_pass
+
+    def compile_with_the_pass():
+        with tritonpatch.options(passes=["test-noop-report"]):
+            compile_kernel()
+
+    register_pass("test-noop-report", "ttir", "test only")(lambda text, options: (text, {"looked": 1}))
+    try:
+        with collect_reports() as mine, collect_reports(every_thread=True) as everyone:
+            thread = threading.Thread(target=compile_with_the_pass)
+            thread.start()
+            thread.join()
+        compile_with_the_pass()                   # after the blocks: collected by neither
+    finally:
+        unregister_pass("test-noop-report")
+    assert mine == [] and [(r.name, r.counts) for r in everyone] == [("test-noop-report", {"looked": 1})]
+
+
 def test_failing_pass_falls_back_or_raises_when_strict(reference, monkeypatch):
     """TRITONPATCH_STRICT decides: keep Triton's IR with a warning, or raise PassError."""
     from tritonpatch.passes import register_pass, unregister_pass

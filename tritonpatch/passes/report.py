@@ -3,13 +3,14 @@
 A running pass calls :func:`note` to say why it left a loop or a select as it is; the runner
 collects those notes (:func:`collecting_notes`) into the pass's report, and :func:`publish` logs
 every report (logger ``tritonpatch.passes``, INFO) and hands it to each :func:`collect_reports`
-block of the current thread or task.
+block of the current thread or task, and to each ``collect_reports(every_thread=True)`` block.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -30,6 +31,8 @@ class PassReport:
 
 
 _COLLECTORS: contextvars.ContextVar[tuple[list, ...]] = contextvars.ContextVar("tritonpatch_pass_reports", default=())
+_EVERY_THREAD: list[list] = []          # collectors of every thread's reports (collect_reports(every_thread=True))
+_EVERY_THREAD_LOCK = threading.Lock()
 _NOTES: contextvars.ContextVar[list | None] = contextvars.ContextVar("tritonpatch_pass_notes", default=None)
 
 
@@ -57,9 +60,22 @@ def collecting_notes() -> Iterator[list[str]]:
 
 
 @contextlib.contextmanager
-def collect_reports() -> Iterator[list[PassReport]]:
-    """Collect a :class:`PassReport` for every pass run in this context (thread / task local)."""
+def collect_reports(every_thread: bool = False) -> Iterator[list[PassReport]]:
+    """Collect a :class:`PassReport` for every pass run in this context (thread / task local), or
+    with ``every_thread`` in any thread of the process while the block runs: compiles that others
+    start in their own threads (torch.compile compiles its templates in a thread pool) report there.
+    Compiles in other processes (Inductor's compile workers) report to their own process only:
+    ``TORCHINDUCTOR_COMPILE_THREADS=1`` keeps them in this one."""
     reports: list[PassReport] = []
+    if every_thread:
+        with _EVERY_THREAD_LOCK:
+            _EVERY_THREAD.append(reports)
+        try:
+            yield reports
+        finally:
+            with _EVERY_THREAD_LOCK:
+                _EVERY_THREAD.remove(reports)
+        return
     token = _COLLECTORS.set(_COLLECTORS.get() + (reports,))
     try:
         yield reports
@@ -76,5 +92,7 @@ def publish(reports: list[PassReport]) -> None:
                     "" if report.kept else " (discarded: stage fell back)")
         for message in report.notes:
             logger.info("%s: %s (kernel %s)", report.name, message, report.kernel)
-        for collector in _COLLECTORS.get():
+        with _EVERY_THREAD_LOCK:
+            collectors = _COLLECTORS.get() + tuple(_EVERY_THREAD)
+        for collector in collectors:
             collector.append(report)
