@@ -5,7 +5,7 @@ Three variants, each in fresh processes with caches of its own (Inductor's and T
 
 * ``unpatched``: ``flex_attention(q, k, v, score_mod=where(mask, score, -inf))``, plain;
 * ``patched``: the same program, run with only ``TRITONPATCH_AUTOLOAD=1`` and
-  ``TRITONPATCH_PASSES=skip-masked-blocks,elide-uniform-masks,hoist-masks`` set;
+  ``TRITONPATCH_PASSES=skip-masked-blocks,elide-uniform-masks,hoist-masks`` (``--passes``) set;
 * ``block_mask``: ``flex_attention(q, k, v, block_mask=create_block_mask(mask))`` (built once,
   outside the timing): what a user who writes the block mask by hand gets.
 
@@ -47,6 +47,7 @@ def parse_args(argv=None):
     parser.add_argument("--lengths", default="4096,8192,16384")
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--directions", default="fwd,fwd_bwd")
+    parser.add_argument("--passes", default=PASSES, help=f"TRITONPATCH_PASSES of the patched variant (default {PASSES})")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs", "benchmarks"))
@@ -152,23 +153,23 @@ def worker(args) -> None:
 
 
 # --- the driver -----------------------------------------------------------------------------------
-def variant_environment(variant: str, caches: str) -> dict:
+def variant_environment(variant: str, caches: str, passes: str) -> dict:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TRITONPATCH_")}
     environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(caches, variant, "inductor")
     environ["TRITON_CACHE_DIR"] = os.path.join(caches, variant, "triton")
     if variant == "patched":
-        environ.update(TRITONPATCH_AUTOLOAD="1", TRITONPATCH_PASSES=PASSES, TORCHINDUCTOR_COMPILE_THREADS="1")
+        environ.update(TRITONPATCH_AUTOLOAD="1", TRITONPATCH_PASSES=passes, TORCHINDUCTOR_COMPILE_THREADS="1")
     return environ
 
 
-def run_phase(phase: str, rows: list[dict], caches: str, parallel: bool) -> dict:
+def run_phase(phase: str, rows: list[dict], caches: str, parallel: bool, passes: str) -> dict:
     """{variant: {row: result}} of one phase; the variants' processes run side by side or one by one."""
     processes, results = {}, {}
     for variant in VARIANTS:
         result = os.path.join(caches, f"{variant}-{phase}.json")
         command = [sys.executable, os.path.abspath(__file__), "--worker", variant, "--phase", phase,
                    "--rows", json.dumps(rows), "--result", result]
-        processes[variant] = (subprocess.Popen(command, env=variant_environment(variant, caches)), result)
+        processes[variant] = (subprocess.Popen(command, env=variant_environment(variant, caches, passes)), result)
         if not parallel:
             processes[variant][0].wait()
     for variant, (process, result) in processes.items():
@@ -186,9 +187,9 @@ def measure(args) -> dict:
     rows = grid(args)
     caches = tempfile.mkdtemp(prefix="flex_passes_")
     log(f"{len(rows)} rows; compiling the three variants side by side")
-    compiled = run_phase("compile", rows, caches, parallel=True)
+    compiled = run_phase("compile", rows, caches, parallel=True, passes=args.passes)
     log("timing each variant alone")
-    timed = run_phase("time", rows, caches, parallel=False)
+    timed = run_phase("time", rows, caches, parallel=False, passes=args.passes)
     measured = []
     for row in rows:
         key = row_key(row)
@@ -199,7 +200,7 @@ def measure(args) -> dict:
         entry["bitwise_equal"] = compiled["unpatched"][key]["digest"] == compiled["patched"][key]["digest"]
         entry["patched_reports"] = compiled["patched"][key]["reports"]
         measured.append(entry)
-    return {"environment": run_environment(commit=checkout_commit(), passes=PASSES), "rows": measured}
+    return {"environment": run_environment(commit=checkout_commit(), passes=args.passes), "rows": measured}
 
 
 def applied(reports) -> str:
