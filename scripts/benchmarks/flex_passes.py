@@ -47,7 +47,8 @@ def parse_args(argv=None):
     parser.add_argument("--lengths", default="4096,8192,16384")
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--directions", default="fwd,fwd_bwd")
-    parser.add_argument("--passes", default=PASSES, help=f"TRITONPATCH_PASSES of the patched variant (default {PASSES})")
+    parser.add_argument("--passes", default=PASSES,
+                        help=f"TRITONPATCH_PASSES of the patched variant (default {PASSES})")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs", "benchmarks"))
@@ -68,8 +69,8 @@ def grid(args) -> list[dict]:
         for mask in args.masks.split(","):
             if mask not in MASKS:
                 raise SystemExit(f"unknown mask {mask!r}; choose from {', '.join(MASKS)}")
-            shapes = [(4096, 64)] if mask == "seed" else [(int(s), int(d)) for s in args.lengths.split(",")
-                                                         for d in args.head_dims.split(",")]
+            shapes = [(4096, 64)] if mask == "seed" else \
+                [(int(s), int(d)) for s in args.lengths.split(",") for d in args.head_dims.split(",")]
             for seq, dim in shapes:
                 rows.append({"mask": mask, "seq": seq, "head_dim": dim, "direction": direction,
                              "batch": args.batch, "heads": args.heads})

@@ -13,9 +13,12 @@ induction variable or loop-invariant, when
 * the mask can be all-false on a whole tile at all (an xor of compares or an ``==`` of a moving
   index never is: such a loop is refused instead of rewritten into itself), and
 * an iteration whose mask is all-false provably leaves every loop-carried value unchanged
-  (:func:`unchanged_when_masked`, the online-softmax pattern) or advances it by a loop-invariant
-  step (pointer / offset induction; the initial value is then advanced by the skipped count, and
-  its final value must be unused after the loop).
+  (:func:`.masked_iteration.unchanged_when_masked`: the online-softmax pattern, FlexAttention's
+  guards) or advances it by a loop-invariant step (pointer / offset induction; the initial value
+  is then advanced by the skipped count, and its final value must be unused after the loop).
+
+A loop whose tile position is carried through it with a data-dependent jump (FlexAttention's
+templates) is tried again on a versioned copy (:mod:`.versioning`).
 
 Each compare is affine in ``%iv``, so the iterations where it is all-true / all-false form
 half-lines; the pass computes, before the loop, the longest prefix and suffix of iterations on

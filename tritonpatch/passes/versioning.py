@@ -101,7 +101,8 @@ class _Folder:
             return None
         line = self.module.lines[index]
         operands = line.operands
-        if line.op in ("arith.extui", "arith.extsi") and len(operands) == 1 and type_of(self.module, operands[0]) == "i1":
+        if line.op in ("arith.extui", "arith.extsi") and len(operands) == 1 \
+                and type_of(self.module, operands[0]) == "i1":
             flag = self.fold_flag(operands[0])
             return None if flag is None else (int(flag) if line.op == "arith.extui" else -int(flag))
         if line.op not in ("arith.addi", "arith.subi", "arith.muli") or len(operands) != 2:
@@ -252,7 +253,8 @@ def _fast_copy(module: Module, loop: int, plan: Plan, ops: IROps, step: int) -> 
         factor = module.fresh("vfactor")
         ops.lines.append(f"{ops.indent}{factor} = arith.constant {offset.step // step} : i{width} {ops.loc}".rstrip())
         advance = module.fresh("vadvance")
-        closed_lines.append(f"{body_indent}{advance} = arith.muli {iterations[width]}, {factor} : i{width} {loc}".rstrip())
+        closed_lines.append(
+            f"{body_indent}{advance} = arith.muli {iterations[width]}, {factor} : i{width} {loc}".rstrip())
         if isinstance(parsed, TensorType):
             splat = module.fresh("vsplat")
             closed_lines.append(f"{body_indent}{splat} = tt.splat {advance} : i{width} -> {arg_type} {loc}".rstrip())
@@ -323,7 +325,7 @@ def version_loop(module: Module, loop: int, plan: Plan) -> tuple[int, str]:
             values = ", ".join(f"{name}#{k}" for k in range(count)) if count > 1 else name
             emitted.append(f"{line.indent}{inner}scf.yield {values} : {types} {closing_loc}".rstrip())
     emitted.append(f"{line.indent}}} {closing_loc}".rstrip())
-    texts = [l.text for l in module.lines]
+    texts = [other.text for other in module.lines]
     module.replace(texts[:loop] + emitted + texts[module.end_of(loop) + 1:])
     return loop + first_fast, prefixes[0]
 
