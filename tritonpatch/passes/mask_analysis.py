@@ -6,9 +6,7 @@ affine index tensors (``make_range``, ``splat`` of integer scalars, ``expand_dim
 ``addi`` / ``subi``, ``muli`` by a constant, ``extsi``), and gives the :class:`~.masks.Mask` it
 computes, the intermediate integer nodes whose wrap-around must be ruled out at run time
 (:class:`~.masks.Check`) and the lines of the ops that build it. Anything else (a mask loaded from
-memory, a division, a multiplier known only at run time) is not analysable: None; as one operand
-of ``and`` / ``or`` / ``xor`` next to an analysable one it is an ``opaque`` mask, known on no tile
-(``doc[q] == doc[kv] & q >= kv`` is still all-false wherever ``q >= kv`` is).
+memory, a division, a multiplier known only at run time) is not analysable: None.
 """
 from __future__ import annotations
 
@@ -156,8 +154,6 @@ class Analysis:
                     result = Mask("atom", pred=pred, diff=left.combine(right, -1))
         elif line.op in ("arith.andi", "arith.ori", "arith.xori") and len(operands) == 2:
             left, right = self.mask(operands[0]), self.mask(operands[1])
-            if (left is None) != (right is None):          # one side unreadable: an opaque operand
-                left, right = left or Mask("opaque"), right or Mask("opaque")
             if left is not None and right is not None:
                 if line.op == "arith.xori" and right.kind == "const" and right.value is True:
                     result = Mask("not", children=(left,))
