@@ -22,7 +22,7 @@ from tritonpatch.targets import compile_for_target
 from tritonpatch.kernels.seed import SIGNATURE, seed_attention_fwd, seed_constexprs
 
 ALL = ["hoist-masks", "elide-uniform-masks", "skip-masked-blocks"]
-CAUSAL, PREFIX_RUNTIME, DIAGONAL, SLIDING, TWO_MASKS, FROM_MEMORY, XOR = range(7)
+CAUSAL, PREFIX_RUNTIME, DIAGONAL, SLIDING, TWO_MASKS, FROM_MEMORY, XOR, LOADED_AND_CAUSAL = range(8)
 
 
 @triton.jit
@@ -55,6 +55,8 @@ def masked_loop_kernel(Q, K, V, Out, M, P, N_CTX, MASK: tl.constexpr, NEGATED: t
             qk = tl.where(rows >= cols, qk, float("-inf"))
         elif MASK == 6:
             keep = (rows >= cols) ^ (cols < P)
+        elif MASK == 7:          # a document mask read from memory, and causal
+            keep = (tl.load(M + rows * N_CTX + cols) > 0) & (rows >= cols)
         else:
             keep = tl.load(M + rows * N_CTX + cols) > 0
         if NEGATED:
@@ -428,6 +430,15 @@ def test_mask_read_from_memory_is_left_untouched():
     assert patched.asm["ttir"] == plain.asm["ttir"]
 
 
+def test_an_unreadable_conjunct_leaves_the_readable_one_to_prune():
+    """``loaded & causal`` is all-false wherever causal is: skip drops the tiles past the diagonal;
+    elide finds no tile where the loaded half is known, so it leaves the narrowed loop alone."""
+    _, reports, caught = compile_with(ALL, constexprs=loop_constexprs(LOADED_AND_CAUSAL))
+    assert not caught
+    assert counts(reports, "skip-masked-blocks") == {"loops_narrowed": 1}
+    assert counts(reports, "elide-uniform-masks") == {"loops_split": 0}
+
+
 def test_loop_with_a_store_is_not_skipped_but_still_split(caplog):
     with caplog.at_level(logging.INFO, logger="tritonpatch.passes"):
         compiled, reports, _ = compile_with(["elide-uniform-masks", "skip-masked-blocks"],
@@ -522,6 +533,26 @@ def test_rewritten_kernels_match_the_unpatched_kernel_bit_for_bit(mask, negated,
         assert torch.equal(patched[finite], reference[finite])
     else:
         assert torch.equal(patched.view(torch.int16), reference.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("passes", [["skip-masked-blocks"], ALL])
+def test_a_loaded_document_mask_and_causal_match_the_unpatched_kernel(passes):
+    import torch
+    n_ctx, d = 512, 32
+    torch.manual_seed(7)
+    q, k, v = (torch.randn(n_ctx, d, device="cuda", dtype=torch.float16) for _ in range(3))
+    documents = torch.randint(0, 4, (n_ctx,), device="cuda").sort().values
+    memory = (documents[:, None] == documents[None, :]).to(torch.int8).contiguous()
+
+    def run(active):
+        out = torch.empty_like(q)
+        with tritonpatch.options(passes=active):
+            masked_loop_kernel[(n_ctx // 64,)](q, k, v, out, memory, 0, n_ctx, **loop_constexprs(LOADED_AND_CAUSAL))
+        return out
+    reference, patched = run([]), run(passes)
+    finite = torch.isfinite(reference)
+    assert finite.any() and torch.equal(patched[finite], reference[finite])
 
 
 def test_pass_source_joins_the_cache_tag(monkeypatch):

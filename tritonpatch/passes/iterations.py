@@ -147,7 +147,7 @@ def mask_sets(sets, mask: Mask, iv: str):
     if mask.kind == "not":
         true_set, false_set = mask_sets(sets, mask.children[0], iv)
         return false_set, true_set
-    if mask.kind == "xor":
+    if mask.kind in ("xor", "opaque"):
         return sets.empty(), sets.empty()
     (t1, f1), (t2, f2) = (mask_sets(sets, child, iv) for child in mask.children)
     if mask.kind == "and":

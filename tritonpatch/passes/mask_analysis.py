@@ -6,7 +6,15 @@ affine index tensors (``make_range``, ``splat`` of integer scalars, ``expand_dim
 ``addi`` / ``subi``, ``muli`` by a constant, ``extsi``), and gives the :class:`~.masks.Mask` it
 computes, the intermediate integer nodes whose wrap-around must be ruled out at run time
 (:class:`~.masks.Check`) and the lines of the ops that build it. Anything else (a mask loaded from
-memory, a division, a multiplier known only at run time) is not analysable: None.
+memory, a division, a multiplier known only at run time) is not analysable: None. With
+``opaque_operands``, such a tensor as one operand of ``and`` / ``or`` / ``xor`` next to an analysable
+one is an ``opaque`` mask, known on no tile (``doc[q] == doc[kv] & q >= kv`` is still all-false
+wherever ``q >= kv`` is). Only ``skip-masked-blocks`` asks for that: it runs the remaining
+iterations with the body unchanged. A copy of the body without the select (``elide-uniform-masks``)
+can compile to other layouts than the loop it came from where part of the mask is loaded (in
+the PTX, the loop converts the select's value to the next dot's operand layout through shuffles;
+the copy does not), and round differently: measured on the H200, one ulp in a dK accumulator
+(the fuzzer's seed 85).
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ PREDICATES = ("slt", "sle", "sgt", "sge", "eq", "ne")
 class Analysis:
     """Analysis of the values feeding one mask in one module."""
     module: Module
+    opaque_operands: bool = False          # an unreadable operand of and/or/xor next to a readable one: opaque
     checks: list[Check] = field(default_factory=list)
     ops: set[int] = field(default_factory=set)        # lines of the tensor ops that build the mask
 
@@ -154,6 +163,8 @@ class Analysis:
                     result = Mask("atom", pred=pred, diff=left.combine(right, -1))
         elif line.op in ("arith.andi", "arith.ori", "arith.xori") and len(operands) == 2:
             left, right = self.mask(operands[0]), self.mask(operands[1])
+            if self.opaque_operands and (left is None) != (right is None):     # one side unreadable
+                left, right = left or Mask("opaque"), right or Mask("opaque")
             if left is not None and right is not None:
                 if line.op == "arith.xori" and right.kind == "const" and right.value is True:
                     result = Mask("not", children=(left,))

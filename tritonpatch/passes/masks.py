@@ -64,7 +64,8 @@ class Check:
 @dataclass(frozen=True)
 class Mask:
     """A boolean mask expression: ``atom`` (pred, diff), ``and``/``or``/``xor`` (children),
-    ``not`` (child), ``const`` (bool) or ``scalar`` (runtime i1 value name)."""
+    ``not`` (child), ``const`` (bool), ``scalar`` (runtime i1 value name) or ``opaque`` (a tensor
+    the analysis cannot read: uniform on no tile as far as the verdicts know)."""
     kind: str
     pred: str = ""
     diff: Affine | None = None
@@ -241,6 +242,8 @@ def verdict(ops, mask: Mask):
     if mask.kind == "scalar":
         flag = ops.flag(mask.value)
         return flag, ops.not_(flag)
+    if mask.kind == "opaque":
+        return ops.boolean(False), ops.boolean(False)
     if mask.kind == "not":
         all_true, all_false = verdict(ops, mask.children[0])
         return all_false, all_true

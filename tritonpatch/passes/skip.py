@@ -91,7 +91,7 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> str | None:
         if parts is None:
             continue
         name = module.lines[select].results[0]
-        analysis = Analysis(module)
+        analysis = Analysis(module, opaque_operands=True)
         mask = analysis.mask(parts[0])
         if mask is None or not 0 < mask.atoms() <= max_atoms:
             reasons.append(f"{name}: its mask is not an analysable index compare (or has over {max_atoms} compares)")
