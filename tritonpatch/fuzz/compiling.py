@@ -145,9 +145,14 @@ def compile_all(tasks, jobs: int, cache_dir: str, kernel_dir: str, target: tuple
         with _pool(jobs, cache_dir, kernel_dir, target) as pool:
             running = {}
             while (queue or running) and not interrupted:
-                while queue and len(running) < 2 * jobs:
+                while queue and len(running) < 2 * jobs and not interrupted:
                     task = queue.popleft()
-                    running[pool.submit(compile_task, *task)] = task
+                    try:
+                        running[pool.submit(compile_task, *task)] = task
+                    except BrokenProcessPool:             # a worker died since the last wait
+                        interrupted.append(task)
+                if interrupted:
+                    break
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished:
                     task = running.pop(future)
