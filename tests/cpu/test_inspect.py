@@ -5,6 +5,8 @@ import json
 import os
 
 import pytest
+import triton
+import triton.language as tl
 
 from compile_helpers import KERNELS
 from test_cli import run_cli
@@ -53,6 +55,28 @@ def test_sass_sample_classes_and_main_loop():
     # The loop is .L_x_0 .. the backward BRA: HGMMA, FFMA, MUFU, IADD3, BRA.
     assert stats.main_loop == {"tensor-core": 1, "fp": 1, "mufu": 1, "int": 1, "branch": 1}
     assert stats.loops == 1
+
+
+@triton.jit
+def tensor_descriptor_sum(X, OUT, M, N, BM: tl.constexpr, BN: tl.constexpr):
+    """A loop of TMA loads: nvdisasm puts the mbarrier wait retries after EXIT, jumping back in."""
+    desc = tl.make_tensor_descriptor(X, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
+    acc = tl.zeros([BM, BN], tl.float32)
+    for start in range(0, N, BN):
+        acc += desc.load([tl.program_id(0) * BM, start]).to(tl.float32)
+    tl.store(OUT + tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :], acc)
+
+
+def test_the_main_loop_of_a_tma_kernel_is_its_loop():
+    """The retry blocks after EXIT branch back into the loop: not a loop of their own, and the
+    main loop is the loop of TMA loads, not a span reaching into the epilogue's stores."""
+    from tritonpatch.targets import compile_for_target
+
+    kernel = compile_for_target(tensor_descriptor_sum, {"X": "*fp16", "OUT": "*fp32", "M": "i32", "N": "i32"},
+                                {"BM": 64, "BN": 64}, target="sm_90", num_warps=4, num_stages=3)
+    stats = inspection.analyze_sass(inspection.disassemble(kernel.asm["cubin"]))
+    assert stats.loops == 1
+    assert stats.main_loop.get("barrier") and "store-global" not in stats.main_loop, stats.main_loop
 
 
 def test_llir_loops_on_a_handwritten_module():

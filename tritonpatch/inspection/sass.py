@@ -41,7 +41,7 @@ def sass_class(opcode: str) -> str:
     return _CLASS_OF.get(opcode.split(".")[0], "other")
 
 
-_SASS_LINE_RE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
+_SASS_LINE_RE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 _SASS_LABEL_RE = re.compile(r"^\s*(\.L_x_\d+):")
 _SASS_BRANCH_RE = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
 
@@ -58,10 +58,13 @@ class SassStats:
 
 def _sass_instructions(text: str) -> tuple[list[str], list[tuple[int, int]]]:
     """Opcodes of ``nvdisasm`` output in address order, and its loops as (first, last) instruction
-    indices of each backward branch."""
+    indices of each backward branch. Branches from the out-of-line blocks after the kernel's last
+    unpredicated ``EXIT`` (the mbarrier wait retries of TMA kernels, which jump back into the loop
+    they came from) are not loops of the kernel."""
     instructions: list[str] = []  # opcode per instruction, in address order
     labels: dict[str, int] = {}
     back_edges: list[tuple[int, int]] = []
+    last_exit = None
     for line in text.splitlines():
         label = _SASS_LABEL_RE.match(line)
         if label:
@@ -74,9 +77,13 @@ def _sass_instructions(text: str) -> tuple[list[str], list[tuple[int, int]]]:
         # A branch to a label seen already is a loop, except the branch-to-itself trap after EXIT.
         if branch and branch.group(1) in labels and labels[branch.group(1)] < len(instructions):
             back_edges.append((labels[branch.group(1)], len(instructions)))
-        instructions.append(match.group(2))
+        if match.group(3) == "EXIT" and not match.group(2):
+            last_exit = len(instructions)
+        instructions.append(match.group(3))
     if not instructions:
         raise ValueError("no SASS instructions found")
+    if last_exit is not None:
+        back_edges = [(start, end) for start, end in back_edges if end < last_exit]
     return instructions, back_edges
 
 
