@@ -52,13 +52,13 @@ from __future__ import annotations
 import functools
 import re
 
-from .ir import Module, constant_step, is_movable, renamed, select_parts, substitute
+from .ir import Module, constant_step, is_movable, renamed, select_parts, substitute, without_dead_ops
 from .ir_syntax import NAME_END, base_name, parse_for, parse_type, without_attribute
 from .iterations import NARROWED, iteration_bound, possible_runs, scalars_fixed_in_loop, segment_counts
 from .mask_analysis import Analysis
 from .masks import IROps
 from .report import note
-from .versioning import VERSIONED, plan_versioning, versioned_rewrite
+from .versioning import VERSIONED, version_refused_loop
 
 _CHAIN_OPS = ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "arith.negf")
 _RENAMES = ("tt.broadcast", "tt.expand_dims", "tt.splat", "tt.reshape", "tt.trans", "ttg.convert_layout")
@@ -248,15 +248,7 @@ def specialised_loop(module: Module, loop: int, select: int, keep_true: bool) ->
 
 def remove_dead_ops(lines: list[str]) -> list[str]:
     """Drop pure single-line ops inside the loop whose results are unused (until none is left)."""
-    while True:
-        fragment = Module("\n".join(lines))
-        used = {base_name(v) for line in fragment.lines for v in line.operands}
-        dead = [i for i, line in enumerate(fragment.lines[1:-1], start=1)
-                if line.results and not line.opens and not line.closes and (is_movable(line) or line.op == "tt.dot")
-                and not any(r in used for r in line.results)]
-        if not dead:
-            return lines
-        lines = [text for i, text in enumerate(lines) if i not in dead]
+    return without_dead_ops(lines, lambda line: is_movable(line) or line.op == "tt.dot")
 
 
 def with_head(lines: list[str], module: Module, loop: int, result: str | None, lower: str, upper: str,
@@ -350,6 +342,7 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
             note(f"loop {parse_for(module.lines[loop]).iv} (line {loop + 1}) left as it is: its body has no tensor "
                  "select (tl.where)")
     done: set[str] = set()
+    split = functools.partial(split_loop, max_atoms=options["max_atoms"], all_false_loops=options["all_false_loops"])
     while True:
         candidates = ((loop, index) for loop in reversed(module.loops()) for index in module.children(loop)
                       if VERSIONED not in module.lines[module.end_of(loop)].text
@@ -359,20 +352,12 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
             break
         name = module.lines[select].results[0]
         done.add(name)
-        split = functools.partial(split_loop, max_atoms=options["max_atoms"],
-                                  all_false_loops=options["all_false_loops"])
         outcome = split(module, loop, select)
-        plan = plan_versioning(module, loop) if isinstance(outcome, str) else None
-        if plan is not None and not isinstance(plan, str):
-            versioned = versioned_rewrite(module, loop, plan, lambda fast_module, fast, rename: split(
+        if isinstance(outcome, str):
+            versioned, outcome = version_refused_loop(module, loop, outcome, lambda fast_module, fast, rename: split(
                 fast_module, fast, _named_line(fast_module, fast, rename(name))))
-            if isinstance(versioned, str):
-                outcome = f"{outcome}; in a copy versioned on its carried offsets: {versioned}"
-            else:
-                outcome = versioned
+            if versioned:
                 counts["loops_versioned"] = counts.get("loops_versioned", 0) + 1  # only when one was
-        elif plan:
-            outcome = f"{outcome}; not versioned: {plan}"
         if isinstance(outcome, str):
             note(f"loop {parse_for(module.lines[loop]).iv} (line {loop + 1}) not split on {name}: {outcome}")
         else:

@@ -326,6 +326,20 @@ def substitute(text: str, old: str, new: str) -> str:
     return re.sub(re.escape(old) + NAME_END, lambda _: new, text)
 
 
+def without_dead_ops(lines: list[str], removable) -> list[str]:
+    """The loop's lines without the single-line ops inside it whose results are unused and that
+    ``removable(line)`` allows to drop (repeated until none is left)."""
+    while True:
+        fragment = Module("\n".join(lines))
+        used = {base_name(v) for line in fragment.lines for v in line.operands}
+        dead = [i for i, line in enumerate(fragment.lines[1:-1], start=1)
+                if line.results and not line.opens and not line.closes and removable(line)
+                and not any(r in used for r in line.results)]
+        if not dead:
+            return lines
+        lines = [text for i, text in enumerate(lines) if i not in dead]
+
+
 def renamed(lines: list[str], prefix: str) -> list[str]:
     """The loop's lines with every value defined inside it renamed to ``%<prefix>_<name>`` (the
     copies of a loop then define distinct names, as the rest of the pass machinery expects)."""

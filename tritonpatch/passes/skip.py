@@ -45,7 +45,7 @@ from .mask_analysis import Analysis
 from .masked_iteration import NEG_INF, constant_kind, unchanged_when_masked
 from .masks import IROps, Mask
 from .report import note
-from .versioning import plan_versioning, versioned_rewrite
+from .versioning import version_refused_loop
 
 
 # --- iteration arguments advanced by a loop-invariant step -------------------------------------
@@ -68,9 +68,6 @@ def induction_steps(module: Module, loop: int) -> dict[int, tuple[str, str]]:
                     and increment_scalar(module, increment) is not None:
                 steps[position] = (line.op, increment)
     return steps
-
-
-# --- the rewrite ------------------------------------------------------------------------------------
 
 
 # --- the rewrite ------------------------------------------------------------------------------------
@@ -196,17 +193,11 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
     for loop in reversed(module.loops()):
         where = f"loop {parse_for(module.lines[loop]).iv} (line {loop + 1})"
         reason = skip_loop(module, loop, options["max_atoms"])
-        plan = plan_versioning(module, loop) if reason is not None else None
-        if reason is not None and not isinstance(plan, str):
-            versioned = versioned_rewrite(module, loop, plan,
-                                          lambda fast_module, fast, _: skip_loop(fast_module, fast, options["max_atoms"]))
-            if versioned is None:
+        if reason is not None:
+            versioned, reason = version_refused_loop(
+                module, loop, reason, lambda fast_module, fast, _: skip_loop(fast_module, fast, options["max_atoms"]))
+            if versioned:
                 counts["loops_versioned"] = counts.get("loops_versioned", 0) + 1  # only when one was
-                reason = None
-            else:
-                reason = f"{reason}; in a copy versioned on its carried offsets: {versioned}"
-        elif reason is not None and plan:
-            reason = f"{reason}; not versioned: {plan}"
         if reason is None:
             counts["loops_narrowed"] += 1
         else:

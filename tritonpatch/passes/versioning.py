@@ -28,9 +28,9 @@ ring of the argument's width, wrap-around included). A modulus below :data:`MIN_
 refused: with a block mask (``SPARSE_MULTIPLE`` 1 or 2) the fast copy would run only for loops of
 one or two iterations, so it would add code and never help.
 
-A pass asks :func:`plan_versioning` whether a loop it refused can be versioned, then
-:func:`versioned_rewrite`: it builds the versioned loop on a trial copy of the module and keeps it
-only when the pass's own rewrite then applies to the fast copy.
+A pass hands a loop it refused to :func:`version_refused_loop`: it plans the versioning
+(:func:`plan_versioning`), builds the versioned loop on a trial copy of the module and keeps it
+only when the pass's own rewrite then applies to the fast copy (:func:`versioned_rewrite`).
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from .ir import Module, constant_step, has_side_effect, increment_scalar, is_movable, renamed, substitute, type_of
+from .ir import (Module, constant_step, has_side_effect, increment_scalar, is_movable, renamed, substitute,
+                 type_of, without_dead_ops)
 from .ir_syntax import TensorType, base_name, int_width, parse_for, parse_type, with_attribute
 from .masks import IROps
 
@@ -225,7 +226,7 @@ def _fast_copy(module: Module, loop: int, plan: Plan, ops: IROps, step: int) -> 
     texts = [module.lines[i].text for i in range(loop, module.end_of(loop) + 1)]
     body_indent = module.lines[module.children(loop)[0]].indent
     loc = module.lines[loop].loc
-    iterations = None
+    iterations = {}                 # width -> (iv - lower), in i64 when an offset is i64
     closed_lines = []
     for offset in plan.offsets:
         arg, init = head.iter_args[offset.position]
@@ -239,8 +240,6 @@ def _fast_copy(module: Module, loop: int, plan: Plan, ops: IROps, step: int) -> 
         value = f"dense<{offset.step}>" if isinstance(parsed, TensorType) else str(offset.step)
         ops.lines.append(f"{ops.indent}{constant} = arith.constant {value} : {arg_type} {ops.loc}".rstrip())
         texts[offset.add - loop] = add.text.replace(f", {increment} :", f", {constant} :", 1)
-        if iterations is None:                    # (iv - lower) / step, in i64 when an offset is i64
-            iterations = {}
         if width not in iterations:
             iv, lower = head.iv, head.lower
             if width == 64:
@@ -271,15 +270,7 @@ def remove_dead_ops(lines: list[str], module: Module) -> list[str]:
     """Drop ops in the loop whose results are unused (until none is left): movable ops,
     non-volatile loads, and integer divisions by a non-zero constant (of ``module``): the
     block-index computations that only fed the folded increment."""
-    while True:
-        fragment = Module("\n".join(lines))
-        used = {base_name(v) for line in fragment.lines for v in line.operands}
-        dead = [i for i, line in enumerate(fragment.lines[1:-1], start=1)
-                if line.results and not line.opens and not line.closes and _removable(line, module)
-                and not any(r in used for r in line.results)]
-        if not dead:
-            return lines
-        lines = [text for i, text in enumerate(lines) if i not in dead]
+    return without_dead_ops(lines, lambda line: _removable(line, module))
 
 
 def _removable(line, module: Module) -> bool:
@@ -347,3 +338,18 @@ def versioned_rewrite(module: Module, loop: int, plan: Plan,
     module.replace([line.text for line in trial.lines])
     module._counter = counter
     return outcome
+
+
+def version_refused_loop(module: Module, loop: int, refusal: str,
+                         rewrite: Callable[[Module, int, Callable[[str], str]], object]) -> tuple[bool, object]:
+    """For a loop a pass refused with ``refusal``: version it and try ``rewrite`` on the fast copy
+    (:func:`versioned_rewrite`). ``(True, the rewrite's outcome)`` when that applied (``module``
+    then holds it); else ``(False, refusal)``, extended with why versioning did not help where
+    there is something to say."""
+    plan = plan_versioning(module, loop)
+    if isinstance(plan, str):
+        return False, f"{refusal}; not versioned: {plan}" if plan else refusal
+    outcome = versioned_rewrite(module, loop, plan, rewrite)
+    if isinstance(outcome, str):
+        return False, f"{refusal}; in a copy versioned on its carried offsets: {outcome}"
+    return True, outcome
