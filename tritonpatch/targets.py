@@ -153,12 +153,23 @@ def check_compile_options(options: Mapping[str, Any], capability: int, where: st
         raise ValueError(f"{where}: Triton refuses {quote(dict(options))}: {exc}") from None
 
 
+def aligned_pointer_attrs(fn, signature: Mapping[str, str]) -> dict:
+    """Triton's per-argument attributes marking every pointer argument of ``signature`` 16-byte
+    aligned (``tt.divisibility = 16``): what a launch with torch tensors specializes on. Without
+    them a compile for a target assumes nothing about alignment and vectorizes no load or store,
+    so its code (and its shared memory and registers) is not what the GPU runs."""
+    names = list(fn.arg_names)
+    return {(names.index(name),): [["tt.divisibility", 16]] for name, kind in signature.items()
+            if str(kind).startswith("*")}
+
+
 def compile_for_target(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any] | None = None,
-                       target: str = "sm_90", **options):
+                       target: str = "sm_90", *, aligned_pointers: bool = False, **options):
     """Run Triton's whole pipeline (ttir -> ... -> cubin) for ``target`` and return the
     ``CompiledKernel`` (``.asm`` holds every stage). ``signature`` maps argument names to Triton
-    types (``"*fp16"``, ``"i32"``, ``"constexpr"``); ``options`` are Triton compile options
-    (``num_warps``, ``num_stages``, ...). Target, arguments and options are checked first."""
+    types (``"*fp16"``, ``"i32"``, ``"constexpr"``); ``aligned_pointers`` compiles as a launch with
+    16-byte aligned tensors would (:func:`aligned_pointer_attrs`); ``options`` are Triton compile
+    options (``num_warps``, ``num_stages``, ...). Target, arguments and options are checked first."""
     import triton
     from triton.compiler import ASTSource
 
@@ -169,7 +180,8 @@ def compile_for_target(fn, signature: Mapping[str, str], constexprs: Mapping[str
     sig = dict(signature)
     for name in constexprs:
         sig.setdefault(name, "constexpr")
-    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
+    attrs = aligned_pointer_attrs(fn, sig) if aligned_pointers else None
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=gpu_target, options=dict(options))
 
 

@@ -11,6 +11,7 @@ loops are left alone with the reason in the report, and compile to the unpatched
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import pathlib
@@ -40,13 +41,19 @@ def flex_template(stem: str):
 
 
 def compile_template(stem: str, passes: list[str]):
-    """(CompiledKernel, pass reports) of a fixture compiled for sm_90, strict."""
+    """(CompiledKernel, pass reports) of a fixture compiled for sm_90 as torch.compile launches it
+    (16-byte aligned tensors), strict."""
+    return _compiled_template(stem, tuple(passes))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_template(stem: str, passes: tuple[str, ...]):
     fn, meta = flex_template(stem)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRITONPATCH_STRICT", "1")
-        with collect_reports() as reports, tritonpatch.options(passes=passes):
-            kernel = compile_for_target(fn, meta["signature"], {}, target="sm_90", num_warps=meta["num_warps"],
-                                        num_stages=meta["num_stages"])
+        with collect_reports() as reports, tritonpatch.options(passes=list(passes)):
+            kernel = compile_for_target(fn, meta["signature"], {}, target="sm_90", aligned_pointers=True,
+                                        num_warps=meta["num_warps"], num_stages=meta["num_stages"])
     return kernel, {report.name: report for report in reports}
 
 
@@ -62,6 +69,18 @@ def test_score_mod_templates_are_versioned_narrowed_and_split(stem, loops):
     assert elide.counts["loops_split"] == loops and elide.kept, elide
     assert kernel.asm["ttir"].count("tritonpatch.versioned") == loops
     assert not getattr(kernel.metadata, "tritonpatch_fallback", None)
+
+
+@pytest.mark.parametrize("stem", ["score_mod_prefix_lm_fwd", "score_mod_prefix_lm_bwd", "score_mod_causal_ragged_fwd",
+                                  "score_mod_causal_ragged_bwd"])
+def test_versioned_templates_need_no_more_shared_memory_than_unpatched(stem):
+    """The copies of a versioned loop share one shared-memory space for their pipelined buffers,
+    so the patched kernel fits as many CTAs on an SM as the unpatched one. (When the cold copy's
+    exit is the same block as the fast copy's, MLIR merges the two and Triton's allocator gives
+    each copy its own buffers: the forward then needs 208 KB instead of 112 KB, one CTA per SM.)"""
+    plain, _ = compile_template(stem, [])
+    patched, _ = compile_template(stem, PASSES)
+    assert patched.metadata.shared <= plain.metadata.shared, (patched.metadata.shared, plain.metadata.shared)
 
 
 def test_block_mask_templates_are_left_alone_and_say_why():

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 import tritonpatch.kernels as K
+from tritonpatch.targets import aligned_pointer_attrs
 from tritonpatch.kernels import seed
 from tritonpatch.kernels.bwd import configs as bwd_configs
 from tritonpatch.kernels.bwd import launch as bwd_launch
@@ -47,17 +48,10 @@ class CorpusKernel:
     num_stages: int = 2
 
 
-def aligned_pointers(fn, signature: dict) -> dict:
-    """``tt.divisibility = 16`` on every pointer argument: what a launch with torch tensors gives."""
-    names = list(fn.arg_names)
-    return {(names.index(name),): [["tt.divisibility", 16]] for name, kind in signature.items()
-            if str(kind).startswith("*")}
-
-
 def entry(name: str, what: str, fn, signature: dict, constexprs: dict, **options) -> CorpusKernel:
     """A CorpusKernel with the constexprs folded into the signature and aligned pointers."""
     full = {**signature, **{key: "constexpr" for key in constexprs}}
-    return CorpusKernel(name, what, fn, full, dict(constexprs), aligned_pointers(fn, full), **options)
+    return CorpusKernel(name, what, fn, full, dict(constexprs), aligned_pointer_attrs(fn, full), **options)
 
 
 # --- the corpus's own loop kernels ---------------------------------------------------------------------

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import tritonpatch
 from tritonpatch.passes import collect_reports
+from tritonpatch.targets import aligned_pointer_attrs
 
 from .generate import generate
 from .kernel import Kernel
@@ -75,8 +76,8 @@ def compile_case(kernel: Kernel, pipeline: str, directory: str, target):
     from triton.compiler import ASTSource
 
     fn = kernel_function(kernel, directory)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (_, kind) in enumerate(kernel.params) if kind.startswith("*")}
-    source = ASTSource(fn=fn, signature=kernel.signature, constexprs=kernel.constexprs, attrs=attrs)
+    source = ASTSource(fn=fn, signature=kernel.signature, constexprs=kernel.constexprs,
+                       attrs=aligned_pointer_attrs(fn, kernel.signature))
     start = time.perf_counter()
     compiled, status, messages = None, "ok", []
     with warnings.catch_warnings(record=True) as caught, collect_reports() as reports:

@@ -52,7 +52,8 @@ from __future__ import annotations
 import functools
 import re
 
-from .ir import Module, constant_step, is_movable, renamed, select_parts, substitute, without_dead_ops
+from .ir import (REGISTER_MOVES, Module, constant_step, inline_asm_line, is_movable, renamed, select_parts, substitute,
+                 without_dead_ops)
 from .ir_syntax import NAME_END, base_name, parse_for, parse_type, without_attribute
 from .iterations import NARROWED, iteration_bound, possible_runs, scalars_fixed_in_loop, segment_counts
 from .mask_analysis import Analysis
@@ -63,8 +64,6 @@ from .versioning import VERSIONED, version_refused_loop
 _CHAIN_OPS = ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "arith.negf")
 _RENAMES = ("tt.broadcast", "tt.expand_dims", "tt.splat", "tt.reshape", "tt.trans", "ttg.convert_layout")
 _CASTS = ("arith.extf", "arith.truncf")          # InstCombine moves a float cast across a select with a constant arm
-_REGISTER_MOVES = {"f32": ("mov.b32 $0, $1;", "r"), "f16": ("mov.b16 $0, $1;", "h"),
-                   "bf16": ("mov.b16 $0, $1;", "h"), "f64": ("mov.b64 $0, $1;", "l")}
 _ROUNDED_MULTIPLIES = {"f32": "mul.rn.f32 $0, $1, $2;"}        # the widths whose boundaries were checked on SASS
 _ROUNDED_ADDS = {"f32": "add.rn.f32 $0, $1, 0f80000000;"}       # and on the GPU; x + -0.0: see the module docstring
 _ONE = re.compile(r"\s*(?:dense<)?1\.0*(?:e\+?0+)?>?\s*:")
@@ -144,15 +143,6 @@ def _constant_chain(module: Module, loop: int, start: str) -> list[int] | str:
         value = module.lines[users[0]].results[0]
 
 
-def _asm_line(result: str, asm: str, register: str, operands: list[str], type_text: str, indent: str,
-              loc: str) -> str:
-    """A pure ``tt.elementwise_inline_asm`` line computing ``result`` of ``type_text``."""
-    constraints = ",".join(["=" + register] + [register] * len(operands))
-    return (f'{indent}{result} = tt.elementwise_inline_asm "{asm}" {{constraints = "{constraints}", '
-            f'packed_element = 1 : i32, pure = true}} {", ".join(operands)} : '
-            f'{", ".join([type_text] * len(operands))} -> {type_text} {loc}').rstrip()
-
-
 def _is_one(module: Module, name: str) -> bool:
     """A float constant (or splat of one) equal to 1.0: LLVM folds a multiply by it away."""
     line = _single_source(module, name)
@@ -186,7 +176,7 @@ def boundary(module: Module, loop: int, value: str, element: str, sole_user: boo
     boundary exists. ``sole_user``: in the unpatched loop the select is its only user."""
     producer = _producer(module, value)
     if producer is None:
-        return ("barrier", _REGISTER_MOVES[element][0])
+        return ("barrier", REGISTER_MOVES[element][0])
     if producer == "converted":
         return (f"the select passes on a converted product or quotient ({value}); no exact contraction barrier is "
                 "known across a float cast")
@@ -213,7 +203,7 @@ def specialised_loop(module: Module, loop: int, select: int, keep_true: bool) ->
     element = parse_type(value_type).element
     texts = {i: module.lines[i].text for i in range(loop, module.end_of(loop) + 1)}
     del texts[select]
-    if element not in _REGISTER_MOVES or is_constant(module, kept):      # nothing to contract with
+    if element not in REGISTER_MOVES or is_constant(module, kept):      # nothing to contract with
         texts = {i: substitute(t, result, kept) for i, t in texts.items()}
         return remove_dead_ops("\n".join(texts[i] for i in sorted(texts)).split("\n"))
     chain = _constant_chain(module, loop, result) if is_constant(module, other) else []
@@ -229,20 +219,21 @@ def specialised_loop(module: Module, loop: int, select: int, keep_true: bool) ->
     if isinstance(plan, str):
         return plan
     kind, asm = plan
-    register = _REGISTER_MOVES[element][1]          # the constraint letter of the element's registers
+    register = REGISTER_MOVES[element][1]          # the constraint letter of the element's registers
     if kind == "rounded":          # the product itself, rounded on its own: the select's users read it
         if not chain:
             texts = {i: substitute(t, result, kept) for i, t in texts.items()}
         product = module.lines[value_line]
-        texts[value_line] = _asm_line(value, asm, register, [substitute(o, result, kept) for o in product.operands],
-                                      value_type, product.indent, product.loc)
+        texts[value_line] = inline_asm_line(value, asm, register,
+                                            [substitute(o, result, kept) for o in product.operands], value_type,
+                                            product.indent, product.loc)
     elif chain:
         before = module.fresh("contracted")
         last = module.lines[value_line]
-        texts[value_line] = substitute(texts[value_line], value, before) + "\n" + _asm_line(
+        texts[value_line] = substitute(texts[value_line], value, before) + "\n" + inline_asm_line(
             value, asm, register, [before], value_type, last.indent, last.loc)
     else:
-        texts[select] = _asm_line(result, asm, register, [kept], value_type, line.indent, line.loc)
+        texts[select] = inline_asm_line(result, asm, register, [kept], value_type, line.indent, line.loc)
     return remove_dead_ops("\n".join(texts[i] for i in sorted(texts)).split("\n"))
 
 

@@ -321,6 +321,21 @@ def _result_count(module: Module, op: int) -> int:
 
 
 # --- editing fragments ---------------------------------------------------------------------------
+REGISTER_MOVES = {"f32": ("mov.b32 $0, $1;", "r"), "f16": ("mov.b16 $0, $1;", "h"),
+                  "bf16": ("mov.b16 $0, $1;", "h"), "f64": ("mov.b64 $0, $1;", "l")}
+"""Float element type -> (a register move of that width, its constraint letter): an op that returns
+its operand bit for bit, opaque to LLVM and free in ptxas."""
+
+
+def inline_asm_line(result: str, asm: str, register: str, operands: list[str], type_text: str, indent: str,
+                    loc: str) -> str:
+    """A pure ``tt.elementwise_inline_asm`` line computing ``result`` of ``type_text``."""
+    constraints = ",".join(["=" + register] + [register] * len(operands))
+    return (f'{indent}{result} = tt.elementwise_inline_asm "{asm}" {{constraints = "{constraints}", '
+            f'packed_element = 1 : i32, pure = true}} {", ".join(operands)} : '
+            f'{", ".join([type_text] * len(operands))} -> {type_text} {loc}').rstrip()
+
+
 def substitute(text: str, old: str, new: str) -> str:
     """``text`` with every use of value ``old`` (also ``old#k``) replaced by ``new``."""
     return re.sub(re.escape(old) + NAME_END, lambda _: new, text)

@@ -34,12 +34,13 @@ only when the pass's own rewrite then applies to the fast copy (:func:`versioned
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Callable
 
-from .ir import (Module, constant_step, has_side_effect, increment_scalar, is_movable, renamed, substitute,
-                 type_of, without_dead_ops)
+from .ir import (REGISTER_MOVES, Module, constant_step, has_side_effect, increment_scalar, inline_asm_line, is_movable,
+                 renamed, result_used_after, substitute, type_of, without_dead_ops)
 from .ir_syntax import TensorType, base_name, int_width, parse_for, parse_type, with_attribute
 from .masks import IROps
 
@@ -280,6 +281,35 @@ def _removable(line, module: Module) -> bool:
         and _constant_int(module, line.operands[1]) not in (None, 0)
 
 
+def _distinct_exit(module: Module, loop: int, values: list[str], indent: str, loc: str) -> list[str]:
+    """A register move (:data:`.ir.REGISTER_MOVES`) of one used float result of the cold copy,
+    replacing it in ``values``: the lines to emit before the cold branch's ``scf.yield``.
+
+    Why: once Triton lowers ``scf`` to ``cf``, the exits of the two copies are identical blocks
+    (the pipeliner's wait and shared-memory deallocations, then a branch to the join) and MLIR's
+    block merging folds them into one block that receives either copy's buffers as arguments.
+    Triton's shared-memory allocator then sees both copies' buffers as one live value and gives
+    them disjoint space: twice the pipelined loop's shared memory (FlexAttention's forward: 208 KB
+    instead of 112 KB, one CTA per SM instead of two). The move (free in ptxas, bit for bit the
+    value) makes the cold exit differ, so the copies' buffers share their space again. The
+    smallest such result is moved; none (no used float result) leaves the exits as they are."""
+    head = parse_for(module.lines[loop])
+    candidates = []
+    for position, type_text in enumerate(head.result_types):
+        kind = parse_type(type_text)
+        element = kind.element if isinstance(kind, TensorType) else None
+        if element in REGISTER_MOVES and result_used_after(module, loop, position):
+            candidates.append((math.prod(kind.shape), position, type_text, element))
+    if not candidates:
+        return []
+    _, position, type_text, element = min(candidates)
+    moved = module.fresh("cold_exit")
+    asm, register = REGISTER_MOVES[element]
+    line = inline_asm_line(moved, asm, register, [values[position]], type_text, indent, loc)
+    values[position] = moved
+    return [line]
+
+
 def version_loop(module: Module, loop: int, plan: Plan) -> tuple[int, str]:
     """Rewrite ``loop`` into ``scf.if (no jump) {fast copy} else {original}``; returns the index of
     the fast copy's head in the rewritten module and the prefix its value names were given
@@ -313,8 +343,10 @@ def version_loop(module: Module, loop: int, plan: Plan) -> tuple[int, str]:
         prefixes.append(module.fresh("v")[1:])
         emitted += [inner + text for text in renamed(copy, prefixes[-1])]
         if results is not None:
-            values = ", ".join(f"{name}#{k}" for k in range(count)) if count > 1 else name
-            emitted.append(f"{line.indent}{inner}scf.yield {values} : {types} {closing_loc}".rstrip())
+            values = [f"{name}#{k}" for k in range(count)] if count > 1 else [name]
+            if position == 1:
+                emitted += _distinct_exit(module, loop, values, line.indent + inner, closing_loc)
+            emitted.append(f"{line.indent}{inner}scf.yield {', '.join(values)} : {types} {closing_loc}".rstrip())
     emitted.append(f"{line.indent}}} {closing_loc}".rstrip())
     texts = [other.text for other in module.lines]
     module.replace(texts[:loop] + emitted + texts[module.end_of(loop) + 1:])
