@@ -242,30 +242,37 @@ def write_reports(data: dict, out: str) -> None:
                      f"{'yes' if r['bitwise_equal'] else '**no**'} | {applied(r['patched_reports'])} |")
     write_lines(os.path.join(out, "flex_passes.md"), lines)
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(rows)), 4.5))
-    labels = [f"{r['mask']}\nS={r['seq'] // 1024}k D={r['head_dim']}\n{r['direction'].replace('_', '+')}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(8, 0.4 * len(rows)), 5.5))
+    labels = [f"{r['mask'].replace('_', ' ')} {r['seq'] // 1024}k D{r['head_dim']} {r['direction'].replace('_', '+')}"
+              for r in rows]
     for offset, variant in ((-0.27, "unpatched"), (0.0, "patched"), (0.27, "block_mask")):
         ax.bar([i + offset for i in range(len(rows))], [r[f"{variant}_ms"] / r["block_mask_ms"] for r in rows],
                width=0.27, label=variant.replace("_", " "))
     ax.axhline(TARGET, color="gray", linestyle="--", linewidth=1, label=f"target {TARGET}x")
     ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels(labels, fontsize=6)
-    ax.set_ylabel("time / block-mask time")
+    ax.set_xticklabels(labels, fontsize=7, rotation=90)
+    ax.set_yscale("log")
+    ax.set_ylabel("time / block-mask time (log)")
     ax.set_title(f"flex_attention, score_mod mask: {env['gpu']}, torch {env['torch']}, triton {env['triton']}")
     ax.legend(fontsize=8)
     save_figure(fig, os.path.join(out, "flex_passes.png"))
 
 
 def join_runs(paths: list[str]) -> dict:
-    """One report of several measured runs: their rows in order, the first run's environment with
-    every run's command."""
+    """One report of several measured runs: the first run's environment with every run's command,
+    and their rows in grid order (direction, mask, head dim, length); a row measured by more than
+    one run is kept from the first."""
     runs = []
     for path in paths:
         with open(path) as handle:
             runs.append(json.load(handle))
     environment = dict(runs[0]["environment"])
     environment["command"] = " ; ".join(dict.fromkeys(run["environment"]["command"] for run in runs))
-    return {"environment": environment, "rows": [row for run in runs for row in run["rows"]]}
+    rows = {}
+    for row in (row for run in runs for row in run["rows"]):
+        rows.setdefault((row["mask"], row["seq"], row["head_dim"], row["direction"]), row)
+    order = lambda key: (key[3], MASKS.index(key[0]), key[2], key[1])  # noqa: E731
+    return {"environment": environment, "rows": [rows[key] for key in sorted(rows, key=order)]}
 
 
 def main(argv=None) -> None:
