@@ -22,7 +22,7 @@ from tritonpatch.targets import compile_for_target
 from tritonpatch.kernels.seed import SIGNATURE, seed_attention_fwd, seed_constexprs
 
 ALL = ["hoist-masks", "elide-uniform-masks", "skip-masked-blocks"]
-CAUSAL, PREFIX_RUNTIME, DIAGONAL, SLIDING, TWO_MASKS, FROM_MEMORY, XOR, LOADED_AND_CAUSAL = range(8)
+CAUSAL, PREFIX_RUNTIME, DIAGONAL, SLIDING, TWO_MASKS, FROM_MEMORY, XOR, LOADED_AND_CAUSAL, OFF_DIAGONAL = range(9)
 
 
 @triton.jit
@@ -57,6 +57,8 @@ def masked_loop_kernel(Q, K, V, Out, M, P, N_CTX, MASK: tl.constexpr, NEGATED: t
             keep = (rows >= cols) ^ (cols < P)
         elif MASK == 7:          # a document mask read from memory, and causal
             keep = (tl.load(M + rows * N_CTX + cols) > 0) & (rows >= cols)
+        elif MASK == 8:
+            keep = rows != cols
         else:
             keep = tl.load(M + rows * N_CTX + cols) > 0
         if NEGATED:
@@ -389,20 +391,31 @@ def pass_log(caplog, name):
 
 
 def test_a_rewrite_that_cannot_take_effect_is_neither_emitted_nor_reported(caplog):
-    """An xor of compares is never provably uniform on a tile: both passes leave the loop as it is
-    (no identity rewrite reported as applied) and log why."""
-    plain, _, _ = compile_with([], constexprs=loop_constexprs(XOR))
+    """``rows != cols`` is never all-false on a tile, and ``rows == cols`` never all-true: skip
+    leaves the first loop as it is, elide without all-false loops the second (no identity rewrite
+    reported as applied), and both log why."""
     with caplog.at_level(logging.INFO, logger="tritonpatch.passes"):
-        patched, reports, caught = compile_with(["skip-masked-blocks", "elide-uniform-masks"],
-                                                constexprs=loop_constexprs(XOR))
-    assert not caught and patched.asm["ttir"] == plain.asm["ttir"]
-    assert counts(reports, "skip-masked-blocks") == {"loops_narrowed": 0}
-    assert counts(reports, "elide-uniform-masks") == {"loops_split": 0}
+        for mask, passes in ((OFF_DIAGONAL, ["skip-masked-blocks"]),
+                             (DIAGONAL, ["elide-uniform-masks(all_false_loops=false)"])):
+            plain, _, _ = compile_with([], constexprs=loop_constexprs(mask))
+            patched, reports, caught = compile_with(passes, constexprs=loop_constexprs(mask))
+            assert not caught and patched.asm["ttir"] == plain.asm["ttir"]
+            assert [dict(r.counts) for r in reports] in ([{"loops_narrowed": 0}], [{"loops_split": 0}])
+            assert any("never provably" in n for r in reports for n in r.notes), reports   # collect_reports()
     assert any("never provably all-false" in m for m in pass_log(caplog, "skip-masked-blocks")), caplog.text
     assert any("never provably uniform" in m for m in pass_log(caplog, "elide-uniform-masks")), caplog.text
-    notes = {r.name: r.notes for r in reports}             # the same reasons reach collect_reports()
-    assert any("never provably all-false" in n for n in notes["skip-masked-blocks"]), notes
-    assert any("never provably uniform" in n for n in notes["elide-uniform-masks"]), notes
+
+
+def test_an_xor_mask_is_narrowed_and_split():
+    """``(rows >= cols) ^ (cols < P)`` is uniform on a tile where both sides are: all-false where
+    they agree, all-true where they differ. skip drops the all-false tiles, elide splits off the
+    all-true ones (checked bit for bit on the GPU below)."""
+    compiled, reports, caught = compile_with(["skip-masked-blocks", "elide-uniform-masks"],
+                                             constexprs=loop_constexprs(XOR))
+    assert not caught
+    assert counts(reports, "skip-masked-blocks") == {"loops_narrowed": 1}
+    assert counts(reports, "elide-uniform-masks") == {"loops_split": 1}
+    assert len(loop_facts(compiled.asm["ttir"])) > 1
 
 
 def test_a_mask_never_all_true_gets_no_all_true_loop(caplog):
@@ -454,7 +467,7 @@ def test_loop_with_a_store_is_not_skipped_but_still_split(caplog):
 
 
 GPU_CASES = [(CAUSAL, False), (CAUSAL, True), (PREFIX_RUNTIME, False), (DIAGONAL, False), (SLIDING, True),
-             (TWO_MASKS, False)]
+             (TWO_MASKS, False), (XOR, False)]
 
 
 FLOAT_ARITHMETIC = ("FFMA", "FADD", "FMUL", "FMNMX", "MUFU", "HFMA2", "HADD2", "HMUL2", "F2FP", "F2F")

@@ -154,14 +154,19 @@ def test_runs_said_impossible_are_always_empty(loop):
         assert (prefix, suffix) == (lower, upper) or lower >= upper
 
 
-def test_xor_and_moving_equality_have_no_uniform_runs():
-    """The masks whose rewrite would be an identity: an xor of compares, an == of a moving index."""
+def test_moving_equality_has_no_uniform_runs_and_xor_has_both():
+    """The masks whose rewrite would be an identity: an == of a moving index (never all-true on a
+    tile), a != of one (never all-false). An xor of compares is uniform where its sides are."""
     shape = (4, 4)
     rows_ge_cols = Mask("atom", pred="sge", diff=Affine(0, (("iv", -1),), (1, -1), shape))
+    cols_lt_p = Mask("atom", pred="slt", diff=Affine(0, (("iv", 1), ("p", -1)), (0, 1), shape))
     diagonal = Mask("atom", pred="eq", diff=Affine(0, (("iv", -1),), (1, -1), shape))
-    assert possible_runs(Mask("xor", children=(rows_ge_cols, rows_ge_cols)), "iv") == (False, False)
+    off_diagonal = Mask("atom", pred="ne", diff=Affine(0, (("iv", -1),), (1, -1), shape))
     assert possible_runs(diagonal, "iv") == (False, True)
+    assert possible_runs(off_diagonal, "iv") == (True, False)
     assert possible_runs(rows_ge_cols, "iv") == (True, True)
+    assert possible_runs(Mask("xor", children=(rows_ge_cols, cols_lt_p)), "iv") == (True, True)
+    assert possible_runs(Mask("xor", children=(diagonal, diagonal)), "iv") == (False, True)
 
 
 @settings(max_examples=200, deadline=None)

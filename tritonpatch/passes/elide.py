@@ -288,8 +288,8 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
             bodies[kind] = copy
     kinds = [kind if kind in bodies else "mixed" for kind in _RUNS]
     if kinds == ["mixed"] * len(_RUNS):
-        return "; ".join(refusals) or ("its mask is never provably uniform on a whole tile (xor, == or != of a moving "
-                                       "index)" + ("" if true_possible else ", or only all-false where no all-false "
+        return "; ".join(refusals) or ("its mask is never provably uniform on a whole tile (== or != of a moving "
+                                       "index, or an xor of such)" + ("" if true_possible else ", or only all-false where no all-false "
                                                    "loop is emitted"))
     line = module.lines[loop]
     ops = IROps(module, line.indent, module.lines[module.end_of(loop)].loc)

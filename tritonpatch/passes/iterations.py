@@ -11,8 +11,8 @@ combine those half-lines through the mask's and/or/not structure, each a sound u
 
 Both are written against the scalar-operation interface of :mod:`.masks` (Python integers in the
 property tests, TTIR scalar ops in the passes). A third reading of the same formulas,
-:func:`possible_runs`, decides at compile time which of the sets can be non-empty at all (an xor
-of compares, an ``==`` of a moving index: never), so that a pass does not emit, or report, a
+:func:`possible_runs`, decides at compile time which of the sets can be non-empty at all (an ``==``
+of a moving index is never all-true on a tile), so that a pass does not emit, or report, a
 rewrite that can never take effect.
 
 Every bound a pass derives from these sets stays inside the loop's own iteration range: the
@@ -147,12 +147,16 @@ def mask_sets(sets, mask: Mask, iv: str):
     if mask.kind == "not":
         true_set, false_set = mask_sets(sets, mask.children[0], iv)
         return false_set, true_set
-    if mask.kind in ("xor", "opaque"):
+    if mask.kind == "opaque":
         return sets.empty(), sets.empty()
     (t1, f1), (t2, f2) = (mask_sets(sets, child, iv) for child in mask.children)
     if mask.kind == "and":
         return sets.intersection(t1, t2), sets.union(f1, f2)
-    return sets.union(t1, t2), sets.intersection(f1, f2)
+    if mask.kind == "or":
+        return sets.union(t1, t2), sets.intersection(f1, f2)
+    # xor: all-true where one side is all-true and the other all-false, all-false where they agree
+    return (sets.union(sets.intersection(t1, f2), sets.intersection(f1, t2)),
+            sets.union(sets.intersection(t1, t2), sets.intersection(f1, f2)))
 
 
 class _Possible:

@@ -10,8 +10,8 @@ induction variable or loop-invariant, when
 * nothing in the body may have a side effect (an allow-list of operations known to have none:
   a store, an atomic, a print, a call, impure inline assembly, a volatile load or any operation the
   list does not know makes the pass refuse the loop, since a dropped iteration would drop it),
-* the mask can be all-false on a whole tile at all (an xor of compares or an ``==`` of a moving
-  index never is: such a loop is refused instead of rewritten into itself), and
+* the mask can be all-false on a whole tile at all (an ``!=`` of a moving index never is: such a
+  loop is refused instead of rewritten into itself), and
 * an iteration whose mask is all-false provably leaves every loop-carried value unchanged
   (:func:`.masked_iteration.unchanged_when_masked`: the online-softmax pattern, FlexAttention's
   guards) or advances it by a loop-invariant step (pointer / offset induction; the initial value
@@ -104,8 +104,9 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> str | None:
             reasons.append(f"{name}: its mask uses a scalar computed inside the loop")
             continue
         if not possible_runs(mask, head.iv)[1]:
-            reasons.append(f"{name}: its mask is never provably all-false on a whole tile (xor, == or != of a "
-                           "moving index), so no iteration could be dropped")
+            reasons.append(f"{name}: its mask is never provably all-false on a whole tile (a != of a moving "
+                           "index, or an xor of two compares that never disagree on a whole tile), so no "
+                           "iteration could be dropped")
             continue
         steps = induction_steps(module, loop)
         used_after = [position for position in steps if result_used_after(module, loop, position)]
