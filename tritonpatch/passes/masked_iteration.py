@@ -7,10 +7,16 @@ that by abstract interpretation of the body: each value is one of a few kinds (`
 through shape ops) or unknown, and the iteration is dropped only when every carried value ends up
 as the argument it came from.
 
-The rules assume finite inputs (``m`` and ``v`` of the online softmax): ``-inf - m = -inf``,
-``m - m = 0``, ``0 * finite = 0``, ``0 @ v = 0``. Where a loaded or computed input is not finite,
-the unpatched kernel's output is not finite either (NaN or inf reach the rows the tile touches),
-so the rewrite is exact wherever the unpatched output is finite, up to the sign of a zero.
+The rules assume finite inputs (``m`` and ``v`` of the online softmax, and a dot of loaded tiles
+such as ``q @ k``): ``-inf - m = -inf``, ``m - m = 0``, ``0 * finite = 0``, ``0 @ v = 0``, and
+``q @ k + (-inf) = -inf`` (an additive mask, ``qk += where(mask, 0, -inf)``). Where a loaded or
+computed input is not finite, the unpatched kernel's output is not finite either (NaN or inf
+reach the rows the tile touches), so the rewrite is exact wherever the unpatched output is
+finite, up to the sign of a zero.
+
+A runtime scale after the select (``where(mask, qk, -inf) * scale``, ``scale`` a float scalar
+fixed in the loop) keeps ``-inf`` only for ``scale > 0``: the proof then holds under that
+condition, and it names the scalars (:class:`Proof`) for the pass to check before the loop.
 
 Every select on the same mask takes the arm the mask gives it (backward's ``where(mask, ds, 0)``),
 and ``where(x == -inf, c, x)`` with a finite constant ``c`` is "never -inf" (the backward's guarded
@@ -33,16 +39,19 @@ loop where it is not is refused.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from .ir import Module, type_of
 from .ir_syntax import TensorType, base_name, int_width, parse_for, parse_type
 
 NEG_INF, ZERO, ONE, POSITIVE = ("-inf",), ("0",), ("1",), ("+",)
 NOT_NEG_INF = ("not -inf",)
+LOADED_PRODUCT = ("dot of loaded tiles",)        # finite under the finite-inputs assumption
 TRUE, FALSE = ("true",), ("false",)
 _FINITE = (ZERO, ONE, POSITIVE)
 _NEG_INF_BITS = {"0xFF800000", "0xFC00", "0xFF80", "0xFFF0000000000000"}
 _SHAPE_OPS = ("tt.expand_dims", "tt.broadcast", "tt.splat", "ttg.convert_layout")
+_LOADED_VIA = _SHAPE_OPS + ("tt.trans", "arith.extf", "arith.truncf")
 _MAX_OPS = ("arith.maxnumf", "arith.maximumf")
 
 
@@ -105,6 +114,37 @@ def _is_state(value) -> bool:
     return value is not None and value[0] == "arg"
 
 
+def _loaded(module: Module, name: str) -> bool:
+    """Whether ``name`` is a loaded tile, seen through shape ops, transposes and float casts."""
+    index = module.defs.get(base_name(name))
+    if index is None or index < 0 or "#" in name:
+        return False
+    line = module.lines[index]
+    if line.op == "tt.load":
+        return True
+    return line.op in _LOADED_VIA and len(line.operands) == 1 and _loaded(module, line.operands[0])
+
+
+def _fixed_scalar(module: Module, loop: int, name: str) -> str | None:
+    """The f32 scalar ``name`` is (or is a splat of, through shape ops) when that scalar is defined
+    outside ``loop`` (a kernel argument, or computed before the loop), else None."""
+    index = module.defs.get(base_name(name))
+    if index is None or "#" in name:
+        return None
+    if index >= 0 and module.lines[index].op in _SHAPE_OPS and len(module.lines[index].operands) == 1:
+        return _fixed_scalar(module, loop, module.lines[index].operands[0])
+    if type_of(module, name) != "f32" or (index >= 0 and module.inside(index, loop)):
+        return None
+    return name
+
+
+@dataclass(frozen=True)
+class Proof:
+    """An all-false iteration provably leaves the state unchanged wherever every scalar in
+    ``positive`` is greater than zero (none: unconditionally)."""
+    positive: tuple[str, ...] = ()
+
+
 class _Interpretation:
     """One abstract run of the loop body. ``finite_state``: the world where every running maximum
     is finite (a compare of the state with -inf is false there); ``used_finiteness`` records
@@ -113,6 +153,8 @@ class _Interpretation:
     def __init__(self, module: Module, env: dict, finite_state: bool):
         self.module, self.env, self.finite_state = module, env, finite_state
         self.used_finiteness = False
+        self.positive: dict[str, None] = {}    # scalars assumed > 0 (-inf * scale = -inf), in order
+        self.loop = -1
 
     def kind(self, name: str):
         if "#" in name:
@@ -145,6 +187,14 @@ class _Interpretation:
             return args[1] if args[1] is not None and args[1] == args[2] else None
         if line.op in ("math.exp2", "math.exp"):
             return {NEG_INF: ZERO, ZERO: ONE}.get(args[0])
+        if line.op == "arith.mulf" and len(args) == 2 and NEG_INF in args and args.count(None) == 1:
+            scale = _fixed_scalar(module, self.loop, line.operands[args.index(None)])
+            if scale is not None:
+                self.positive[scale] = None
+                return NEG_INF                     # -inf * scale for scale > 0
+        if line.op == "tt.dot" and len(args) >= 3 and ZERO not in args[:2] \
+                and args[2] in (ZERO, LOADED_PRODUCT, NEG_INF) and all(_loaded(module, v) for v in line.operands[:2]):
+            return NEG_INF if args[2] == NEG_INF else LOADED_PRODUCT   # q @ k + acc: Triton folds the add into acc
         if len(args) != 2 and line.op != "tt.dot":
             return None
         return self._arithmetic(line.op, args)
@@ -176,14 +226,16 @@ class _Interpretation:
                 return args[1] if args[0] == ONE else args[0]
             if ZERO in args:
                 other = args[1] if args[0] == ZERO else args[0]
-                return ZERO if other in _FINITE or _is_state(other) else None     # 0 * finite
+                return ZERO if other in _FINITE + (LOADED_PRODUCT,) or _is_state(other) else None     # 0 * finite
             return NEG_INF if args in ([NEG_INF, POSITIVE], [POSITIVE, NEG_INF]) else None
         if op == "arith.addf":
+            if NEG_INF in args and (args[1] if args[0] == NEG_INF else args[0]) in _FINITE + (LOADED_PRODUCT,):
+                return NEG_INF                    # finite + -inf (an additive mask)
             return args[0] if args[1] == ZERO else args[1] if args[0] == ZERO else None
         if op == "arith.subf":
             if _is_state(args[0]) and args[0] == args[1]:
                 return ZERO                       # m - m = 0 for finite m
-            if args[0] == NEG_INF and (args[1] in _FINITE + (NOT_NEG_INF,) or _is_state(args[1])):
+            if args[0] == NEG_INF and (args[1] in _FINITE + (NOT_NEG_INF, LOADED_PRODUCT) or _is_state(args[1])):
                 return NEG_INF                    # -inf - x for x never -inf
             return None
         if op == "tt.dot" and len(args) >= 3:
@@ -194,6 +246,7 @@ class _Interpretation:
         """The abstract values the body yields, with the values named in ``fixed`` fixed."""
         module = self.module
         children = module.children(loop)
+        self.loop = loop
         self.env.update(fixed)
         for index in children[:-1]:
             line = module.lines[index]
@@ -205,10 +258,11 @@ class _Interpretation:
 
 
 # --- the proof -------------------------------------------------------------------------------------
-def unchanged_when_masked(module: Module, loop: int, select: int, fill: str, carried: set[int]) -> bool:
+def unchanged_when_masked(module: Module, loop: int, select: int, fill: str, carried: set[int]) -> Proof | None:
     """Whether an iteration in which ``select`` returns ``fill`` on the whole tile yields, for every
     iteration argument in ``carried``, exactly the value it received (both worlds of the module
-    docstring where the body compares its state with -inf)."""
+    docstring where the body compares its state with -inf): the :class:`Proof` and the condition
+    it holds under, or None."""
     head = parse_for(module.lines[loop])
     condition, true_value, _ = module.lines[select].operands
     masked_condition = FALSE if fill != true_value else TRUE
@@ -217,31 +271,33 @@ def unchanged_when_masked(module: Module, loop: int, select: int, fill: str, car
     result = module.lines[select].results[0]
     yielded = finite.run(loop, {base_name(condition): masked_condition, result: constant_kind(module, fill)})
     if not yielded or not all(yielded[i] == ("arg", i) for i in carried):
-        return False
+        return None
     if not finite.used_finiteness:
-        return True
-    return _unchanged_where_maximum_is_neg_inf(module, loop, select, carried, finite.env)
+        return Proof(tuple(finite.positive))
+    second = _unchanged_where_maximum_is_neg_inf(module, loop, select, carried, finite.env)
+    return None if second is None else Proof(tuple(dict.fromkeys((*finite.positive, *second))))
 
 
 def _unchanged_where_maximum_is_neg_inf(module: Module, loop: int, select: int, carried: set[int],
-                                        masked_values: dict) -> bool:
+                                        masked_values: dict) -> tuple[str, ...] | None:
     """The second world: rows whose running maximum is -inf (see the module docstring).
-    ``masked_values``: the abstract values of the masked iteration in the first world."""
+    ``masked_values``: the abstract values of the masked iteration in the first world. Returns the
+    scalars this world assumed positive, or None where it does not hold."""
     head = parse_for(module.lines[loop])
     children = module.children(loop)
     yielded = module.lines[children[-1]].operands
     running = _running_maximum(module, loop, head, yielded)
     if running is None:
-        return False
+        return None
     position, scores = running
     state = [p for p in sorted(carried) if _is_float_tensor(head.result_types[p])]
     if position not in state:
-        return False
+        return None
     inits = {p: constant_kind(module, head.iter_args[p][1]) for p in state}
     if inits[position] != NEG_INF or any(inits[p] != ZERO for p in state if p != position):
-        return False
+        return None
     if not _row_local(module, loop, head, state, scores):
-        return False
+        return None
     env = {name: ("arg", p) for p, (name, _) in enumerate(head.iter_args)}
     env.update({head.iter_args[p][0]: NEG_INF if p == position else ZERO for p in state})
     # Any iteration whose scores row is all -inf, the masked one included (the select's own value
@@ -249,9 +305,11 @@ def _unchanged_where_maximum_is_neg_inf(module: Module, loop: int, select: int, 
     world = _Interpretation(module, env, finite_state=False)
     values = world.run(loop, {module.lines[select].results[0]: None, module.lines[scores].results[0]: NEG_INF})
     if masked_values.get(module.lines[scores].results[0]) != NEG_INF:
-        return False                # a masked iteration must have all -inf scores
+        return None                 # a masked iteration must have all -inf scores
     expected = {p: NEG_INF if p == position else ZERO for p in state}
-    return all(values[p] == expected.get(p, ("arg", p)) for p in carried)
+    if not all(values[p] == expected.get(p, ("arg", p)) for p in carried):
+        return None
+    return tuple(world.positive)
 
 
 def _running_maximum(module: Module, loop: int, head, yielded: list[str]):

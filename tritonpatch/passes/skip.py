@@ -13,7 +13,8 @@ induction variable or loop-invariant, when
 * the mask can be all-false on a whole tile at all (an ``!=`` of a moving index never is: such a
   loop is refused instead of rewritten into itself), and
 * an iteration whose mask is all-false provably leaves every loop-carried value unchanged
-  (:func:`.masked_iteration.unchanged_when_masked`: the online-softmax pattern, FlexAttention's
+  (:func:`.masked_iteration.unchanged_when_masked`: the online-softmax pattern, an additive mask,
+  a runtime scale after the select (the bounds then stay as they are unless it is positive), FlexAttention's
   guards) or advances it by a loop-invariant step (pointer / offset induction; the initial value
   is then advanced by the skipped count, and its final value must be unused after the loop).
 
@@ -115,10 +116,11 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> str | None:
                            f"{head.iter_args[used_after[0]][0]} is used after the loop")
             continue
         others = set(range(len(head.iter_args))) - set(steps)
-        if not unchanged_when_masked(module, loop, select, fill, others):
+        proof = unchanged_when_masked(module, loop, select, fill, others)
+        if proof is None:
             reasons.append(f"{name}: an all-false iteration is not proven to leave the loop state unchanged")
             continue
-        _emit(module, loop, head, step, mask, analysis.checks, steps)
+        _emit(module, loop, head, step, mask, analysis.checks, steps, proof.positive)
         return None
     return "; ".join(reasons) or "its body has no tensor select (tl.where)"
 
@@ -128,13 +130,16 @@ def _describe(line) -> str:
     return f"{line.op}, pure = false" if line.op == "tt.elementwise_inline_asm" and not declared_pure(line) else line.op
 
 
-def narrowed_bounds(ops, lower, upper, step: int, mask: Mask, iv: str, checks):
+def narrowed_bounds(ops, lower, upper, step: int, mask: Mask, iv: str, checks, proven=None):
     """(new lower, new upper, skipped leading iterations) as i64 scalars: the loop's iterations
     minus the longest all-false prefix and suffix. The new bounds lie in ``[lower, upper]`` and
     ``skipped`` in ``[0, trips]``; the original bounds (nothing skipped) where the range is empty
-    or reversed, or an index computation could wrap somewhere in it."""
+    or reversed, an index computation could wrap somewhere in it, or the flag ``proven`` (the
+    condition the all-false proof holds under; None: always) is false."""
     _, all_false = mask_sets(PrefixSuffix(ops, lower, upper), mask, iv)
     safe = ops.and_(ops.cmp("slt", lower, upper), no_wrap_in_loop(ops, lower, upper, iv, checks))
+    if proven is not None:
+        safe = ops.and_(safe, proven)
     leading = ops.ceil_div(ops.add(all_false[0], ops.mul(lower, -1)), step)
     skipped = ops.select(safe, smin(ops, smax(ops, leading, ops.const(0)), trip_count(ops, lower, upper, step)),
                          ops.const(0))
@@ -143,11 +148,21 @@ def narrowed_bounds(ops, lower, upper, step: int, mask: Mask, iv: str, checks):
     return new_lower, new_upper, skipped
 
 
-def _emit(module: Module, loop: int, head, step: int, mask: Mask, checks, steps) -> None:
+def _positive(ops: IROps, scalars: tuple[str, ...]):
+    """An i1 flag: every f32 scalar in ``scalars`` is greater than zero (None when there is none)."""
+    flag = None
+    for scalar in scalars:
+        zero = ops.emit(("f32", 0.0), "arith.constant 0.000000e+00 : f32")
+        above = ops.emit(("ogt", scalar), f"arith.cmpf ogt, {scalar}, {zero} : f32")
+        flag = above if flag is None else ops.and_(flag, above)
+    return flag
+
+
+def _emit(module: Module, loop: int, head, step: int, mask: Mask, checks, steps, positive: tuple[str, ...]) -> None:
     line = module.lines[loop]
     ops = IROps(module, line.indent, module.lines[module.end_of(loop)].loc)
     new_lower, new_upper, skipped = narrowed_bounds(ops, ops.leaf(head.lower), ops.leaf(head.upper), step, mask,
-                                                    head.iv, checks)
+                                                    head.iv, checks, _positive(ops, positive))
     narrow = {name: ops.emit(("trunc", wide), f"arith.trunci {wide} : i64 to i32")     # exact: inside the i32 range
               for name, wide in (("lower", new_lower), ("upper", new_upper))}
     inits = {}
