@@ -9,6 +9,8 @@
 
 CPU: the passes apply (both were refused before); GPU: bit for bit against the unpatched kernel,
 with a negative scale too (where narrowing would change the NaN rows the unpatched kernel gives).
+And where a loop has several selects, elide-uniform-masks splits on the masking one (a float
+select with a constant fill), not on an integer index fix-up before it.
 """
 from __future__ import annotations
 
@@ -53,6 +55,32 @@ def causal_attention(Q, K, V, Out, SCALE, N_CTX, FORM: tl.constexpr, BLOCK_M: tl
     tl.store(Out + offs_m[:, None] * D + offs_d[None, :], acc / l_i[:, None])
 
 
+@triton.jit
+def index_fix_up_first(Q, K, V, Out, SCALE, N_CTX, FORM: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """Causal attention whose key index goes through an integer select first (Inductor's
+    ``where(c < 0, c + N, c)`` fix-up of a possibly negative index)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :])
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for start_n in range(0, N_CTX, BLOCK_N):
+        cols = start_n + offs_n[None, :]
+        index = tl.where(cols < 0, cols + N_CTX, cols)
+        qk = tl.dot(q, tl.load(K + index * D + offs_d[:, None]))
+        qk = tl.where(offs_m[:, None] >= cols, qk, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_ij[:, None])
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), tl.load(V + index.T * D + offs_d[None, :]))
+        m_i = m_ij
+    tl.store(Out + offs_m[:, None] * D + offs_d[None, :], acc / l_i[:, None])
+
+
 def constexprs(form: int) -> dict:
     return {"FORM": form, "BLOCK_M": 64, "BLOCK_N": 32, "D": 32}
 
@@ -84,6 +112,40 @@ def test_a_runtime_scale_guards_the_narrowed_bounds():
     assert "arith.cmpf ogt" not in additive.asm["ttir"]
 
 
+def test_elide_splits_on_the_mask_not_on_an_integer_fix_up_before_it():
+    """Both selects read as masks; the float select with the -inf fill is the one split on, so
+    the all-true loop has no float select left (split on the fix-up, every loop kept it)."""
+    with collect_reports() as reports, tritonpatch.options(passes=[ELIDE]):
+        kernel = compile_for_target(index_fix_up_first, SIGNATURE, constexprs(SCALED), target="sm_90",
+                                    aligned_pointers=True)
+    assert [dict(r.counts) for r in reports] == [{"loops_split": 1}]
+    loops, depth, current = [], 0, None
+    for line in kernel.asm["ttir"].splitlines():
+        if "scf.for" in line:
+            current, depth = [], 1
+        elif current is not None:
+            depth += line.count("{") - line.count("}")
+            if depth <= 0:
+                loops.append(current)
+                current = None
+            else:
+                current.append(line)
+    float_selects = [sum("arith.select" in line and "xf32>" in line for line in body) for body in loops]
+    assert len(loops) > 1 and 0 in float_selects and max(float_selects) > 0, float_selects
+
+
+def launch(kernel, form: int, scale: float, passes: list[str]):
+    """``kernel``'s output on seeded inputs (S=512, D=32) with ``passes``."""
+    import torch
+    n_ctx, d = 512, 32
+    torch.manual_seed(form)
+    q, k, v = (torch.randn(n_ctx, d, device="cuda", dtype=torch.float16) for _ in range(3))
+    out = torch.empty(n_ctx, d, device="cuda", dtype=torch.float32)
+    with tritonpatch.options(passes=passes):
+        kernel[(n_ctx // 64,)](q, k, v, out, scale, n_ctx, **constexprs(form))
+    return out
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("form, scale", [(ADDITIVE, 1.0), (SCALED, 0.5), (SCALED, -0.5)])
 @pytest.mark.parametrize("passes", [[SKIP], [ELIDE], [SKIP, ELIDE]])
@@ -92,16 +154,7 @@ def test_patched_kernels_match_the_unpatched_one_bit_for_bit(form, scale, passes
     unpatched kernel's output is NaN where a tile is masked: the guard keeps every tile then).
     With skip, up to the sign of a zero (its documented exactness); without it, bit for bit."""
     import torch
-    n_ctx, d = 512, 32
-    torch.manual_seed(form)
-    q, k, v = (torch.randn(n_ctx, d, device="cuda", dtype=torch.float16) for _ in range(3))
-
-    def run(active):
-        out = torch.empty(n_ctx, d, device="cuda", dtype=torch.float32)
-        with tritonpatch.options(passes=active):
-            causal_attention[(n_ctx // 64,)](q, k, v, out, scale, n_ctx, **constexprs(form))
-        return out
-    reference, patched = run([]), run(passes)
+    reference, patched = launch(causal_attention, form, scale, []), launch(causal_attention, form, scale, passes)
     if scale < 0:
         assert torch.isnan(reference).any()                 # the case the guard exists for
     if SKIP in passes:
@@ -109,3 +162,10 @@ def test_patched_kernels_match_the_unpatched_one_bit_for_bit(form, scale, passes
         assert torch.equal(patched.nan_to_num(), reference.nan_to_num())
     else:
         assert torch.equal(patched.view(torch.int32), reference.view(torch.int32))
+
+
+@pytest.mark.gpu
+def test_the_split_on_the_mask_after_a_fix_up_matches_bit_for_bit():
+    import torch
+    reference = launch(index_fix_up_first, SCALED, 0.5, [])
+    assert torch.equal(launch(index_fix_up_first, SCALED, 0.5, [ELIDE]).view(torch.int32), reference.view(torch.int32))

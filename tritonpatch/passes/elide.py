@@ -289,8 +289,9 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
     kinds = [kind if kind in bodies else "mixed" for kind in _RUNS]
     if kinds == ["mixed"] * len(_RUNS):
         return "; ".join(refusals) or ("its mask is never provably uniform on a whole tile (== or != of a moving "
-                                       "index, or an xor of such)" + ("" if true_possible else ", or only all-false where no all-false "
-                                                   "loop is emitted"))
+                                       "index, or an xor of such)"
+                                       + ("" if true_possible else ", or only all-false where no all-false loop is "
+                                          "emitted"))
     line = module.lines[loop]
     ops = IROps(module, line.indent, module.lines[module.end_of(loop)].loc)
     lower, upper = ops.leaf(head.lower), ops.leaf(head.upper)
@@ -323,7 +324,7 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
 
 
 def run(text: str, options) -> tuple[str, dict[str, int]]:
-    """Split every loop (innermost first) on its first analysable select, versioning a loop on its
+    """Split every loop (innermost first) on its first analysable select (:func:`_preference`), versioning a loop on its
     carried offsets (:mod:`.versioning`) where that makes the mask analysable; log why each loop
     or select was left as it is (``tritonpatch.passes.note``)."""
     module = Module(text)
@@ -335,7 +336,8 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
     done: set[str] = set()
     split = functools.partial(split_loop, max_atoms=options["max_atoms"], all_false_loops=options["all_false_loops"])
     while True:
-        candidates = ((loop, index) for loop in reversed(module.loops()) for index in module.children(loop)
+        candidates = ((loop, index) for loop in reversed(module.loops())
+                      for index in sorted(module.children(loop), key=lambda i: _preference(module, i))
                       if VERSIONED not in module.lines[module.end_of(loop)].text
                       and select_parts(module, index) is not None and module.lines[index].results[0] not in done)
         loop, select = next(candidates, (None, None))
@@ -355,6 +357,19 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
             done.update(parse_line_results(outcome, "arith.select"))
             counts["loops_split"] += 1
     return (module.text() if any(counts.values()) else text), counts
+
+
+def _preference(module: Module, index: int) -> tuple[int, int]:
+    """The order a loop's selects are tried in: float selects with a constant arm (a mask's -inf or
+    0 fill) first, then the rest, each in body order. An integer select in Inductor's output is
+    usually an index fix-up (a floor division's sign correction) whose condition reads as a mask
+    but whose split drops nothing of the mask's work."""
+    parts = select_parts(module, index)
+    if parts is None:
+        return (1, index)
+    element = parse_type(parts[3]).element
+    masking = element.startswith(("f", "bf")) and (is_constant(module, parts[1]) or is_constant(module, parts[2]))
+    return (0 if masking else 1, index)
 
 
 def _named_line(module: Module, loop: int, name: str) -> int:
