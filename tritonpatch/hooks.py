@@ -173,8 +173,9 @@ class _PatchedCompile:
     file replaced it). If a stage ahead fails, the stage that ran the passes hands on its unpatched
     output, the rest of the compile runs without passes, and nothing computed ahead is used.
     A patched kernel that needs more shared memory per block than ``shared_memory_limit`` (the
-    GPU's; loop copies are software-pipelined each with its own buffers) counts as such a failure:
-    it could never launch. With ``ahead=False`` (Triton rewrites stored modules' locations between
+    GPU's; loop copies are software-pipelined each with buffers of their own, which Triton's
+    allocator overlaps only where their lifetimes are disjoint) counts as such a failure: it could
+    never launch. With ``ahead=False`` (Triton rewrites stored modules' locations between
     stages) passes run stage by stage, and a failure after them is not caught.
     """
 
