@@ -155,9 +155,11 @@ def check_compile_options(options: Mapping[str, Any], capability: int, where: st
 
 def aligned_pointer_attrs(fn, signature: Mapping[str, str]) -> dict:
     """Triton's per-argument attributes marking every pointer argument of ``signature`` 16-byte
-    aligned (``tt.divisibility = 16``): what a launch with torch tensors specializes on. Without
+    aligned (``tt.divisibility = 16``), as a launch with torch tensors specializes them. Without
     them a compile for a target assumes nothing about alignment and vectorizes no load or store,
-    so its code (and its shared memory and registers) is not what the GPU runs."""
+    so its code (and its shared memory and registers) is not what the GPU runs. (A launch also
+    marks integer arguments that are multiples of 16; pass those as constexprs or attrs of your
+    own where they matter.)"""
     names = list(fn.arg_names)
     return {(names.index(name),): [["tt.divisibility", 16]] for name, kind in signature.items()
             if str(kind).startswith("*")}

@@ -98,6 +98,18 @@ def test_narrowed_loop_skips_only_all_false_iterations(loop):
         assert (new_lower, new_upper, skipped) == (lower, upper, 0), "an empty range keeps its bounds"
 
 
+@settings(max_examples=200, deadline=None)
+@given(loop=loops())
+def test_a_false_proof_condition_keeps_every_iteration(loop):
+    """Where the condition the all-false proof holds under is false (a runtime scale not above
+    zero), the loop keeps its own bounds; where it is true, the bounds are the unconditional ones."""
+    mask, s, lower, upper, step = loop
+    ops = PyOps({"s": s})
+    assert narrowed_bounds(ops, lower, upper, step, mask, "iv", [], proven=False) == (lower, upper, 0)
+    assert narrowed_bounds(ops, lower, upper, step, mask, "iv", [], proven=True) == \
+        narrowed_bounds(ops, lower, upper, step, mask, "iv", [])
+
+
 @st.composite
 def compare_loops(draw):
     """(mask, s, lower, upper, step) with the mask a single inequality."""

@@ -14,6 +14,8 @@ select with a constant fill), not on an integer index fix-up before it.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 import triton
 import triton.language as tl
@@ -105,10 +107,14 @@ def test_both_forms_are_narrowed_and_split(form):
 
 
 def test_a_runtime_scale_guards_the_narrowed_bounds():
-    """The check ``SCALE > 0`` is emitted before the loop; the additive form needs none."""
+    """The check ``SCALE > 0`` is emitted before the loop and joins the flag that picks the
+    narrowed bounds; the additive form needs none."""
     scaled, _ = compile_form(SCALED, [SKIP])
     additive, _ = compile_form(ADDITIVE, [SKIP])
-    assert any("arith.cmpf ogt, %SCALE" in line for line in scaled.asm["ttir"].splitlines())
+    lines = scaled.asm["ttir"].splitlines()
+    checks = [line.split(" = ")[0].strip() for line in lines if "arith.cmpf ogt, %SCALE" in line]
+    assert len(checks) == 1
+    assert any("arith.andi" in line and re.search(re.escape(checks[0]) + r"\b", line) for line in lines)
     assert "arith.cmpf ogt" not in additive.asm["ttir"]
 
 

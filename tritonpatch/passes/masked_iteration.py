@@ -3,8 +3,8 @@
 An iteration whose select ``where(mask, x, -inf)`` returns ``-inf`` on the whole tile may be
 dropped when it hands every loop-carried value on unchanged. :func:`unchanged_when_masked` proves
 that by abstract interpretation of the body: each value is one of a few kinds (``-inf``, ``0``,
-``1``, a positive constant, "never -inf", ``true`` / ``false``, or an iteration argument passed on
-through shape ops) or unknown, and the iteration is dropped only when every carried value ends up
+``1``, a positive constant, "never -inf", a dot of loaded tiles, ``true`` / ``false``, or an
+iteration argument passed on through shape ops) or unknown, and the iteration is dropped only when every carried value ends up
 as the argument it came from.
 
 The rules assume finite inputs (``m`` and ``v`` of the online softmax, and a dot of loaded tiles
@@ -133,8 +133,8 @@ def _fixed_scalar(module: Module, loop: int, name: str) -> str | None:
         return None
     if index >= 0 and module.lines[index].op in _SHAPE_OPS and len(module.lines[index].operands) == 1:
         return _fixed_scalar(module, loop, module.lines[index].operands[0])
-    if type_of(module, name) != "f32" or (index >= 0 and module.inside(index, loop)):
-        return None
+    if type_of(module, name) != "f32" or index == loop or (index >= 0 and module.inside(index, loop)):
+        return None                                    # index == loop: an iteration argument
     return name
 
 

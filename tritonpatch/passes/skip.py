@@ -106,8 +106,8 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> str | None:
             continue
         if not possible_runs(mask, head.iv)[1]:
             reasons.append(f"{name}: its mask is never provably all-false on a whole tile (a != of a moving "
-                           "index, or an xor of two compares that never disagree on a whole tile), so no "
-                           "iteration could be dropped")
+                           "index, or an xor of two compares that are never both all-true or both all-false "
+                           "on a whole tile), so no iteration could be dropped")
             continue
         steps = induction_steps(module, loop)
         used_after = [position for position in steps if result_used_after(module, loop, position)]

@@ -43,8 +43,10 @@ from .ir import (REGISTER_MOVES, Module, constant_step, has_side_effect, increme
                  renamed, result_used_after, substitute, type_of, without_dead_ops)
 from .ir_syntax import TensorType, base_name, int_width, parse_for, parse_type, with_attribute
 from .masks import IROps
+from .report import note
 
 VERSIONED = "tritonpatch.versioned"   # the original (cold) copy of a versioned loop: never versioned again
+_EXIT_MOVES = {**REGISTER_MOVES, "i32": ("mov.b32 $0, $1;", "r"), "i64": ("mov.b64 $0, $1;", "l")}
 MIN_MODULUS = 1024
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
@@ -292,28 +294,30 @@ def _distinct_exit(module: Module, loop: int, values: list[str], indent: str, lo
     them disjoint space: twice the pipelined loop's shared memory (FlexAttention's forward: 208 KB
     instead of 112 KB, one CTA per SM instead of two). The move (free in ptxas, bit for bit the
     value) makes the cold exit differ, so the copies' buffers share their space again. The
-    smallest such result is moved; none (no used float result) leaves the exits as they are."""
+    smallest such result (a float or integer tensor) is moved; where there is none the exits stay
+    as they are, and a note says so."""
     head = parse_for(module.lines[loop])
     candidates = []
     for position, type_text in enumerate(head.result_types):
         kind = parse_type(type_text)
         element = kind.element if isinstance(kind, TensorType) else None
-        if element in REGISTER_MOVES and result_used_after(module, loop, position):
+        if element in _EXIT_MOVES and result_used_after(module, loop, position):
             candidates.append((math.prod(kind.shape), position, type_text, element))
     if not candidates:
         return []
     _, position, type_text, element = min(candidates)
     moved = module.fresh("cold_exit")
-    asm, register = REGISTER_MOVES[element]
+    asm, register = _EXIT_MOVES[element]
     line = inline_asm_line(moved, asm, register, [values[position]], type_text, indent, loc)
     values[position] = moved
     return [line]
 
 
-def version_loop(module: Module, loop: int, plan: Plan) -> tuple[int, str]:
-    """Rewrite ``loop`` into ``scf.if (no jump) {fast copy} else {original}``; returns the index of
-    the fast copy's head in the rewritten module and the prefix its value names were given
-    (``%x`` of the loop is ``%<prefix>_x`` in the copy)."""
+def version_loop(module: Module, loop: int, plan: Plan) -> tuple[int, str, bool]:
+    """Rewrite ``loop`` into ``scf.if (no jump) {fast copy} else {original}`` (the original's exit
+    made distinct, :func:`_distinct_exit`); returns the index of the fast copy's head in the
+    rewritten module, the prefix its value names were given (``%x`` of the loop is ``%<prefix>_x``
+    in the copy) and whether the exit was made distinct."""
     line = module.lines[loop]
     head = parse_for(line)
     step = constant_step(module, head.step)
@@ -334,7 +338,7 @@ def version_loop(module: Module, loop: int, plan: Plan) -> tuple[int, str]:
                        f"({types}) {{")
     else:
         emitted.append(f"{line.indent}scf.if {condition} {{")
-    first_fast, prefixes = len(emitted), []
+    first_fast, prefixes, exit_move = len(emitted), [], []
     for position, (copy, name) in enumerate(((fast, fast_name), (cold, cold_name))):
         if position == 1:
             emitted.append(f"{line.indent}}} else {{")
@@ -345,12 +349,13 @@ def version_loop(module: Module, loop: int, plan: Plan) -> tuple[int, str]:
         if results is not None:
             values = [f"{name}#{k}" for k in range(count)] if count > 1 else [name]
             if position == 1:
-                emitted += _distinct_exit(module, loop, values, line.indent + inner, closing_loc)
+                exit_move = _distinct_exit(module, loop, values, line.indent + inner, closing_loc)
+                emitted += exit_move
             emitted.append(f"{line.indent}{inner}scf.yield {', '.join(values)} : {types} {closing_loc}".rstrip())
     emitted.append(f"{line.indent}}} {closing_loc}".rstrip())
     texts = [other.text for other in module.lines]
     module.replace(texts[:loop] + emitted + texts[module.end_of(loop) + 1:])
-    return loop + first_fast, prefixes[0]
+    return loop + first_fast, prefixes[0], bool(exit_move)
 
 
 def versioned_rewrite(module: Module, loop: int, plan: Plan,
@@ -362,10 +367,14 @@ def versioned_rewrite(module: Module, loop: int, plan: Plan,
     outcome is returned; else ``module`` is untouched and the reason is returned."""
     trial = Module(module.text())
     trial._counter = module._counter
-    fast, prefix = version_loop(trial, loop, plan)
+    fast, prefix, distinct_exit = version_loop(trial, loop, plan)
     outcome = rewrite(trial, fast, lambda name: f"%{prefix}_{name[1:]}")
     if isinstance(outcome, str):
         return outcome
+    if not distinct_exit:
+        note(f"loop {parse_for(module.lines[loop]).iv}: its cold copy's exit is not made distinct (no result used "
+             f"after the loop is a tensor of {', '.join(_EXIT_MOVES)}): Triton may keep both copies' pipelined "
+             "buffers in shared memory at once")
     counter = trial._counter
     module.replace([line.text for line in trial.lines])
     module._counter = counter
