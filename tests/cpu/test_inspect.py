@@ -67,6 +67,22 @@ def tensor_descriptor_sum(X, OUT, M, N, BM: tl.constexpr, BN: tl.constexpr):
     tl.store(OUT + tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :], acc)
 
 
+@triton.jit
+def scaled_copy(X, Y, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + offsets, tl.load(X + offsets) * 2)
+
+
+def test_reports_compile_with_aligned_pointers_as_a_launch_does():
+    """By default the pointers are 16-byte aligned, as torch tensors launch them: 128-bit loads and
+    stores; without it each element is a load of its own, which no GPU launch would run."""
+    signature = {"X": "*fp16", "Y": "*fp16"}
+    aligned = inspection.compile_report(scaled_copy, signature, {"BLOCK": 1024})
+    unaligned = inspection.compile_report(scaled_copy, signature, {"BLOCK": 1024}, aligned_pointers=False)
+    assert ".v4.b32" in aligned.asm["ptx"] and ".v4.b32" not in unaligned.asm["ptx"]
+    assert aligned.sass.total["load-global"] < unaligned.sass.total["load-global"]
+
+
 def test_the_main_loop_of_a_tma_kernel_is_its_loop():
     """The retry blocks after EXIT branch back into the loop: not a loop of their own, and the
     main loop is the loop of TMA loads, not a span reaching into the epilogue's stores."""

@@ -58,9 +58,13 @@ def _pass_reports(collected) -> list[dict]:
 
 def compile_report(kernel, signature: Mapping[str, str], constexprs: Mapping[str, Any] | None = None,
                    pipeline: Pipeline | None = None, target: str = "sm_90", warm_up: bool = False,
-                   repeat: int = 1, **compile_options) -> CompileReport:
+                   repeat: int = 1, aligned_pointers: bool = True, **compile_options) -> CompileReport:
     """Compile ``kernel`` for ``target`` with exactly ``pipeline`` (default: plain Triton) — a real
     compile, never a cache hit — and measure what came out.
+
+    Pointer arguments are compiled as 16-byte aligned (``aligned_pointers``), as a launch with
+    torch tensors specializes them: without that Triton vectorizes no load or store and the
+    registers, shared memory and SASS measured are not those of the kernel the GPU runs.
 
     ``warm_up=True`` compiles once untimed first, so that ``compile_seconds`` leaves out what only
     the first compile in a process pays (imports, LLVM and pass set-up); two reports compare
@@ -75,12 +79,14 @@ def compile_report(kernel, signature: Mapping[str, str], constexprs: Mapping[str
     try:
         if warm_up:
             with use_pipeline(pipeline), collect_reports():
-                compile_for_target(kernel, signature, constexprs, target=target, **compile_options)
+                compile_for_target(kernel, signature, constexprs, target=target, aligned_pointers=aligned_pointers,
+                                   **compile_options)
         times = []
         for _ in range(max(1, repeat)):
             with use_pipeline(pipeline), collect_reports() as reports:
                 start = time.perf_counter()
-                compiled = compile_for_target(kernel, signature, constexprs, target=target, **compile_options)
+                compiled = compile_for_target(kernel, signature, constexprs, target=target,
+                                              aligned_pointers=aligned_pointers, **compile_options)
                 times.append(time.perf_counter() - start)
         seconds = statistics.median(times)
     finally:
