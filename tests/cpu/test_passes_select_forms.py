@@ -22,9 +22,10 @@ import triton.language as tl
 
 import tritonpatch
 from tritonpatch.passes import collect_reports
+from tritonpatch.passes.ir import Module
 from tritonpatch.targets import compile_for_target
 
-ADDITIVE, SCALED = 0, 1
+ADDITIVE, SCALED, FIX_UP = 0, 1, 2
 SIGNATURE = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "Out": "*fp32", "SCALE": "fp32", "N_CTX": "i32"}
 SKIP, ELIDE = "skip-masked-blocks", "elide-uniform-masks"
 
@@ -32,7 +33,8 @@ SKIP, ELIDE = "skip-masked-blocks", "elide-uniform-masks"
 @triton.jit
 def causal_attention(Q, K, V, Out, SCALE, N_CTX, FORM: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, D: tl.constexpr):
-    """Causal online-softmax attention with the mask applied as FORM says."""
+    """Causal online-softmax attention with the mask applied as FORM says (FIX_UP: the plain
+    select, after the key index went through Inductor's ``where(c < 0, c + N, c)`` fix-up)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
@@ -42,38 +44,18 @@ def causal_attention(Q, K, V, Out, SCALE, N_CTX, FORM: tl.constexpr, BLOCK_M: tl
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     for start_n in range(0, N_CTX, BLOCK_N):
         cols = start_n + offs_n[None, :]
-        qk = tl.dot(q, tl.load(K + cols * D + offs_d[:, None]))
+        if FORM == 2:
+            index = tl.where(cols < 0, cols + N_CTX, cols)
+        else:
+            index = cols
+        qk = tl.dot(q, tl.load(K + index * D + offs_d[:, None]))
         keep = offs_m[:, None] >= cols
         if FORM == 0:
             qk += tl.where(keep, 0.0, float("-inf"))
-        else:
+        elif FORM == 1:
             qk = tl.where(keep, qk, float("-inf")) * SCALE
-        m_ij = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_ij[:, None])
-        alpha = tl.math.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), tl.load(V + cols.T * D + offs_d[None, :]))
-        m_i = m_ij
-    tl.store(Out + offs_m[:, None] * D + offs_d[None, :], acc / l_i[:, None])
-
-
-@triton.jit
-def index_fix_up_first(Q, K, V, Out, SCALE, N_CTX, FORM: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, D: tl.constexpr):
-    """Causal attention whose key index goes through an integer select first (Inductor's
-    ``where(c < 0, c + N, c)`` fix-up of a possibly negative index)."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :])
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-    for start_n in range(0, N_CTX, BLOCK_N):
-        cols = start_n + offs_n[None, :]
-        index = tl.where(cols < 0, cols + N_CTX, cols)
-        qk = tl.dot(q, tl.load(K + index * D + offs_d[:, None]))
-        qk = tl.where(offs_m[:, None] >= cols, qk, float("-inf"))
+        else:
+            qk = tl.where(keep, qk, float("-inf"))
         m_ij = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.math.exp2(qk - m_ij[:, None])
         alpha = tl.math.exp2(m_i - m_ij)
@@ -121,34 +103,23 @@ def test_a_runtime_scale_guards_the_narrowed_bounds():
 def test_elide_splits_on_the_mask_not_on_an_integer_fix_up_before_it():
     """Both selects read as masks; the float select with the -inf fill is the one split on, so
     the all-true loop has no float select left (split on the fix-up, every loop kept it)."""
-    with collect_reports() as reports, tritonpatch.options(passes=[ELIDE]):
-        kernel = compile_for_target(index_fix_up_first, SIGNATURE, constexprs(SCALED), target="sm_90",
-                                    aligned_pointers=True)
-    assert [dict(r.counts) for r in reports] == [{"loops_split": 1}]
-    loops, depth, current = [], 0, None
-    for line in kernel.asm["ttir"].splitlines():
-        if "scf.for" in line:
-            current, depth = [], 1
-        elif current is not None:
-            depth += line.count("{") - line.count("}")
-            if depth <= 0:
-                loops.append(current)
-                current = None
-            else:
-                current.append(line)
-    float_selects = [sum("arith.select" in line and "xf32>" in line for line in body) for body in loops]
-    assert len(loops) > 1 and 0 in float_selects and max(float_selects) > 0, float_selects
+    kernel, reports = compile_form(FIX_UP, [ELIDE])
+    assert reports[ELIDE].counts == {"loops_split": 1}, reports[ELIDE].notes
+    module = Module(kernel.asm["ttir"])
+    float_selects = [sum(module.lines[i].op == "arith.select" and "xf32>" in module.lines[i].text
+                         for i in module.children(loop)) for loop in module.loops()]
+    assert len(float_selects) > 1 and 0 in float_selects and max(float_selects) > 0, float_selects
 
 
-def launch(kernel, form: int, scale: float, passes: list[str]):
-    """``kernel``'s output on seeded inputs (S=512, D=32) with ``passes``."""
+def launch(form: int, scale: float, passes: list[str]):
+    """The kernel's output on seeded inputs (S=512, D=32) with ``passes``."""
     import torch
     n_ctx, d = 512, 32
     torch.manual_seed(form)
     q, k, v = (torch.randn(n_ctx, d, device="cuda", dtype=torch.float16) for _ in range(3))
     out = torch.empty(n_ctx, d, device="cuda", dtype=torch.float32)
     with tritonpatch.options(passes=passes):
-        kernel[(n_ctx // 64,)](q, k, v, out, scale, n_ctx, **constexprs(form))
+        causal_attention[(n_ctx // 64,)](q, k, v, out, scale, n_ctx, **constexprs(form))
     return out
 
 
@@ -160,7 +131,7 @@ def test_patched_kernels_match_the_unpatched_one_bit_for_bit(form, scale, passes
     unpatched kernel's output is NaN where a tile is masked: the guard keeps every tile then).
     With skip, up to the sign of a zero (its documented exactness); without it, bit for bit."""
     import torch
-    reference, patched = launch(causal_attention, form, scale, []), launch(causal_attention, form, scale, passes)
+    reference, patched = launch(form, scale, []), launch(form, scale, passes)
     if scale < 0:
         assert torch.isnan(reference).any()                 # the case the guard exists for
     if SKIP in passes:
@@ -173,5 +144,5 @@ def test_patched_kernels_match_the_unpatched_one_bit_for_bit(form, scale, passes
 @pytest.mark.gpu
 def test_the_split_on_the_mask_after_a_fix_up_matches_bit_for_bit():
     import torch
-    reference = launch(index_fix_up_first, SCALED, 0.5, [])
-    assert torch.equal(launch(index_fix_up_first, SCALED, 0.5, [ELIDE]).view(torch.int32), reference.view(torch.int32))
+    reference = launch(FIX_UP, 1.0, [])
+    assert torch.equal(launch(FIX_UP, 1.0, [ELIDE]).view(torch.int32), reference.view(torch.int32))

@@ -284,8 +284,8 @@ def _removable(line, module: Module) -> bool:
 
 
 def _distinct_exit(module: Module, loop: int, values: list[str], indent: str, loc: str) -> list[str]:
-    """A register move (:data:`.ir.REGISTER_MOVES`) of one used float result of the cold copy,
-    replacing it in ``values``: the lines to emit before the cold branch's ``scf.yield``.
+    """A register move (:data:`_EXIT_MOVES`) of one used tensor result of the cold copy, replacing
+    it in ``values``: the lines to emit before the cold branch's ``scf.yield``.
 
     Why: once Triton lowers ``scf`` to ``cf``, the exits of the two copies are identical blocks
     (the pipeliner's wait and shared-memory deallocations, then a branch to the join) and MLIR's
