@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from mask_brute_force import brute_force
 from tritonpatch.passes.masks import Affine, Check, Mask, PyOps, no_wrap, verdict
 from tritonpatch.passes.iterations import (Interval, PrefixSuffix, iteration_bound, mask_sets, possible_runs,
-                                           segment_counts)
+                                           segment_counts, uniform_runs_possible)
 from tritonpatch.passes.skip import narrowed_bounds
 
 SCALARS = ("iv", "s")
@@ -179,6 +179,50 @@ def test_moving_equality_has_no_uniform_runs_and_xor_has_both():
     assert possible_runs(rows_ge_cols, "iv") == (True, True)
     assert possible_runs(Mask("xor", children=(rows_ge_cols, cols_lt_p)), "iv") == (True, True)
     assert possible_runs(Mask("xor", children=(diagonal, diagonal)), "iv") == (False, True)
+
+
+def linear(const: int, s_coeff: int) -> Affine:
+    return Affine(const, (("s", s_coeff),) if s_coeff else (), (), ())
+
+
+@st.composite
+def affine_bound_loops(draw):
+    """(mask, lower, upper, step) with bounds affine in the mask's runtime scalar ``s``, which
+    cancels in the runs' lengths where both share its coefficient (``range(64 * pid, 64 * pid +
+    64, 32)`` next to ``rows = 64 * pid + arange``)."""
+    mask = draw(masks(draw(shapes)))
+    coeff = draw(st.integers(-3, 3))
+    lower = linear(draw(st.integers(-20, 20)), coeff)
+    upper_coeff = coeff if draw(st.integers(0, 3)) else draw(st.integers(-3, 3))
+    upper = linear(lower.const + draw(st.integers(-4, 30)), upper_coeff)
+    return mask, lower, upper, draw(st.integers(1, 4))
+
+
+@settings(max_examples=600, deadline=None)
+@given(loop=affine_bound_loops(), s=st.integers(-30, 30))
+def test_runs_said_empty_for_affine_bounds_are_empty(loop, s):
+    """uniform_runs_possible: a run it calls empty for the loop's affine bounds is empty in the
+    five-run split (segment_counts on Python integers) for every value of the scalar."""
+    mask, lower, upper, step = loop
+    leading, all_true, trailing = uniform_runs_possible(mask, "iv", lower, upper)
+    low, high = (bound.const + sum(c * s for _, c in bound.scalars) for bound in (lower, upper))
+    k1, k2, k3, k4 = segment_counts(PyOps({"s": s}), low, high, step, mask, "iv", [])
+    trips = max(0, -((low - high) // step))
+    assert leading or k1 == 0
+    assert all_true or k3 == k2
+    assert trailing or k4 == trips
+
+
+def test_tutorial_on_band_loop_has_only_mixed_tiles():
+    """The Triton tutorial's on-band loop, ``range(64 * p, 64 * p + 64, 32)`` under ``rows >=
+    cols`` on 64 x 32 tiles with ``rows = 64 * p + arange(64)``: both tiles straddle the diagonal
+    in every program, so no uniform run is possible. A wider range has them; a bound that is not
+    affine in the scalars leaves every run possible."""
+    causal = Mask("atom", pred="sge", diff=Affine(0, (("iv", -1), ("s", 64)), (1, -1), (64, 32)))
+    assert uniform_runs_possible(causal, "iv", linear(0, 64), linear(64, 64)) == (False, False, False)
+    assert uniform_runs_possible(causal, "iv", linear(0, 64), linear(128, 64)) == (False, False, True)
+    assert uniform_runs_possible(causal, "iv", linear(-64, 64), linear(64, 64)) == (False, True, False)
+    assert uniform_runs_possible(causal, "iv", None, linear(64, 64)) == (True, True, True)    # a bound not affine
 
 
 @settings(max_examples=200, deadline=None)

@@ -55,7 +55,8 @@ import re
 from .ir import (REGISTER_MOVES, Module, constant_step, inline_asm_line, is_movable, renamed, select_parts, substitute,
                  without_dead_ops)
 from .ir_syntax import NAME_END, base_name, parse_for, parse_type, without_attribute
-from .iterations import NARROWED, iteration_bound, possible_runs, scalars_fixed_in_loop, segment_counts
+from .iterations import (NARROWED, iteration_bound, possible_runs, scalars_fixed_in_loop, segment_counts,
+                         uniform_runs_possible)
 from .mask_analysis import Analysis
 from .masks import IROps
 from .report import note
@@ -276,22 +277,30 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
     if not scalars_fixed_in_loop(module, loop, mask, head.iv, analysis.checks):
         return "its mask uses a scalar computed inside the loop"
     original = [module.lines[i].text for i in range(loop, module.end_of(loop) + 1)]
-    true_possible, false_possible = possible_runs(mask, head.iv)
-    if NARROWED in original[-1] or not all_false_loops:     # skip-masked-blocks dropped the all-false runs already
-        false_possible = False
+    bound_forms = Analysis(module)
+    leading, true_possible, trailing = uniform_runs_possible(mask, head.iv, bound_forms.scalar(head.lower),
+                                                             bound_forms.scalar(head.upper))
+    false_loops = all_false_loops and NARROWED not in original[-1]  # skip-masked-blocks dropped those runs already
+    leading, trailing = leading and false_loops, trailing and false_loops
+    possible = dict(zip((0, 2, 4), (leading, true_possible, trailing)))
     bodies, refusals = {"mixed": original}, []
-    for kind, possible in (("true", true_possible), ("false", false_possible)):
-        copy = specialised_loop(module, loop, select, keep_true=kind == "true") if possible else None
+    for kind, wanted in (("true", true_possible), ("false", leading or trailing)):
+        copy = specialised_loop(module, loop, select, keep_true=kind == "true") if wanted else None
         if isinstance(copy, str):
             refusals.append(f"its all-{kind} copy: {copy}")
         elif copy is not None:
             bodies[kind] = copy
-    kinds = [kind if kind in bodies else "mixed" for kind in _RUNS]
+    kinds = [kind if kind in bodies and possible.get(position, True) else "mixed"
+             for position, kind in enumerate(_RUNS)]
     if kinds == ["mixed"] * len(_RUNS):
-        return "; ".join(refusals) or ("its mask is never provably uniform on a whole tile (== or != of a moving "
-                                       "index, or an xor of such)"
-                                       + ("" if true_possible else ", or only all-false where no all-false loop is "
-                                          "emitted"))
+        if refusals:
+            return "; ".join(refusals)
+        some_true, some_false = possible_runs(mask, head.iv)
+        if some_true or (some_false and false_loops):
+            return ("every tile of its iterations is mixed: its bounds are affine in the scalars the mask compares, "
+                    "and each uniform run it could have ends at or before its start whatever their values")
+        return ("its mask is never provably uniform on a whole tile (== or != of a moving index, or an xor of such)"
+                + ("" if some_true else ", or only all-false where no all-false loop is emitted"))
     line = module.lines[loop]
     ops = IROps(module, line.indent, module.lines[module.end_of(loop)].loc)
     lower, upper = ops.leaf(head.lower), ops.leaf(head.upper)

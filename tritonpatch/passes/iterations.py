@@ -23,7 +23,7 @@ as a caller-given key range can be) stays empty whatever the set algebra answers
 from __future__ import annotations
 
 from .ir import Module
-from .masks import Affine, Mask, atom_conditions, no_wrap, scalar_value
+from .masks import Affine, Mask, PyOps, atom_conditions, no_wrap, scalar_value
 
 
 NARROWED = "tritonpatch.narrowed"   # skip-masked-blocks marks the loops it narrowed (no all-false runs left)
@@ -191,6 +191,72 @@ class _Possible:
         return a and b
 
 
+def _linear(const: int, terms: dict) -> Affine:
+    return Affine(const, tuple(sorted((name, c) for name, c in terms.items() if c)), (), ())
+
+
+class _Symbolic:
+    """Scalar operations on affine forms of the kernel's scalars (:class:`~.masks.Affine` without
+    tile axes), read at compile time. A value is None where it is not such a form (a select on a
+    condition that depends on the runtime values, a division that does not divide every term),
+    a condition None where its truth depends on them: a comparison is known only where its two
+    sides differ by a constant."""
+
+    def leaf(self, name):
+        return _linear(0, {name: 1})
+
+    def flag(self, name):
+        return None
+
+    def const(self, value):
+        return _linear(int(value), {})
+
+    def boolean(self, value):
+        return bool(value)
+
+    def add(self, a, b):
+        if a is None or b is None:
+            return None
+        terms = dict(a.scalars)
+        for name, coeff in b.scalars:
+            terms[name] = terms.get(name, 0) + coeff
+        return _linear(a.const + b.const, terms)
+
+    def mul(self, a, factor):
+        return None if a is None else _linear(a.const * factor, {name: c * factor for name, c in a.scalars})
+
+    def cmp(self, pred, a, b):
+        difference = None if a is None or b is None else self.add(a, self.mul(b, -1))
+        if difference is None or difference.scalars:
+            return None
+        return PyOps({}).cmp(pred, difference.const, 0)
+
+    def and_(self, a, b):
+        if a is False or b is False:
+            return False
+        return True if a is True and b is True else None
+
+    def or_(self, a, b):
+        if a is True or b is True:
+            return True
+        return False if a is False and b is False else None
+
+    def not_(self, a):
+        return None if a is None else not a
+
+    def select(self, cond, a, b):
+        if cond is not None:
+            return a if cond else b
+        return a if self.cmp("eq", a, b) is True else None
+
+    def ceil_div(self, a, divisor):
+        """Exact where ``divisor`` divides every scalar's coefficient: ceil((T + c) / d) = T / d +
+        ceil(c / d) for an integer T / d."""
+        if a is None or any(c % divisor for _, c in a.scalars):
+            return None
+        return _linear(-((-a.const) // divisor), {name: c // divisor for name, c in a.scalars})
+
+
 class _Unknown:
     """Scalar operations on unknown runtime values (None); only boolean constants are known."""
 
@@ -208,6 +274,26 @@ def possible_runs(mask: Mask, iv: str) -> tuple[bool, bool]:
     """(all-true run possible, all-false run possible): whether :func:`mask_sets` can answer a
     non-empty all-true / all-false set of iterations for any runtime values."""
     return mask_sets(_Possible(), mask, iv)
+
+
+def uniform_runs_possible(mask: Mask, iv: str, lower: Affine | None, upper: Affine | None) -> tuple[bool, bool, bool]:
+    """(leading all-false, all-true, trailing all-false): whether each uniform run of a loop over
+    ``[lower, upper)`` may be non-empty. Beyond :func:`possible_runs`, the set algebras are read on
+    affine forms of the bounds and of the mask's scalars (:class:`_Symbolic`), so a run whose end
+    lies at a constant distance at or before its start in every program is known empty: the
+    tutorial's on-band loop ``range(64 * pid, 64 * pid + 64, 32)`` under ``rows >= cols`` on
+    64 x 32 tiles has only mixed tiles. ``lower`` / ``upper`` None: not affine (unknown).
+    A run said empty runs in a mixed loop (the original body), so a wrong answer here could only
+    cost speed, never exactness; where an index computation wraps, every run is mixed anyway."""
+    true_possible, false_possible = possible_runs(mask, iv)
+    ops = _Symbolic()
+    lower = lower if lower is not None else ops.leaf("<lower bound>")
+    upper = upper if upper is not None else ops.leaf("<upper bound>")
+    start, end = mask_sets(Interval(ops, lower, upper), mask, iv)[0]
+    prefix, suffix = mask_sets(PrefixSuffix(ops, lower, upper), mask, iv)[1]
+    return (false_possible and ops.cmp("sle", prefix, lower) is not True,
+            true_possible and ops.cmp("sle", end, start) is not True,
+            false_possible and ops.cmp("sge", suffix, upper) is not True)
 
 
 def trip_count(ops, lower, upper, step: int):

@@ -41,7 +41,7 @@ from .ir import (Module, constant_step, declared_pure, has_side_effect, incremen
                  select_parts, type_of)
 from .ir_syntax import TensorType, base_name, parse_for, parse_type, with_attribute
 from .iterations import (NARROWED, PrefixSuffix, iteration_bound, mask_sets, no_wrap_in_loop, possible_runs,
-                         scalars_fixed_in_loop, smax, smin, trip_count)
+                         scalars_fixed_in_loop, smax, smin, trip_count, uniform_runs_possible)
 from .mask_analysis import Analysis
 from .masked_iteration import NEG_INF, constant_kind, unchanged_when_masked
 from .masks import IROps, Mask
@@ -108,6 +108,13 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> str | None:
             reasons.append(f"{name}: its mask is never provably all-false on a whole tile (a != of a moving "
                            "index, or an xor of two compares that are never both all-true or both all-false "
                            "on a whole tile), so no iteration could be dropped")
+            continue
+        forms = Analysis(module)
+        leading, _, trailing = uniform_runs_possible(mask, head.iv, forms.scalar(head.lower), forms.scalar(head.upper))
+        if not (leading or trailing):
+            reasons.append(f"{name}: no tile of the loop's iterations is all-false: its bounds are affine in the "
+                           "scalars the mask compares, and each all-false run ends at or before its start whatever "
+                           "their values")
             continue
         steps = induction_steps(module, loop)
         used_after = [position for position in steps if result_used_after(module, loop, position)]
