@@ -111,32 +111,3 @@ def test_passes_decide_on_the_printed_ir_with_locations_as_recorded(printed, rec
                     f"differently from {SHOWN_FOLDER}/{corpus.DECISIONS_FILE}:\n" + "\n".join(moved) + f"\n{HOW}",
                     pytrace=False)
 
-
-def test_elide_leaves_a_loop_of_only_mixed_tiles_as_compiled():
-    """The tutorial's on-band loop (``range(64 * pid, 64 * pid + 64, 32)``, causal, 64 x 32 tiles)
-    holds only tiles that straddle the diagonal: elide-uniform-masks says so and leaves it, and the
-    kernel compiles to the unpatched registers and shared memory. Split, its three loop copies took
-    255 registers (spilling) against 95, and 40 KB of shared memory against 24 KB."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    import tritonpatch
-    from tritonpatch.inspection.resources import measure_resources
-    from tritonpatch.passes import collect_reports
-
-    kernel = corpus.kernels_by_name()["tutorial_causal_two_stage"]
-    built = {}
-    with corpus.private_triton_cache():
-        for passes in ((), ("elide-uniform-masks",)):
-            with collect_reports() as reports, tritonpatch.options(passes=list(passes)):
-                compiled = triton.compile(ASTSource(kernel.fn, kernel.signature, kernel.constexprs, kernel.attrs),
-                                          target=GPUTarget(*corpus.TARGET),
-                                          options={"num_warps": kernel.num_warps, "num_stages": kernel.num_stages})
-            built[passes] = compiled, reports
-    (unpatched, _), (patched, reports) = built.values()
-    elide = next(report for report in reports if report.name == "elide-uniform-masks")
-    assert elide.counts == {"loops_split": 0}
-    assert any("every tile of its iterations is mixed" in note for note in elide.notes), elide.notes
-    resources = [measure_resources(k.asm["cubin"], k.asm["ptx"], 90, (), k.metadata.shared)
-                 for k in (unpatched, patched)]
-    assert resources[1].registers == resources[0].registers and patched.metadata.shared == unpatched.metadata.shared

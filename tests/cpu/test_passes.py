@@ -577,3 +577,26 @@ def test_pass_source_joins_the_cache_tag(monkeypatch):
     monkeypatch.setattr(passes_module, "source_digest", lambda: "f" * 64)
     assert tritonpatch.Pipeline(passes=["hoist-masks"]).cache_tag != before
     assert "f" * 16 not in tritonpatch.Pipeline(disable_lsr=True).cache_tag  # no passes: pass code irrelevant
+
+
+@pytest.mark.parametrize("fill", ["-1.000000e+06", "0xFF800000"])
+def test_a_loop_whose_bounds_leave_only_mixed_tiles_is_left_with_the_reason(fill):
+    """Triton's tutorial forward: its on-band loop ``range(64 * pid, 64 * pid + 64, 32)`` holds only
+    the two 64 x 32 tiles on the diagonal, mixed in every program. elide leaves it (split, its
+    three copies took 255 registers, spilling, against the kernel's 95), and so does skip when the
+    additive mask's fill is -inf; each says why. Read from the stored TTIR of the golden corpus."""
+    from ir_corpus import corpus
+    from tritonpatch.passes import pass_info, resolved_options
+    from tritonpatch.passes.report import collecting_notes
+
+    with open(corpus.ir_path(corpus.version_folder(), "tutorial_causal_two_stage", "ttir")) as handle:
+        text = handle.read().replace("dense<-1.000000e+06>", f"dense<{fill}>")
+    expected = {"elide-uniform-masks": ("loops_split", "no tile of its iterations is all-true"),
+                "skip-masked-blocks": ("loops_narrowed", "no tile at the start or end of the loop's iterations")}
+    for name, (count, reason) in expected.items():
+        if name == "skip-masked-blocks" and fill != "0xFF800000":
+            continue
+        with collecting_notes() as notes:
+            rewritten, counts = pass_info(name).run(text, resolved_options(validate_pass_spec(name)))
+        assert counts[count] == 0 and rewritten == text
+        assert any(reason in message for message in notes), notes

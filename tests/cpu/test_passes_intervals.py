@@ -199,12 +199,14 @@ def affine_bound_loops(draw):
 
 
 @settings(max_examples=600, deadline=None)
-@given(loop=affine_bound_loops(), s=st.integers(-30, 30))
-def test_runs_said_empty_for_affine_bounds_are_empty(loop, s):
+@given(loop=affine_bound_loops(), s=st.integers(-30, 30), hidden_bounds=st.integers(0, 5))
+def test_runs_said_empty_for_affine_bounds_are_empty(loop, s, hidden_bounds):
     """uniform_runs_possible: a run it calls empty for the loop's affine bounds is empty in the
     five-run split (segment_counts on Python integers) for every value of the scalar."""
     mask, lower, upper, step = loop
-    leading, all_true, trailing = uniform_runs_possible(mask, "iv", lower, upper)
+    hidden = hidden_bounds % 3      # 1: the lower bound is not affine (unknown to the check), 2: the upper one
+    leading, all_true, trailing = uniform_runs_possible(mask, "iv", None if hidden == 1 else lower,
+                                                        None if hidden == 2 else upper)
     low, high = (bound.const + sum(c * s for _, c in bound.scalars) for bound in (lower, upper))
     k1, k2, k3, k4 = segment_counts(PyOps({"s": s}), low, high, step, mask, "iv", [])
     trips = max(0, -((low - high) // step))

@@ -12,7 +12,8 @@ tiles, and splits the loop into up to five consecutive loops over the same itera
 Each is an ``scf.for`` with the original step, carrying the loop state from one to the next, so
 Triton still software-pipelines every one; the mask ops (and whatever only fed the dropped
 operand, such as the ``q @ k`` of an all-false tile) vanish from the uniform loops. A run that can
-never be non-empty for the mask (:func:`.iterations.possible_runs`) gets no loop, and a loop left
+never be non-empty for the mask (:func:`.iterations.possible_runs`), or that the loop's own bounds
+rule out in every program (:func:`.iterations.loop_uniform_runs`), gets no loop, and a loop left
 with no uniform run is not rewritten; the bounds stay inside the loop's range, so an empty or
 reversed range runs nothing in any of the loops. Every loop or select left as it is gets its
 reason in the pass's report notes (``tritonpatch.passes.note``; logged at INFO).
@@ -55,10 +56,10 @@ import re
 from .ir import (REGISTER_MOVES, Module, constant_step, inline_asm_line, is_movable, renamed, select_parts, substitute,
                  without_dead_ops)
 from .ir_syntax import NAME_END, base_name, parse_for, parse_type, without_attribute
-from .iterations import (NARROWED, iteration_bound, possible_runs, scalars_fixed_in_loop, segment_counts,
-                         uniform_runs_possible)
+from .iterations import (NARROWED, iteration_bound, loop_uniform_runs, possible_runs, scalars_fixed_in_loop,
+                         segment_counts)
 from .mask_analysis import Analysis
-from .masks import IROps
+from .masks import IROps, Mask
 from .report import note
 from .versioning import VERSIONED, version_refused_loop
 
@@ -277,30 +278,19 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
     if not scalars_fixed_in_loop(module, loop, mask, head.iv, analysis.checks):
         return "its mask uses a scalar computed inside the loop"
     original = [module.lines[i].text for i in range(loop, module.end_of(loop) + 1)]
-    bound_forms = Analysis(module)
-    leading, true_possible, trailing = uniform_runs_possible(mask, head.iv, bound_forms.scalar(head.lower),
-                                                             bound_forms.scalar(head.upper))
+    leading, true_possible, trailing = loop_uniform_runs(module, head, mask)
     false_loops = all_false_loops and NARROWED not in original[-1]  # skip-masked-blocks dropped those runs already
-    leading, trailing = leading and false_loops, trailing and false_loops
-    possible = dict(zip((0, 2, 4), (leading, true_possible, trailing)))
+    possible = (leading and false_loops, True, true_possible, True, trailing and false_loops)   # per run of _RUNS
     bodies, refusals = {"mixed": original}, []
-    for kind, wanted in (("true", true_possible), ("false", leading or trailing)):
+    for kind, wanted in (("true", true_possible), ("false", possible[0] or possible[4])):
         copy = specialised_loop(module, loop, select, keep_true=kind == "true") if wanted else None
         if isinstance(copy, str):
             refusals.append(f"its all-{kind} copy: {copy}")
         elif copy is not None:
             bodies[kind] = copy
-    kinds = [kind if kind in bodies and possible.get(position, True) else "mixed"
-             for position, kind in enumerate(_RUNS)]
+    kinds = [kind if kind in bodies and can_run else "mixed" for kind, can_run in zip(_RUNS, possible)]
     if kinds == ["mixed"] * len(_RUNS):
-        if refusals:
-            return "; ".join(refusals)
-        some_true, some_false = possible_runs(mask, head.iv)
-        if some_true or (some_false and false_loops):
-            return ("every tile of its iterations is mixed: its bounds are affine in the scalars the mask compares, "
-                    "and each uniform run it could have ends at or before its start whatever their values")
-        return ("its mask is never provably uniform on a whole tile (== or != of a moving index, or an xor of such)"
-                + ("" if some_true else ", or only all-false where no all-false loop is emitted"))
+        return "; ".join(refusals) or _no_run_reason(mask, head.iv, leading or trailing, false_loops)
     line = module.lines[loop]
     ops = IROps(module, line.indent, module.lines[module.end_of(loop)].loc)
     lower, upper = ops.leaf(head.lower), ops.leaf(head.upper)
@@ -330,6 +320,24 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
     for refusal in refusals:
         note(f"loop {head.iv}: {refusal}; split without it")
     return emitted
+
+
+def _no_run_reason(mask: Mask, iv: str, false_possible: bool, false_loops: bool) -> str:
+    """Why a loop gets no uniform loop: its mask is never uniform on a tile, or the loop's bounds
+    rule out every run it would get (``false_possible``: a leading or trailing all-false run is
+    possible within them, :func:`.iterations.loop_uniform_runs`)."""
+    some_true, some_false = possible_runs(mask, iv)
+    if not some_true and not (some_false and false_loops):
+        return ("its mask is never provably uniform on a whole tile (== or != of a moving index, or an xor of such)"
+                + ("" if some_true else ", or only all-false where no all-false loop is emitted"))
+    parts = (["no tile of its iterations is all-true"] if some_true else []) + \
+        (["no tile at its start or end is all-false"] if some_false and false_loops else [])
+    reason = (" and ".join(parts) + ": each such run ends at or before its start for every value of the scalars "
+              "its bounds and its mask share")
+    if some_false and not false_loops and false_possible:
+        reason += " (all-false tiles at its start or end get no loop here: the loop was narrowed, or all_false_loops " \
+                  "is off)"
+    return reason
 
 
 def run(text: str, options) -> tuple[str, dict[str, int]]:

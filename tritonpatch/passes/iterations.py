@@ -13,7 +13,9 @@ Both are written against the scalar-operation interface of :mod:`.masks` (Python
 property tests, TTIR scalar ops in the passes). A third reading of the same formulas,
 :func:`possible_runs`, decides at compile time which of the sets can be non-empty at all (an ``==``
 of a moving index is never all-true on a tile), so that a pass does not emit, or report, a
-rewrite that can never take effect.
+rewrite that can never take effect; :func:`loop_uniform_runs` reads them once more on affine forms
+of the loop's own bounds (:class:`_Symbolic`), so that a run those bounds rule out in every program
+gets no loop either.
 
 Every bound a pass derives from these sets stays inside the loop's own iteration range: the
 counts are clamped to ``[0, trips]`` and the bounds to ``[lower, max(lower, upper)]``
@@ -23,6 +25,7 @@ as a caller-given key range can be) stays empty whatever the set algebra answers
 from __future__ import annotations
 
 from .ir import Module
+from .mask_analysis import Analysis
 from .masks import Affine, Mask, PyOps, atom_conditions, no_wrap, scalar_value
 
 
@@ -191,10 +194,6 @@ class _Possible:
         return a and b
 
 
-def _linear(const: int, terms: dict) -> Affine:
-    return Affine(const, tuple(sorted((name, c) for name, c in terms.items() if c)), (), ())
-
-
 class _Symbolic:
     """Scalar operations on affine forms of the kernel's scalars (:class:`~.masks.Affine` without
     tile axes), read at compile time. A value is None where it is not such a form (a select on a
@@ -203,38 +202,28 @@ class _Symbolic:
     sides differ by a constant."""
 
     def leaf(self, name):
-        return _linear(0, {name: 1})
+        return Affine(0, ((name, 1),), (), ())
 
     def flag(self, name):
         return None
 
     def const(self, value):
-        return _linear(int(value), {})
+        return Affine(int(value), (), (), ())
 
     def boolean(self, value):
         return bool(value)
 
     def add(self, a, b):
-        if a is None or b is None:
-            return None
-        terms = dict(a.scalars)
-        for name, coeff in b.scalars:
-            terms[name] = terms.get(name, 0) + coeff
-        return _linear(a.const + b.const, terms)
+        return None if a is None or b is None else a.combine(b, 1)       # combine drops zero coefficients
 
     def mul(self, a, factor):
-        return None if a is None else _linear(a.const * factor, {name: c * factor for name, c in a.scalars})
+        return None if a is None else a.scale(factor)
 
     def cmp(self, pred, a, b):
         difference = None if a is None or b is None else self.add(a, self.mul(b, -1))
         if difference is None or difference.scalars:
             return None
         return PyOps({}).cmp(pred, difference.const, 0)
-
-    def and_(self, a, b):
-        if a is False or b is False:
-            return False
-        return True if a is True and b is True else None
 
     def or_(self, a, b):
         if a is True or b is True:
@@ -254,7 +243,7 @@ class _Symbolic:
         ceil(c / d) for an integer T / d."""
         if a is None or any(c % divisor for _, c in a.scalars):
             return None
-        return _linear(-((-a.const) // divisor), {name: c // divisor for name, c in a.scalars})
+        return Affine(-((-a.const) // divisor), tuple((name, c // divisor) for name, c in a.scalars), (), ())
 
 
 class _Unknown:
@@ -274,6 +263,14 @@ def possible_runs(mask: Mask, iv: str) -> tuple[bool, bool]:
     """(all-true run possible, all-false run possible): whether :func:`mask_sets` can answer a
     non-empty all-true / all-false set of iterations for any runtime values."""
     return mask_sets(_Possible(), mask, iv)
+
+
+def loop_uniform_runs(module: Module, head, mask: Mask) -> tuple[bool, bool, bool]:
+    """:func:`uniform_runs_possible` for the ``scf.for`` ``head`` of ``module``, its bounds read as
+    affine forms by an :class:`~.mask_analysis.Analysis` of their own (the wrap checks of the bound
+    arithmetic must not join the mask's, which guard the loop's runtime split)."""
+    bounds = Analysis(module)
+    return uniform_runs_possible(mask, head.iv, bounds.scalar(head.lower), bounds.scalar(head.upper))
 
 
 def uniform_runs_possible(mask: Mask, iv: str, lower: Affine | None, upper: Affine | None) -> tuple[bool, bool, bool]:

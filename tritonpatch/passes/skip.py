@@ -11,7 +11,8 @@ induction variable or loop-invariant, when
   a store, an atomic, a print, a call, impure inline assembly, a volatile load or any operation the
   list does not know makes the pass refuse the loop, since a dropped iteration would drop it),
 * the mask can be all-false on a whole tile at all (an ``!=`` of a moving index never is: such a
-  loop is refused instead of rewritten into itself), and
+  loop is refused instead of rewritten into itself), and on a leading or trailing run of the
+  loop's own iterations (:func:`.iterations.loop_uniform_runs`), and
 * an iteration whose mask is all-false provably leaves every loop-carried value unchanged
   (:func:`.masked_iteration.unchanged_when_masked`: the online-softmax pattern, an additive mask,
   a runtime scale after the select (the bounds then stay as they are unless it is positive), FlexAttention's
@@ -41,7 +42,7 @@ from .ir import (Module, constant_step, declared_pure, has_side_effect, incremen
                  select_parts, type_of)
 from .ir_syntax import TensorType, base_name, parse_for, parse_type, with_attribute
 from .iterations import (NARROWED, PrefixSuffix, iteration_bound, mask_sets, no_wrap_in_loop, possible_runs,
-                         scalars_fixed_in_loop, smax, smin, trip_count, uniform_runs_possible)
+                         loop_uniform_runs, scalars_fixed_in_loop, smax, smin, trip_count)
 from .mask_analysis import Analysis
 from .masked_iteration import NEG_INF, constant_kind, unchanged_when_masked
 from .masks import IROps, Mask
@@ -109,12 +110,11 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> str | None:
                            "index, or an xor of two compares that are never both all-true or both all-false "
                            "on a whole tile), so no iteration could be dropped")
             continue
-        forms = Analysis(module)
-        leading, _, trailing = uniform_runs_possible(mask, head.iv, forms.scalar(head.lower), forms.scalar(head.upper))
+        leading, _, trailing = loop_uniform_runs(module, head, mask)
         if not (leading or trailing):
-            reasons.append(f"{name}: no tile of the loop's iterations is all-false: its bounds are affine in the "
-                           "scalars the mask compares, and each all-false run ends at or before its start whatever "
-                           "their values")
+            reasons.append(f"{name}: no tile at the start or end of the loop's iterations is all-false: each such "
+                           "run ends at or before its start for every value of the scalars its bounds and its mask "
+                           "share")
             continue
         steps = induction_steps(module, loop)
         used_after = [position for position in steps if result_used_after(module, loop, position)]
