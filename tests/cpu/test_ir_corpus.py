@@ -110,4 +110,3 @@ def test_passes_decide_on_the_printed_ir_with_locations_as_recorded(printed, rec
         pytest.fail(f"on the IR Triton {VERSION} prints now for {name} (locations included), the passes decide "
                     f"differently from {SHOWN_FOLDER}/{corpus.DECISIONS_FILE}:\n" + "\n".join(moved) + f"\n{HOW}",
                     pytrace=False)
-

@@ -328,8 +328,8 @@ def _no_run_reason(mask: Mask, iv: str, false_possible: bool, false_loops: bool)
     possible within them, :func:`.iterations.loop_uniform_runs`)."""
     some_true, some_false = possible_runs(mask, iv)
     if not some_true and not (some_false and false_loops):
-        return ("its mask is never provably uniform on a whole tile (== or != of a moving index, or an xor of such)"
-                + ("" if some_true else ", or only all-false where no all-false loop is emitted"))
+        return ("its mask is never provably uniform on a whole tile (== or != of a moving index, or an xor of such), "
+                "or only all-false where no all-false loop is emitted")
     parts = (["no tile of its iterations is all-true"] if some_true else []) + \
         (["no tile at its start or end is all-false"] if some_false and false_loops else [])
     reason = (" and ".join(parts) + ": each such run ends at or before its start for every value of the scalars "
