@@ -10,7 +10,6 @@ from collections import Counter
 import pytest
 import triton
 import triton.language as tl
-from ir_corpus import corpus
 
 import tritonpatch
 from tritonpatch.errors import PassError, PipelineError
@@ -587,6 +586,8 @@ def test_a_loop_whose_bounds_leave_only_mixed_tiles_is_left_with_the_reason(fill
     the two 64 x 32 tiles on the diagonal, mixed in every program. elide leaves it (split, its
     three copies took 255 registers, spilling, against the kernel's 95), and so does skip when the
     additive mask's fill is -inf; each says why. Read from the stored TTIR of the golden corpus."""
+    from ir_corpus import corpus   # here, not at the top: fresh processes import this file without tests/ on the path
+
     with open(corpus.ir_path(corpus.version_folder(), "tutorial_causal_two_stage", "ttir")) as handle:
         text = handle.read().replace("dense<-1.000000e+06>", f"dense<{fill}>")
     expected = [("elide-uniform-masks", "loops_split", "no tile of its iterations is all-true")]
