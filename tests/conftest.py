@@ -11,6 +11,10 @@ import pytest
 
 # tests import their helpers (tests/_support: compile_helpers, attention_cases, ...) and the IR corpus package
 sys.path[:0] = [os.path.join(os.path.dirname(__file__), "_support"), os.path.dirname(__file__)]
+# `python -m pytest` in the checkout puts its root on the path, where the source folder kernels/ (installed
+# as tritonpatch.kernels) would shadow the PyPI package `kernels` that transformers imports
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _ROOT]
 
 
 GPU_SKIP_REASON = "needs a CUDA GPU (run on the device machine)"

@@ -1,0 +1,147 @@
+"""Hugging Face models with ``attn_implementation="tritonpatch"`` against the same weights under
+transformers' ``"sdpa"`` and ``"eager"`` implementations, on CPU in Triton's interpreter: logits and
+gradients, causal (Llama, GQA), sliding window (Mistral), packed sequences (also against each
+sequence run on its own), softcapping (Gemma 2), and the SDPA fallback for a padded batch.
+
+Run by ``tests/cpu/test_integrations_transformers.py::test_interpreter_suite`` in its own
+``TRITON_INTERPRET=1`` process. Tiny random-initialised models built from configs: no downloads.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="interpreter tests run in their own TRITON_INTERPRET=1 process "
+                                       "(tests/cpu/test_integrations_transformers.py::test_interpreter_suite)")
+
+transformers = pytest.importorskip("transformers")
+
+import tritonpatch.kernels as K  # noqa: E402
+from tritonpatch.integrations import transformers as tp_transformers  # noqa: E402
+
+NAME = tp_transformers.register()
+VOCAB = 96
+SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=128)
+
+
+def models(config_class, model_class, implementations=("sdpa", NAME), **config):
+    """One random-initialised model per implementation, all with the same weights."""
+    torch.manual_seed(0)
+    base = config_class(**SMALL, **config)
+    built = {impl: model_class._from_config(copy.deepcopy(base), attn_implementation=impl) for impl in implementations}
+    first = built[implementations[0]]
+    for model in built.values():
+        model.load_state_dict(first.state_dict())
+    return built
+
+
+def logits_and_grads(model, ids, **inputs):
+    """Logits and every parameter's gradient of the next-token loss (training mode, no dropout)."""
+    model.train()
+    model.zero_grad()
+    out = model(ids, labels=ids, use_cache=False, **inputs)
+    out.loss.backward()
+    return out.logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_close(ours, theirs):
+    logits, grads = ours
+    ref_logits, ref_grads = theirs
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    assert grads.keys() == ref_grads.keys()
+    for name, grad in grads.items():
+        scale = ref_grads[name].abs().max().clamp_min(1e-6)
+        assert (grad - ref_grads[name]).abs().max() <= 1e-3 * scale, name
+
+
+class KernelCalls:
+    """The masks of the calls that reached the attention kernels."""
+
+    def __init__(self, monkeypatch):
+        self.masks = []
+        attention = K.attention
+
+        def spy(*args, **kwargs):
+            self.masks.append(kwargs.get("mask_mod"))
+            return attention(*args, **kwargs)
+
+        monkeypatch.setattr(K, "attention", spy)
+
+    def names(self):
+        return {None if mask is None else mask.name for mask in self.masks}
+
+
+def ids(batch, length, seed=1):
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_llama_causal_gqa_matches_sdpa_and_eager(monkeypatch):
+    built = models(transformers.LlamaConfig, transformers.LlamaForCausalLM, ("sdpa", "eager", NAME))
+    tokens = ids(2, 40)
+    calls = KernelCalls(monkeypatch)
+    ours = logits_and_grads(built[NAME], tokens)
+    assert calls.names() == {"causal"} and len(calls.masks) == 2          # both layers ran the kernels
+    assert_close(ours, logits_and_grads(built["sdpa"], tokens))
+    assert_close(ours, logits_and_grads(built["eager"], tokens))
+
+
+def test_mistral_sliding_window_matches_sdpa(monkeypatch):
+    built = models(transformers.MistralConfig, transformers.MistralForCausalLM, sliding_window=9)
+    tokens = ids(2, 48)
+    calls = KernelCalls(monkeypatch)
+    ours = logits_and_grads(built[NAME], tokens)
+    assert calls.names() == {"sliding_window"} and calls.masks[0].args == (8,)
+    assert_close(ours, logits_and_grads(built["sdpa"], tokens))
+
+
+def test_packed_sequences_match_sdpa_and_each_sequence_alone(monkeypatch):
+    built = models(transformers.LlamaConfig, transformers.LlamaForCausalLM)
+    lengths = (13, 20, 15)
+    tokens = ids(1, sum(lengths))
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    calls = KernelCalls(monkeypatch)
+    ours = logits_and_grads(built[NAME], tokens, position_ids=positions)
+    assert calls.names() == {"and_masks(causal, document)"}
+    assert_close(ours, logits_and_grads(built["sdpa"], tokens, position_ids=positions))
+    model = built[NAME].eval()
+    start = 0
+    with torch.no_grad():
+        for n in lengths:
+            alone = model(tokens[:, start:start + n], use_cache=False).logits
+            torch.testing.assert_close(ours[0][:, start:start + n], alone, rtol=1e-4, atol=1e-4)
+            start += n
+
+
+def test_gemma2_softcap_and_alternating_sliding_layers_match_eager(monkeypatch):
+    built = models(transformers.Gemma2Config, transformers.Gemma2ForCausalLM, ("eager", NAME), head_dim=16,
+                   sliding_window=7, attn_logit_softcapping=20.0, final_logit_softcapping=None,
+                   query_pre_attn_scalar=16)
+    tokens = ids(2, 32)
+    calls = KernelCalls(monkeypatch)
+    ours = logits_and_grads(built[NAME], tokens)
+    assert calls.names() == {"causal", "sliding_window"}
+    assert_close(ours, logits_and_grads(built["eager"], tokens))
+
+
+def test_a_padded_batch_runs_sdpa_with_one_warning(monkeypatch, caplog):
+    built = models(transformers.LlamaConfig, transformers.LlamaForCausalLM)
+    tokens = ids(2, 24)
+    padding = torch.ones(2, 24, dtype=torch.long)
+    padding[1, :5] = 0                                                       # left padding
+    calls = KernelCalls(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="tritonpatch"):
+        with torch.no_grad():
+            ours = built[NAME].eval()(tokens, attention_mask=padding).logits
+            again = built[NAME](tokens, attention_mask=padding).logits
+    warnings = [r.getMessage() for r in caplog.records if "runs transformers' SDPA" in r.getMessage()]
+    assert len(warnings) == 1 and "padded 2D attention_mask" in warnings[0]
+    assert not calls.masks
+    with torch.no_grad():
+        expected = built["sdpa"].eval()(tokens, attention_mask=padding).logits
+    assert torch.equal(ours, expected) and torch.equal(again, expected)

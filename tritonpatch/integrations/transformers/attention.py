@@ -1,0 +1,183 @@
+"""The ``"tritonpatch"`` attention implementation for Hugging Face ``transformers``: a mask function
+(what ``AttentionMaskInterface`` calls once per forward) and an attention function (what every
+attention layer calls), both registered by :func:`tritonpatch.integrations.transformers.register`.
+
+The mask function reads transformers' mask description (:mod:`.mask_reading`) into a tritonpatch
+mask and hands it to the layers as a :class:`KernelMask`; the attention function runs
+:func:`tritonpatch.kernels.attention` with it. What the kernels cannot express exactly runs
+transformers' own SDPA path instead (the same result as ``attn_implementation="sdpa"``), with one
+warning per cause and process: a padded 2D ``attention_mask``, queries offset from keys (decoding
+with a KV cache after the first step), mask parts of its own making (chunked, blockwise, a custom
+``or_mask_function``), attention dropout, ``output_attentions``, a position bias, dtypes, devices
+and head dims the kernels do not take.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from transformers import masking_utils as mu
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+import tritonpatch.kernels as K
+from tritonpatch.kernels._inputs import SUPPORTED_HEAD_DIMS
+from tritonpatch.kernels._runtime.launch import interpreting
+
+from . import mask_reading
+
+logger = logging.getLogger("tritonpatch")
+_warned: set[str] = set()
+
+
+@dataclass(frozen=True)
+class KernelMask:
+    """The mask of one forward, as the attention layers receive it: ``mask_mod`` (None: every pair)
+    for queries ``[0, q_length)`` over keys ``[0, kv_length)``."""
+
+    mask_mod: K.MaskMod | None
+    q_length: int
+    kv_length: int
+
+
+@dataclass(frozen=True)
+class SdpaMask:
+    """The mask of one forward the kernels cannot express: what ``sdpa_mask`` made of it (a boolean
+    ``[B, 1, Sq, Skv]`` tensor, or None where SDPA's ``is_causal`` does), for the SDPA fallback."""
+
+    mask: torch.Tensor | None
+
+
+def fallback_warning(reason: str) -> None:
+    """Say once per process and cause that attention runs SDPA instead of the kernels."""
+    if reason not in _warned:
+        _warned.add(reason)
+        logger.warning("tritonpatch attention runs transformers' SDPA for %s; later calls for this reason run "
+                       "it without a warning", reason)
+
+
+def create_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
+                mask_function=mu.causal_mask_function, attention_mask: torch.Tensor | None = None, **kwargs):
+    """transformers' mask-interface signature: a :class:`KernelMask` when the mask is one the kernels
+    express exactly, else (after one warning) an :class:`SdpaMask` of what ``sdpa_mask`` returns for
+    the same arguments."""
+    reason = _mask_problem(q_offset, kv_offset, attention_mask)
+    if reason is None:
+        reason = mask_reading.semantics_problem()
+    if reason is None:
+        try:
+            return KernelMask(mask_reading.read_mask(mask_function), q_length, kv_length)
+        except mask_reading.Unreadable as exc:
+            reason = str(exc)
+    fallback_warning(reason)
+    return SdpaMask(mu.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                                 kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+                                 **kwargs))
+
+
+def _mask_problem(q_offset, kv_offset, attention_mask) -> str | None:
+    if isinstance(q_offset, torch.Tensor) or isinstance(kv_offset, torch.Tensor) or q_offset or kv_offset:
+        return "queries or keys offset from position 0 (decoding with a KV cache after its first step)"
+    if attention_mask is not None and not bool(attention_mask.all()):
+        return "a padded 2D attention_mask (use packed sequences with position_ids instead of padding)"
+    return None
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask, dropout: float = 0.0, scaling: float | None = None,
+                      is_causal: bool | None = None, softcap: float | None = None, **kwargs):
+    """transformers' attention-function signature: ``query [B, H, Sq, D]``, ``key``/``value
+    [B, Hkv, Skv, D]`` in, ``(output [B, Sq, H, D], None)`` out."""
+    if isinstance(attention_mask, SdpaMask):   # the mask function has warned
+        return _fallback(module, query, key, value, attention_mask.mask, None, dropout, scaling, is_causal, softcap,
+                         kwargs)
+    mask_mod, reason = _kernel_mask(module, query, key, attention_mask, is_causal)
+    reason = reason or _input_problem(query, key, value, dropout, kwargs)
+    if reason is not None:
+        fallback_warning(reason)
+        return _fallback(module, query, key, value, attention_mask, mask_mod, dropout, scaling, is_causal, softcap,
+                         kwargs)
+    out = K.attention(query, key, value, mask_mod=mask_mod, score_mod=None if softcap is None else K.softcap(softcap),
+                      scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _kernel_mask(module, query, key, attention_mask, is_causal) -> tuple:
+    """``(mask_mod, None)`` for the kernels, or ``(mask_mod or None, reason)`` to fall back."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if isinstance(attention_mask, KernelMask):
+        if (attention_mask.q_length, attention_mask.kv_length) != (q_len, kv_len):
+            return attention_mask.mask_mod, (f"a mask made for {attention_mask.q_length} queries x "
+                                             f"{attention_mask.kv_length} keys used on {q_len} x {kv_len}")
+        return attention_mask.mask_mod, None
+    if attention_mask is not None:
+        return None, "an attention mask given as a tensor (a model-made or user-given dense mask)"
+    # No mask: what SDPA does without one (transformers' sdpa_attention_forward)
+    causal = q_len > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    if causal and kv_len != q_len:
+        return None, "causal attention over more keys than queries without a mask"
+    return (K.causal() if causal else None), None
+
+
+def _input_problem(query, key, value, dropout, kwargs) -> str | None:
+    if dropout:
+        return "attention dropout (training with attention_dropout > 0)"
+    if kwargs.get("output_attentions"):
+        return "output_attentions=True"
+    if kwargs.get("position_bias") is not None:
+        return "a position bias"
+    device = query.device.type
+    if device != "cuda" and not (device == "cpu" and interpreting()):
+        return f"{device} tensors (the kernels run on CUDA, and on CPU under TRITON_INTERPRET=1)"
+    dtypes = (torch.float16, torch.bfloat16) + ((torch.float32,) if device == "cpu" else ())
+    if query.dtype not in dtypes or not query.dtype == key.dtype == value.dtype:
+        return f"dtype {query.dtype} on {device} (the kernels take float16 or bfloat16)"
+    if query.shape[-1] not in SUPPORTED_HEAD_DIMS or value.shape[-1] != query.shape[-1]:
+        return f"head dim {query.shape[-1]} (query) / {value.shape[-1]} (value); the kernels take {SUPPORTED_HEAD_DIMS}"
+    if query.shape[1] % key.shape[1]:
+        return f"{query.shape[1]} query heads over {key.shape[1]} key/value heads"
+    return None
+
+
+def _fallback(module, query, key, value, attention_mask, mask_mod, dropout, scaling, is_causal, softcap, kwargs):
+    """The same attention through transformers' SDPA function (a :class:`KernelMask` becomes the
+    boolean mask it stands for), or eagerly in torch when a softcap is asked for, which SDPA does
+    not take."""
+    if isinstance(attention_mask, KernelMask):
+        attention_mask = None if mask_mod is None else _dense(mask_mod, query, key)
+        is_causal = False
+    if softcap is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    return _eager_softcap(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap)
+
+
+def _eager_softcap(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap):
+    """Softcapped attention as transformers' eager implementations compute it: scores scaled, then
+    ``softcap * tanh(scores / softcap)``, then the mask (boolean: keep; float: added), softmax in fp32,
+    dropout, times ``value``."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(2, 3)) * scale
+    scores = softcap * torch.tanh(scores / softcap)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if attention_mask is None and causal and query.shape[2] > 1:
+        attention_mask = _dense(K.causal(), query, key)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask, float("-inf"))
+    elif attention_mask is not None:
+        scores = scores + attention_mask
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), None
+
+
+def _dense(mask_mod: K.MaskMod, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """The boolean ``[B, 1, Sq, Skv]`` mask SDPA takes, evaluated from ``mask_mod``."""
+    device = query.device
+    b = torch.arange(query.shape[0], device=device)[:, None, None, None]
+    h = torch.zeros(1, dtype=torch.long, device=device)[None, :, None, None]
+    q = torch.arange(query.shape[2], device=device)[None, None, :, None]
+    kv = torch.arange(key.shape[2], device=device)[None, None, None, :]
+    return mask_mod(b, h, q, kv).expand(query.shape[0], 1, query.shape[2], key.shape[2])
