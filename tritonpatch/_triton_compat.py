@@ -23,6 +23,10 @@ hooks depend on, in one place.
   every version, which is a no-op where Triton already restores them.
 - 3.9's nanobind ``llvm.translate_to_asm`` (``sched4reg=``): tritonpatch wraps the stage callables
   and never calls it, so the binding change needs no adapter.
+- Remote cache (3.6-3.9): Triton's ``RedisRemoteCacheBackend`` reads its settings from
+  ``knobs.cache.redis``, but the Redis knobs (``TRITON_REDIS_HOST``, ``TRITON_REDIS_PORT``,
+  ``TRITON_REDIS_KEY_FORMAT``) are ``knobs.redis``: every compile under that backend raises
+  AttributeError. :func:`link_redis_knobs` gives ``knobs.cache`` the attribute.
 """
 from __future__ import annotations
 
@@ -198,3 +202,14 @@ def disable_llvm_opt_names() -> tuple[str, ...]:
     if not value or value.strip().lower() in _BOOL_WORDS:
         return ()
     return tuple(name for name in (part.strip() for part in value.split(",")) if name)
+
+
+# --- remote cache -------------------------------------------------------------------------------
+
+def link_redis_knobs() -> None:
+    """Make Triton's own ``RedisRemoteCacheBackend`` find its settings: it reads ``knobs.cache.redis``,
+    which 3.6-3.9 do not have (their Redis knobs are ``knobs.redis``). Idempotent; a Triton whose
+    ``knobs.cache`` has the attribute is left alone. Not undone by ``uninstall()``: it only adds the
+    attribute Triton's class expects, and changes nothing that worked before."""
+    if not hasattr(knobs.cache, "redis") and hasattr(knobs, "redis"):
+        knobs.cache.redis = knobs.redis

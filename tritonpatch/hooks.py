@@ -22,7 +22,9 @@ with and wraps the NVIDIA stages (``ttir, ttgir, llir, ptx, cubin``):
 
 Cache keys: a non-empty Pipeline adds its cache tag to the disk key and to the in-memory JIT key
 (3.7+: through the hook's ``(key, hash)``; 3.6: by rebinding ``get_cache_key`` and
-``compute_cache_key``). An empty Pipeline leaves every disk key as plain Triton computes it.
+``compute_cache_key``). An empty Pipeline leaves every disk key as plain Triton computes it. Installing
+also lets Triton's ``RedisRemoteCacheBackend`` read its knobs (``_triton_compat.link_redis_knobs``),
+so compiled kernels can be shared through Triton's remote cache (docs/caches.md).
 """
 from __future__ import annotations
 
@@ -340,6 +342,7 @@ def install() -> None:
         hook = _StagesHook(compat.get_stages_hook())
         compat.set_stages_hook(hook)
         compat.patch_cache_keys(memory_tag=current_cache_tag, disk_tag=keyed_cache_tag)
+        compat.link_redis_knobs()
         _hook = hook
         logger.debug("installed (triton %s.%s, environment %r)", *compat.TRITON_VERSION, environment_pipeline())
 

@@ -1,6 +1,7 @@
 """Every use of Triton's private runtime by the kernels, in one place (as ``tritonpatch._triton_compat``
 is for the compiler hooks): scoped scratch memory for device-built TMA descriptors, Triton's
-asynchronous compile mode, and one interpreter fix.
+asynchronous compile mode, Triton's configured cache manager (which the tuning decisions are shared
+through), and one interpreter fix.
 
 Triton 3.6's interpreter converts scalars to loop bounds with ``int(array_of_shape_1)``, which
 numpy >= 2.4 rejects ("only 0-dimensional arrays can be converted to Python scalars"); Triton 3.9
@@ -46,6 +47,27 @@ def async_compile_mode(executor):
     from triton.runtime import _async_compile
 
     return _async_compile.AsyncCompileMode(executor, ignore_errors=True)
+
+
+def configured_cache_manager_class():
+    """The class ``TRITON_CACHE_MANAGER`` names, or None when it names none or Triton's default
+    ``FileCacheManager`` (whose files would only be a second local copy). Raises what Triton raises
+    for a class it cannot import."""
+    from triton import knobs
+    from triton.runtime import cache
+
+    manager_class = knobs.cache.manager_class
+    return None if manager_class in (None, cache.FileCacheManager) else manager_class
+
+
+def cache_manager(digest: str):
+    """Triton's configured cache manager for ``digest`` (hex digits), as Triton builds one for a
+    kernel; with Triton's Redis backend readable (``tritonpatch._triton_compat.link_redis_knobs``)."""
+    from triton.runtime import cache
+    from tritonpatch._triton_compat import link_redis_knobs
+
+    link_redis_knobs()
+    return cache.get_cache_manager(digest)
 
 
 def fix_interpreter_index() -> None:
