@@ -41,15 +41,17 @@ def _closure(fn) -> dict:
 
 @functools.cache
 def _factory_codes() -> dict:
-    """The code object of each closure the installed transformers' factories return."""
+    """The code object of each closure the installed transformers' factories return (a factory this
+    transformers lacks is left out: ``remap_positions_for_packed_sequence`` is newer than 5.17)."""
     ids = torch.zeros(1, 1, dtype=torch.long)
-    return {
-        "and": _code(mu.and_masks(mu.causal_mask_function)),
-        "or": _code(mu.or_masks(mu.causal_mask_function)),
-        "sliding_window_overlay": _code(mu.sliding_window_overlay(1)),
-        "packed_sequence": _code(mu.packed_sequence_mask_function(ids)),
-        "remap_positions": _code(mu.remap_positions_for_packed_sequence(mu.causal_mask_function, ids)),
+    factories = {
+        "and": ("and_masks", (mu.causal_mask_function,)),
+        "or": ("or_masks", (mu.causal_mask_function,)),
+        "sliding_window_overlay": ("sliding_window_overlay", (1,)),
+        "packed_sequence": ("packed_sequence_mask_function", (ids,)),
+        "remap_positions": ("remap_positions_for_packed_sequence", (mu.causal_mask_function, ids)),
     }
+    return {kind: _code(getattr(mu, name)(*args)) for kind, (name, args) in factories.items() if hasattr(mu, name)}
 
 
 def _kind(fn) -> str:
@@ -168,10 +170,11 @@ def semantics_problem() -> str | None:
     samples = [mu.causal_mask_function, mu.bidirectional_mask_function,
                mu.sliding_window_causal_mask_function(1), mu.sliding_window_causal_mask_function(4),
                mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(ids)),
-               mu.or_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(ids)),
-               mu.and_masks(mu.remap_positions_for_packed_sequence(mu.sliding_window_causal_mask_function(2),
-                                                                   positions.expand(2, -1)),
-                            mu.packed_sequence_mask_function(torch.stack([ids[0], ids[0]])))]
+               mu.or_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(ids))]
+    if hasattr(mu, "remap_positions_for_packed_sequence"):
+        samples.append(mu.and_masks(mu.remap_positions_for_packed_sequence(mu.sliding_window_causal_mask_function(2),
+                                                                           positions.expand(2, -1)),
+                                    mu.packed_sequence_mask_function(torch.stack([ids[0], ids[0]]))))
     for sample in samples:
         try:
             reading = read_mask(sample)
