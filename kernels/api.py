@@ -67,7 +67,9 @@ def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_num_
 @_attention_fwd_op.register_fake
 def _attention_fwd_fake(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_geometry,
                         mask_key, score_key, scale, enable_gqa):
-    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
+    # the layout attention_forward allocates its output in, whatever q's strides
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32))
 
 
 register_custom_op_autograd()   # the forward op's autograd rule, now that the op exists

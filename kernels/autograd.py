@@ -83,7 +83,9 @@ def _attention_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: to
 @_attention_bwd_op.register_fake
 def _attention_bwd_fake(q, k, v, out, lse, dout, dlse, kv_num_blocks, kv_indices, full_kv_num_blocks,
                         full_kv_indices, block_geometry, mask_key, score_key, scale, enable_gqa, dq_mode):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    contiguous = torch.contiguous_format   # the layout the backward allocates its gradients in
+    return (torch.empty_like(q, memory_format=contiguous), torch.empty_like(k, memory_format=contiguous),
+            torch.empty_like(v, memory_format=contiguous))
 
 
 _FWD_OP_ARGS = ("q", "k", "v", "kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",

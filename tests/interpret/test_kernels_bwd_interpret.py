@@ -200,6 +200,26 @@ def test_custom_op_backward_and_torch_compile():
     assert_close([t.grad for t in leaves], want, torch.float32)
 
 
+def test_torch_compile_with_transposed_inputs_sees_the_real_output_layout():
+    """The custom ops' fake outputs have the strides the kernels' outputs have (contiguous), also
+    for inputs laid out [B, S, H, D] and transposed, as Hugging Face models pass them: a graph that
+    reshapes the output (or its gradients) would otherwise view a tensor of another layout."""
+    q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=9)
+    mask_mod = K.causal()
+    want = reference_grads(q, k, v, dout, mask_mod=mask_mod)
+    expected = K.reference.attention(q, k, v, mask_mod=mask_mod).transpose(1, 2).reshape(1, SEQ, -1)
+
+    def attend(a, b, c):
+        return K.attention(a, b, c, mask_mod=mask_mod).transpose(1, 2).contiguous().view(1, SEQ, -1)
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    leaves = [t.transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]   # [B, S, H, D]
+    out = compiled(*(t.transpose(1, 2) for t in leaves))
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    out.backward(dout.transpose(1, 2).reshape(1, SEQ, -1))
+    assert_close([t.grad.transpose(1, 2) for t in leaves], want, torch.float32)
+
+
 def test_auto_mode_resolves_and_is_cached():
     """dq_mode='auto' tunes both modes; the interpreter (no timings) keeps the deterministic one."""
     q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=8)

@@ -47,7 +47,8 @@ def logits_and_grads(model, ids, **inputs):
     model.zero_grad()
     out = model(ids, labels=ids, use_cache=False, **inputs)
     out.loss.backward()
-    return out.logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return out.logits.detach(), {name.removeprefix("_orig_mod."): p.grad.clone()   # (a compiled model's names)
+                                 for name, p in model.named_parameters() if p.grad is not None}
 
 
 def assert_close(ours, theirs):
@@ -145,3 +146,20 @@ def test_a_padded_batch_runs_sdpa_with_one_warning(monkeypatch, caplog):
     with torch.no_grad():
         expected = built["sdpa"].eval()(tokens, attention_mask=padding).logits
     assert torch.equal(ours, expected) and torch.equal(again, expected)
+
+
+def test_a_compiled_model_traces_once_and_matches_sdpa():
+    """Under torch.compile the mask function runs eagerly and hands the layers the same mask object
+    every step (transformers then also adds a one-sequence packing mask, read as no mask): no
+    recompile after the first step."""
+    import torch._dynamo.utils
+
+    built = models(transformers.MistralConfig, transformers.MistralForCausalLM, sliding_window=9)
+    compiled = torch.compile(built[NAME], backend="aot_eager")
+    torch._dynamo.reset()
+    graphs = []
+    for seed in range(3):
+        tokens = ids(2, 40, seed=seed)
+        assert_close(logits_and_grads(compiled, tokens), logits_and_grads(built["sdpa"], tokens))
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert graphs[0] == graphs[-1], graphs

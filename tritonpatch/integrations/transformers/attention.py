@@ -28,6 +28,7 @@ from . import mask_reading
 
 logger = logging.getLogger("tritonpatch")
 _warned: set[str] = set()
+_INTERPRETING = interpreting()   # fixed per process (TRITON_INTERPRET is read when Triton is imported)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ def fallback_warning(reason: str) -> None:
                        "it without a warning", reason)
 
 
+@torch.compiler.disable   # reads Python closures and checks tensors: runs eagerly under torch.compile
 def create_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
                 mask_function=mu.causal_mask_function, attention_mask: torch.Tensor | None = None, **kwargs):
     """transformers' mask-interface signature: a :class:`KernelMask` when the mask is one the kernels
@@ -127,7 +129,7 @@ def _input_problem(query, key, value, dropout, kwargs) -> str | None:
     if kwargs.get("position_bias") is not None:
         return "a position bias"
     device = query.device.type
-    if device != "cuda" and not (device == "cpu" and interpreting()):
+    if device != "cuda" and not (device == "cpu" and _INTERPRETING):
         return f"{device} tensors (the kernels run on CUDA, and on CPU under TRITON_INTERPRET=1)"
     dtypes = (torch.float16, torch.bfloat16) + ((torch.float32,) if device == "cpu" else ())
     if query.dtype not in dtypes or not query.dtype == key.dtype == value.dtype:

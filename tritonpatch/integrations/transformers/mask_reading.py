@@ -70,10 +70,24 @@ def _describe(fn) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
+_interned: dict = {}   # MaskMod.cache_key() -> the first reading with that key, for masks without tensors
+
+
 def read_mask(mask_function) -> K.MaskMod | None:
     """The tritonpatch mask equal to ``mask_function`` on every (batch, head, q_idx, kv_idx) with
     q_idx, kv_idx < the sequence length (:data:`ALL` when it keeps every pair). Raises
-    :class:`Unreadable` when a part cannot be expressed exactly."""
+    :class:`Unreadable` when a part cannot be expressed exactly.
+
+    A mask without tensor arguments (causal, a sliding window, their unions and intersections) is
+    the same object on every call with the same parameters: a compiled model's graph names the mask
+    object it was traced with, so a new one per forward would recompile it every step."""
+    reading = _read(mask_function)
+    if reading is ALL or any(isinstance(arg, torch.Tensor) for arg in reading.args):
+        return reading
+    return _interned.setdefault(reading.cache_key(), reading)
+
+
+def _read(mask_function) -> K.MaskMod | None:
     kind = _kind(mask_function)
     if kind == "causal":
         return K.causal()
@@ -89,7 +103,9 @@ def read_mask(mask_function) -> K.MaskMod | None:
     if kind == "remap_positions":
         raise Unreadable("packed-sequence positions outside an and with the packed-sequence mask")
     if kind == "packed_sequence":
-        return K.document(_closure(mask_function)["packed_sequence_mask"])
+        ids = _closure(mask_function)["packed_sequence_mask"]
+        # one sequence per row keeps every pair; under torch.compile transformers adds this mask always
+        return ALL if bool((ids == ids[:, :1]).all()) else K.document(ids)
     raise Unreadable(f"the mask function {_describe(mask_function)}")
 
 
