@@ -95,6 +95,9 @@ def test_readings_equal_the_mask_functions_on_every_pair(seed):
         assert torch.equal(evaluate(reading, 2, total), evaluate(mask, 2, total)), (seed, reading)
 
 
+TWO = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1]])   # two packed sequences of 4
+
+
 def _custom(batch_idx, head_idx, q_idx, kv_idx):
     return kv_idx <= q_idx
 
@@ -119,10 +122,9 @@ def _custom(batch_idx, head_idx, q_idx, kv_idx):
                           mu.packed_sequence_mask_function(torch.zeros(1, 8, dtype=torch.long))),
      "do not step by one inside a packed sequence"),
     (lambda: mu.and_masks(mu.remap_positions_for_packed_sequence(mu.or_masks(mu.causal_mask_function,
-                                                                             mu.packed_sequence_mask_function(
-                                                                                 torch.zeros(1, 8, dtype=torch.long))),
-                                                                 torch.arange(8)[None]),
-                          mu.packed_sequence_mask_function(torch.zeros(1, 8, dtype=torch.long))),
+                                                                             mu.packed_sequence_mask_function(TWO)),
+                                                                 torch.arange(4).repeat(2)[None]),
+                          mu.packed_sequence_mask_function(TWO)),
      "depends on more than q_idx - kv_idx"),
 ])
 def test_unreadable_masks_are_refused_naming_the_part(build, message):
@@ -238,3 +240,18 @@ def test_a_dense_mask_given_to_the_layers_runs_sdpa(fresh_warnings):
     out, _ = attention.attention_forward(Layer(), q, k, v, dense)
     torch.testing.assert_close(out, sdpa_attention_forward(Layer(), q, k, v, dense)[0], rtol=0, atol=0)
     assert "an attention mask given as a tensor" in fallback_messages(fresh_warnings)[0]
+
+
+def test_masks_without_tensors_are_one_object_and_a_single_sequence_is_no_packing():
+    """A compiled model's graph names the mask object it was traced with: the same parameters give
+    the same object. Under torch.compile transformers adds a packing mask even for one sequence per
+    row; its ids are all equal, so it keeps every pair."""
+    first = mask_reading.read_mask(mu.sliding_window_causal_mask_function(6))
+    assert mask_reading.read_mask(mu.sliding_window_causal_mask_function(6)) is first
+    assert mask_reading.read_mask(mu.sliding_window_causal_mask_function(7)) is not first
+    single = torch.zeros(2, 8, dtype=torch.long)
+    one_sequence = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(single))
+    assert mask_reading.read_mask(one_sequence) is mask_reading.read_mask(mu.causal_mask_function)
+    documents = mask_reading.read_mask(mu.packed_sequence_mask_function(TWO))
+    assert documents.name == "document" and mask_reading.read_mask(mu.packed_sequence_mask_function(TWO)) \
+        is not documents                                       # a tensor-keyed mask is never shared
