@@ -23,6 +23,7 @@ transformers = pytest.importorskip("transformers")
 
 import tritonpatch.kernels as K  # noqa: E402
 from tritonpatch.integrations import transformers as tp_transformers  # noqa: E402
+from tritonpatch.integrations.transformers import attention as tp_attention  # noqa: E402
 
 NAME = tp_transformers.register()
 VOCAB = 96
@@ -131,6 +132,7 @@ def test_gemma2_softcap_and_alternating_sliding_layers_match_eager(monkeypatch):
 
 
 def test_a_padded_batch_runs_sdpa_with_one_warning(monkeypatch, caplog):
+    monkeypatch.setattr(tp_attention, "_warned", set())
     built = models(transformers.LlamaConfig, transformers.LlamaForCausalLM)
     tokens = ids(2, 24)
     padding = torch.ones(2, 24, dtype=torch.long)
@@ -163,3 +165,21 @@ def test_a_compiled_model_traces_once_and_matches_sdpa():
         assert_close(logits_and_grads(compiled, tokens), logits_and_grads(built["sdpa"], tokens))
         graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
     assert graphs[0] == graphs[-1], graphs
+
+
+def test_generate_prefills_on_the_kernels_and_decodes_on_sdpa(monkeypatch, caplog):
+    """generate() with a KV cache: the prompt runs the kernels, each decoding step (keys offset from
+    the query) runs SDPA after one warning; the tokens equal SDPA's. A loaded model switches with
+    set_attn_implementation."""
+    built = models(transformers.LlamaConfig, transformers.LlamaForCausalLM, ("sdpa", "eager"))
+    ours = built["eager"].eval()
+    ours.set_attn_implementation(NAME)
+    prompt = ids(1, 20)
+    monkeypatch.setattr(tp_attention, "_warned", set())            # warnings not yet given in this process
+    calls = KernelCalls(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="tritonpatch"), torch.no_grad():
+        tokens = ours.generate(prompt, max_new_tokens=4, do_sample=False)
+    assert len(calls.masks) == 2                                   # the prompt, both layers
+    assert any("decoding with a KV cache" in r.getMessage() for r in caplog.records)
+    with torch.no_grad():
+        assert torch.equal(tokens, built["sdpa"].eval().generate(prompt, max_new_tokens=4, do_sample=False))
