@@ -14,11 +14,13 @@ from .block_mask import (BlockMask, block_mask_from_classes, block_mask_from_ten
 from .bwd import attention_backward
 from .fwd import FwdConfig, attention_forward, tuned_configs
 from ._modifiers import lookup_modifier
-from .masks import MaskMod, allow_all, and_masks, causal, custom_mask, document, or_masks, prefix_lm, sliding_window
+from .masks import (MaskMod, allow_all, and_masks, causal, custom_mask, document, key_padding, or_masks, prefix_lm,
+                    sliding_window)
 from .scores import ScoreMod, alibi, alibi_slopes, custom_score, score_gradient, softcap
 
 __all__ = [
     "attention", "reference", "MaskMod", "ScoreMod", "causal", "prefix_lm", "sliding_window", "document",
+    "key_padding",
     "and_masks", "or_masks", "allow_all", "custom_mask", "custom_score", "alibi", "alibi_slopes", "softcap",
     "BlockMask", "build_block_mask", "block_mask_from_classes", "from_flex_block_mask", "FwdConfig", "tuned_configs",
     "attention_forward", "attention_backward", "attention_with_grad", "AttentionFunction", "block_mask_from_tensors",

@@ -95,6 +95,11 @@ def _document_dev(b, h, q_idx, kv_idx, doc_ids, batch_stride):
     return tl.load(base + q_idx) == tl.load(base + kv_idx)
 
 
+@triton.jit
+def _key_padding_dev(b, h, q_idx, kv_idx, valid, batch_stride):
+    return tl.load(valid + b * batch_stride + kv_idx) != 0
+
+
 def _leaf_mask(name, leaf_fn, torch_fn, args=(), tile_rule=None, batch_dependent=False, shift_invariant=False,
                check=None):
     structure = ("mask-leaf", name, len(args))
@@ -280,29 +285,31 @@ def document(doc_ids: torch.Tensor) -> MaskMod:
                       batch_dependent=batched, check=argument_check("document(doc_ids)", (ids,), fits))
 
 
+def _tile_min_max(table: torch.Tensor, lo: torch.Tensor):
+    """Per batch row of ``table [Bm, S]``, the min and max over the positions of each tile, the
+    tiles given by their first positions ``lo`` (sorted, the first one 0): two ``[Bm, tiles]``."""
+    n = table.shape[-1]
+    pos = torch.arange(n, device=table.device)
+    tile_of = torch.searchsorted(lo.flatten().contiguous(), pos, right=True) - 1
+    count = lo.numel()
+    limits = torch.iinfo(table.dtype)
+    mins = torch.full((table.shape[0], count), limits.max, dtype=table.dtype, device=table.device)
+    maxs = torch.full((table.shape[0], count), limits.min, dtype=table.dtype, device=table.device)
+    idx = tile_of.expand(table.shape[0], n)
+    mins.scatter_reduce_(1, idx, table, "amin")
+    maxs.scatter_reduce_(1, idx, table, "amax")
+    return mins, maxs
+
+
 def _document_rule(ids: torch.Tensor):
     """Tile rule from per-position document ids: all-true iff both ranges lie in one document;
     any-true unless the ranges of ids do not overlap (exact for sorted ids, sound for any)."""
     table = ids if ids.dim() == 2 else ids[None]
 
-    def range_min_max(lo, hi):
-        # lo/hi: [..., NQ or NKV] tile bounds; min/max over positions of each tile, per batch row
-        n = table.shape[-1]
-        pos = torch.arange(n, device=table.device)
-        tile_of = torch.searchsorted(lo.flatten().contiguous(), pos, right=True) - 1
-        count = lo.numel()
-        limits = torch.iinfo(table.dtype)
-        mins = torch.full((table.shape[0], count), limits.max, dtype=table.dtype, device=table.device)
-        maxs = torch.full((table.shape[0], count), limits.min, dtype=table.dtype, device=table.device)
-        idx = tile_of.expand(table.shape[0], n)
-        mins.scatter_reduce_(1, idx, table, "amin")
-        maxs.scatter_reduce_(1, idx, table, "amax")
-        return mins, maxs
-
     def rule(q_lo, q_hi, kv_lo, kv_hi, ids_arg, stride):
         # q_lo/q_hi: [NQ, 1]; kv_lo/kv_hi: [1, NKV]  -> results [Bm, NQ, NKV]
-        qmin, qmax = range_min_max(q_lo[:, 0], q_hi[:, 0])
-        kmin, kmax = range_min_max(kv_lo[0], kv_hi[0])
+        qmin, qmax = _tile_min_max(table, q_lo[:, 0])
+        kmin, kmax = _tile_min_max(table, kv_lo[0])
         qmin, qmax = qmin[:, :, None], qmax[:, :, None]
         kmin, kmax = kmin[:, None, :], kmax[:, None, :]
         all_true = (qmin == qmax) & (kmin == kmax) & (qmin == kmin)
@@ -310,6 +317,43 @@ def _document_rule(ids: torch.Tensor):
         return all_true, any_true
 
     return rule
+
+
+def key_padding(valid: torch.Tensor) -> MaskMod:
+    """Key padding: a query sees only the keys ``valid`` marks as tokens (nonzero / True), not the
+    padding (zero / False), as a 2D attention mask does in Hugging Face models.
+
+    ``valid`` is a bool or integer tensor of shape ``[Skv]`` (the same for every batch) or
+    ``[B, Skv]``, on the attention's device. It is copied as int32 (later writes to it do not reach
+    the copy). Combine with :func:`causal` and the others through :func:`and_masks`. A query whose
+    keys are all padding attends to nothing: its output row is zero and its lse ``-inf``."""
+    if not isinstance(valid, torch.Tensor) or valid.dim() not in (1, 2) or \
+            (valid.dtype != torch.bool and (valid.is_floating_point() or valid.is_complex())):
+        raise TypeError(f"key_padding(valid) needs a bool or integer tensor of shape [Skv] or [B, Skv], got "
+                        f"{described(valid)}")
+    table = (valid != 0).to(torch.int32).contiguous()
+    batched = table.dim() == 2
+    batch_stride = table.shape[-1] if batched else 0
+    rows = table if batched else table[None]
+
+    def torch_fn(b, h, q, kv, valid_arg, stride):
+        keep = valid_arg.bool() if valid_arg.dim() == 2 else valid_arg.bool()[None]
+        return keep[b if valid_arg.dim() == 2 else torch.zeros_like(b), kv] & (q >= 0)
+
+    def rule(q_lo, q_hi, kv_lo, kv_hi, valid_arg, stride):
+        # every key of a tile a token: all-true; any key a token: any-true (for every query tile)
+        kmin, kmax = _tile_min_max(rows, kv_lo[0])
+        all_true, any_true = kmin[:, None, :] == 1, kmax[:, None, :] == 1
+        return all_true.expand(-1, q_lo.shape[0], -1), any_true.expand(-1, q_lo.shape[0], -1)
+
+    def fits(batch, heads, q_len, kv_len):
+        if table.shape[-1] != kv_len or (batched and table.shape[0] != batch):
+            raise ValueError(f"key_padding(valid): valid has shape {tuple(valid.shape)}, the attention of B = "
+                             f"{batch}, Skv = {kv_len} needs one entry per key: shape [{kv_len}] or "
+                             f"[{batch}, {kv_len}]")
+
+    return _leaf_mask("key_padding", _key_padding_dev, torch_fn, (table, batch_stride), rule,
+                      batch_dependent=batched, check=argument_check("key_padding(valid)", (table,), fits))
 
 
 def and_masks(*masks: MaskMod) -> MaskMod:

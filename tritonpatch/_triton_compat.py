@@ -210,6 +210,8 @@ def link_redis_knobs() -> None:
     """Make Triton's own ``RedisRemoteCacheBackend`` find its settings: it reads ``knobs.cache.redis``,
     which 3.6-3.9 do not have (their Redis knobs are ``knobs.redis``). Idempotent; a Triton whose
     ``knobs.cache`` has the attribute is left alone. Not undone by ``uninstall()``: it only adds the
-    attribute Triton's class expects, and changes nothing that worked before."""
+    attribute Triton's class expects, and changes nothing that worked before. A read-only property
+    of the class, not an attribute of the instance: ``knobs.cache.scope()`` and ``reset()`` restore
+    the instance's attributes and would drop one set inside a scope."""
     if not hasattr(knobs.cache, "redis") and hasattr(knobs, "redis"):
-        knobs.cache.redis = knobs.redis
+        type(knobs.cache).redis = property(lambda _: knobs.redis, doc="Triton's Redis knobs (knobs.redis)")

@@ -37,6 +37,10 @@ MASKS = {
     "sliding_window": lambda s, d: K.sliding_window(256),
     "document": lambda s, d: K.and_masks(K.causal(), K.document(doc_ids(s, d))),
     "sliding|prefix": lambda s, d: K.or_masks(K.sliding_window(64), K.prefix_lm(128)),
+    # right padding (the last 137 keys) and holes: tiles of padding, of tokens, mixed
+    "causal&key_padding": lambda s, d: K.and_masks(K.causal(), K.key_padding(
+        (torch.arange(s, device=d) < s - 137) & (torch.arange(s, device=d) // 64 % 5 != 3)
+        & (torch.arange(s, device=d) % 11 != 4))),
 }
 
 
@@ -130,7 +134,7 @@ def head_bias_dev(score, b, h, q_idx, kv_idx, bias):
 
 
 MASK_KINDS = ("none", "causal", "prefix_lm", "sliding_window", "document", "causal&document", "sliding|prefix",
-              "and(or(prefix, sliding), causal)", "key_padding", "document&key_padding")
+              "and(or(prefix, sliding), causal)", "key_padding", "document&key_padding", "causal&padding")
 SAME_PACKING = ("document", "causal&document", "document&key_padding")   # queries and keys share it: Sq == Skv
 SCORE_KINDS = ("none", "alibi", "softcap", "head_bias")                   # head_bias has no gradient rule
 
@@ -256,6 +260,9 @@ class RandomCalls:
             return [self._packing(shape[-1]) for _ in range(shape[0])] if len(shape) == 2 else self._packing(shape[0])
         if name == "kv_lengths":
             return [self.rng.randint(1, f.kv_len) for _ in range(shape[0])]
+        if name == "valid":   # key 0 always a token (no query without keys under causal), holes elsewhere
+            rows = [[True] + [self.rng.random() < 0.7 for _ in range(shape[-1] - 1)] for _ in range(shape[0])]
+            return rows if len(shape) == 2 else rows[0]
         low, high = (0.0, 0.5) if name == "slopes" else (-2.0, 2.0)
         return [self.rng.uniform(low, high) for _ in range(shape[0])]
 
@@ -268,6 +275,8 @@ class RandomCalls:
                                 self.rng.choice([torch.int32, torch.int64]))
         if "key_padding" in f.mask:
             specs["kv_lengths"] = ((f.batch,), torch.int32)
+        if f.mask == "causal&padding":
+            specs["valid"] = ((f.batch, f.kv_len) if self.rng.random() < 0.5 else (f.kv_len,), torch.bool)
         if f.score in ("alibi", "head_bias"):
             specs["slopes" if f.score == "alibi" else "bias"] = ((f.heads,), torch.float32)
         tensors = {name: torch.tensor(self._values(name, shape, f), dtype=dtype, device=self.device)
@@ -308,6 +317,7 @@ class RandomCalls:
                                                                                leaves["sliding"]()), K.causal()),
             "key_padding": leaves["key_padding"],
             "document&key_padding": lambda: K.and_masks(leaves["document"](), leaves["key_padding"]()),
+            "causal&padding": lambda: K.and_masks(K.causal(), K.key_padding(tensors["valid"])),
         }[f.mask]()
         score_mod = {
             "none": lambda: None, "alibi": lambda: K.alibi(tensors["slopes"]), "softcap": lambda: K.softcap(cap),

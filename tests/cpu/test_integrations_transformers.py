@@ -5,7 +5,6 @@ safety. The models themselves run in Triton's interpreter (test_interpreter_suit
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 
@@ -168,7 +167,7 @@ def fallback_messages(caplog):
 @pytest.mark.parametrize("arguments, reason", [
     (dict(q_offset=5), "queries or keys offset"),
     (dict(kv_offset=3), "queries or keys offset"),
-    (dict(attention_mask=torch.tensor([[True] * 8, [False] * 2 + [True] * 6])), "a padded 2D attention_mask"),
+    (dict(attention_mask=torch.tensor([[True] * 8, [False] * 2 + [True] * 6])), "a query whose keys are all padding"),
     (dict(mask_function=mu.chunked_causal_mask_function(4, torch.zeros(2, dtype=torch.long))), "chunked_overlay"),
 ])
 def test_the_mask_function_falls_back_to_sdpas_mask_with_one_warning(fresh_warnings, arguments, reason):
@@ -179,6 +178,35 @@ def test_the_mask_function_falls_back_to_sdpas_mask_with_one_warning(fresh_warni
     assert torch.equal(made.mask, mu.sdpa_mask(**arguments, allow_is_causal_skip=False))
     (message,) = fallback_messages(fresh_warnings)
     assert reason in message
+
+
+@pytest.mark.parametrize("mask_function", [mu.causal_mask_function, mu.sliding_window_causal_mask_function(3),
+                                           mu.bidirectional_mask_function])
+def test_padding_that_leaves_every_query_a_key_runs_the_kernels_exactly(fresh_warnings, mask_function):
+    """Right padding and holes (key 0 a token): the kernels' mask equals sdpa_mask's on every pair."""
+    gen = torch.Generator().manual_seed(2)
+    padding = torch.rand(3, 20, generator=gen) > 0.3
+    padding[:, 0], padding[0, 14:] = True, False
+    if mask_function is mu.causal_mask_function:   # right padding
+        padding[:, :] = torch.arange(20) < torch.tensor([[20], [17], [9]])
+    elif mask_function is not mu.bidirectional_mask_function:   # a token in every query's window of 3
+        padding[:, :] = torch.arange(20) < torch.tensor([[20], [19], [18]])
+    made = attention.create_mask(batch_size=3, q_length=20, kv_length=20, mask_function=mask_function,
+                                 attention_mask=padding)
+    assert isinstance(made, attention.KernelMask) and "key_padding" in made.mask_mod.name
+    expected = mu.sdpa_mask(batch_size=3, q_length=20, kv_length=20, mask_function=mask_function,
+                            attention_mask=padding, allow_is_causal_skip=False)
+    assert torch.equal(evaluate(made.mask_mod, 3, 20), expected)
+    assert not fallback_messages(fresh_warnings)
+
+
+def test_padding_that_leaves_a_query_no_key_falls_back(fresh_warnings):
+    """Right padding under a sliding window: the last queries' windows hold only padding."""
+    padding = (torch.arange(20) < torch.tensor([[20], [8]]))
+    made = attention.create_mask(batch_size=2, q_length=20, kv_length=20,
+                                 mask_function=mu.sliding_window_causal_mask_function(4), attention_mask=padding)
+    assert isinstance(made, attention.SdpaMask)
+    assert "a query whose keys are all padding" in fallback_messages(fresh_warnings)[0]
 
 
 def test_an_all_true_padding_mask_is_no_padding(fresh_warnings):

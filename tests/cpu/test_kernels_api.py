@@ -39,6 +39,9 @@ def t(*shape, dtype=torch.float16):
      r"doc_ids has shape \(3, 8\).*shape \[8\] or \[2, 8\]"),
     ((t(1, 2, 8, 16), t(1, 2, 12, 16), t(1, 2, 12, 16)), {"mask_mod": K.document(torch.zeros(8, dtype=torch.int32))},
      ValueError, "needs Sq == Skv"),
+    ((t(2, 2, 8, 16),) * 3, {"mask_mod": K.key_padding(torch.ones(2, 7, dtype=torch.bool))}, ValueError,
+     r"key_padding\(valid\): valid has shape \(2, 7\), the attention of B = 2, Skv = 8 needs one entry per key: "
+     r"shape \[8\] or \[2, 8\]"),
     ((t(1, 4, 8, 16),) * 3, {"score_mod": K.alibi(torch.ones(2))}, ValueError,
      r"alibi\(slopes\): slopes has shape \(2,\), the attention has H = 4 query heads and needs one slope per head"),
     ((t(1, 2, 8, 16),) * 3, {"mask_mod": K.document(torch.zeros(8, dtype=torch.int32, device="meta"))}, ValueError,
@@ -84,3 +87,18 @@ def test_mask_objects_evaluate_like_flex_mask_mods():
     zero = torch.zeros((), dtype=torch.long)
     assert torch.equal(K.prefix_lm(2)(zero, zero, q, kv), (kv < 2) | (q >= kv))
     assert torch.equal(K.sliding_window(1)(zero, zero, q, kv), (q >= kv) & (q - kv <= 1))
+
+
+@pytest.mark.parametrize("valid", [torch.ones(8), torch.ones(2, 2, 8, dtype=torch.bool), [True] * 8])
+def test_key_padding_says_what_it_takes(valid):
+    with pytest.raises(TypeError, match=r"key_padding\(valid\) needs a bool or integer tensor of shape \[Skv\] or "
+                                        r"\[B, Skv\]"):
+        K.key_padding(valid)
+
+
+def test_key_padding_copies_its_tensor():
+    valid = torch.tensor([True, True, False])
+    mask = K.key_padding(valid)
+    valid[2] = True                                            # a later write does not reach the mask
+    zero = torch.zeros(1, dtype=torch.long)
+    assert mask(zero, zero, torch.tensor([0]), torch.arange(3)).tolist() == [True, True, False]

@@ -37,8 +37,9 @@ def sorted_doc_ids(lengths):
     return torch.cat([torch.full((n,), i, dtype=torch.int32) for i, n in enumerate(lengths)])
 
 
-def masks_under_test(seq):
+def masks_under_test(seq, kv_len=None):
     ids = sorted_doc_ids([seq // 3, seq // 4, seq - seq // 3 - seq // 4])
+    keys = torch.arange(seq if kv_len is None else kv_len)
     return {
         "causal": K.causal(),
         "prefix_lm": K.prefix_lm(seq // 3),
@@ -47,13 +48,16 @@ def masks_under_test(seq):
         "causal&document": K.and_masks(K.causal(), K.document(ids)),
         "sliding|prefix": K.or_masks(K.sliding_window(7), K.prefix_lm(19)),
         "and(or(...), causal)": K.and_masks(K.or_masks(K.prefix_lm(11), K.sliding_window(30)), K.causal()),
+        # padding at the end and in holes: whole tiles of padding, tiles of tokens, mixed tiles
+        "key_padding": K.key_padding((keys < len(keys) - 20) & ((keys // 16) % 3 != 1)),
+        "causal&key_padding": K.and_masks(K.causal(), K.key_padding(keys % 5 != 3)),
     }
 
 
 @pytest.mark.parametrize("name", list(masks_under_test(100)))
 @pytest.mark.parametrize("q_len,kv_len", [(100, 100), (96, 130), (130, 64)])
 def test_rule_classification_is_exact_for_leaves_and_sound_for_combinations(name, q_len, kv_len):
-    mask = masks_under_test(max(q_len, kv_len))[name]
+    mask = masks_under_test(max(q_len, kv_len), kv_len)[name]
     if "document" in name and q_len != kv_len:
         pytest.skip("document masks need Sq == Skv")
     got = K.build_block_mask(mask, 1, 1, q_len, kv_len, block_m=32, block_n=16, device="cpu", method="rule")
@@ -62,7 +66,7 @@ def test_rule_classification_is_exact_for_leaves_and_sound_for_combinations(name
     # soundness: FULL only where every pair is allowed, EMPTY only where none is
     assert ((classes == FULL) <= (expected == FULL)).all()
     assert ((classes == EMPTY) <= (expected == EMPTY)).all()
-    if name in ("causal", "prefix_lm", "sliding_window", "document", "causal&document"):
+    if name in ("causal", "prefix_lm", "sliding_window", "document", "causal&document", "key_padding"):
         assert torch.equal(classes, expected)
 
 

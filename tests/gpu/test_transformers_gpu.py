@@ -2,7 +2,7 @@
 same weights in fp32 under ``"sdpa"`` (``"eager"`` for Gemma 2's softcap, which SDPA does not take):
 the kernels' error in logits and in the loss gradient stays within twice that of transformers' own
 bf16 implementation, for causal GQA attention, packed sequences, a sliding window and a softcap, and
-every attention layer ran the kernels."""
+every attention layer ran the kernels; also with right padding (key padding beside the causal mask)."""
 from __future__ import annotations
 
 import copy
@@ -25,6 +25,8 @@ CASES = {
     "llama causal": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}, "sdpa", {"causal"}),
     "llama packed": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}, "sdpa",
                      {"and_masks(causal, document)"}),
+    "llama right padding": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}, "sdpa",
+                            {"and_masks(causal, key_padding)"}),
     "mistral sliding window": (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": 500},
                                "sdpa", {"sliding_window"}),
     "gemma2 softcap": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
@@ -41,11 +43,11 @@ def build(config_class, model_class, extra, implementation, dtype):
         return model_class._from_config(copy.deepcopy(config), attn_implementation=implementation, dtype=dtype)
 
 
-def logits_and_grad(model, ids, positions):
+def logits_and_grad(model, ids, positions, padding):
     """Logits and the gradient of the next-token loss with respect to the input embeddings."""
     model.train()
     embeds = model.get_input_embeddings()(ids).detach().requires_grad_()
-    out = model(inputs_embeds=embeds, labels=ids, position_ids=positions, use_cache=False)
+    out = model(inputs_embeds=embeds, labels=ids, position_ids=positions, attention_mask=padding, use_cache=False)
     out.loss.backward()
     return out.logits.float().detach(), embeds.grad.float()
 
@@ -59,12 +61,14 @@ def test_bf16_models_match_fp32_within_twice_transformers_own_error(case, monkey
     config_class, model_class, extra, baseline, mask_names = CASES[case]
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(0, SIZE["vocab_size"], (2, SEQ), generator=generator).cuda()
-    positions = None
+    positions = padding = None
     if case == "llama packed":
         lengths = (300, 700, 48, 1000)
         positions = torch.cat([torch.arange(n) for n in lengths])[None].expand(2, -1).cuda()
+    if case == "llama right padding":
+        padding = (torch.arange(SEQ) < torch.tensor([[SEQ], [1500]])).long().cuda()
     reference = build(config_class, model_class, extra, baseline, torch.float32)
-    expected = logits_and_grad(reference, ids, positions)
+    expected = logits_and_grad(reference, ids, positions, padding)
     theirs = build(config_class, model_class, extra, baseline, torch.bfloat16)
     theirs.load_state_dict(reference.state_dict())
     ours = build(config_class, model_class, extra, NAME, torch.bfloat16)
@@ -78,10 +82,10 @@ def test_bf16_models_match_fp32_within_twice_transformers_own_error(case, monkey
         return attention(*args, **kwargs)
 
     monkeypatch.setattr(K, "attention", spy)
-    got = logits_and_grad(ours, ids, positions)
+    got = logits_and_grad(ours, ids, positions, padding)
     monkeypatch.undo()
     assert len(calls) == SIZE["num_hidden_layers"] and {m.name for m in calls} == mask_names
-    bf16 = logits_and_grad(theirs, ids, positions)
+    bf16 = logits_and_grad(theirs, ids, positions, padding)
     for what, ours_value, theirs_value, exact in zip(("logits", "input gradient"), got, bf16, expected):
         assert error(ours_value, exact) <= 2 * error(theirs_value, exact) + 1e-3, \
             (what, error(ours_value, exact), error(theirs_value, exact))

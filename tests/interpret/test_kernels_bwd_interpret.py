@@ -40,6 +40,9 @@ MASKS = {
     "document": lambda: K.document(doc_ids(SEQ)),
     "causal_document": lambda: K.and_masks(K.causal(), K.document(doc_ids(SEQ))),
     "prefix_or_window": lambda: K.or_masks(K.prefix_lm(5), K.sliding_window(7)),
+    # right padding and holes; key 0 a token, so no causal row is without keys
+    "causal_key_padding": lambda: K.and_masks(K.causal(), K.key_padding((torch.arange(SEQ) < SEQ - 9)
+                                                                        & (torch.arange(SEQ) % 4 != 2))),
 }
 
 

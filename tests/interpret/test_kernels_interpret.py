@@ -58,6 +58,9 @@ MASKS = {
     "causal&document": lambda s: K.and_masks(K.causal(), K.document(doc_ids(s))),
     "sliding|prefix": lambda s: K.or_masks(K.sliding_window(5), K.prefix_lm(13)),
     "and(or, causal)": lambda s: K.and_masks(K.or_masks(K.prefix_lm(7), K.sliding_window(20)), K.causal()),
+    # right padding of 11 keys and holes; key 0 a token, so no causal row is without keys
+    "causal&key_padding": lambda s: K.and_masks(K.causal(), K.key_padding((torch.arange(s) < s - 11)
+                                                                          & (torch.arange(s) % 7 != 3))),
 }
 
 
@@ -67,6 +70,15 @@ def test_every_mask_matches_reference(name, dtype):
     seq = 70
     q, k, v = qkv(1, 2, 2, seq, seq, 16, dtype)
     assert_matches_reference(q, k, v, mask_mod=MASKS[name](seq))
+
+
+def test_key_padding_per_batch_row_and_a_query_without_keys():
+    """A padding per batch row; in row 1 the first keys are padding (left padding), so its first
+    queries attend to nothing: zeros, lse -inf, as the reference."""
+    q, k, v = qkv(2, 2, 2, 50, 50, 16, torch.float32, seed=3)
+    keys = torch.arange(50)
+    valid = torch.stack([keys < 41, keys >= 6])
+    assert_matches_reference(q, k, v, mask_mod=K.and_masks(K.causal(), K.key_padding(valid)))
 
 
 @pytest.mark.parametrize("name", ["none", "causal", "prefix_lm", "sliding_window", "sliding|prefix"])

@@ -131,7 +131,38 @@ def test_gemma2_softcap_and_alternating_sliding_layers_match_eager(monkeypatch):
     assert_close(ours, logits_and_grads(built["eager"], tokens))
 
 
-def test_a_padded_batch_runs_sdpa_with_one_warning(monkeypatch, caplog):
+def test_a_right_padded_batch_runs_the_kernels(monkeypatch):
+    """Padding at the end of a row (and a hole): key padding joins the causal mask; every position,
+    padding included, matches SDPA (the model's own padded computation)."""
+    built = models(transformers.LlamaConfig, transformers.LlamaForCausalLM)
+    tokens = ids(2, 24)
+    padding = torch.ones(2, 24, dtype=torch.long)
+    padding[1, 17:] = 0
+    padding[0, 9] = 0
+    calls = KernelCalls(monkeypatch)
+    ours = logits_and_grads(built[NAME], tokens, attention_mask=padding)
+    assert calls.names() == {"and_masks(causal, key_padding)"}
+    assert_close(ours, logits_and_grads(built["sdpa"], tokens, attention_mask=padding))
+
+
+def test_gemma2_left_padding_falls_back_and_stays_finite(monkeypatch):
+    """Left padding leaves the first queries of a row without keys: the softcap fallback computes as
+    eager does (a boolean mask added as the dtype's minimum), so those rows stay finite."""
+    monkeypatch.setattr(tp_attention, "_warned", set())
+    built = models(transformers.Gemma2Config, transformers.Gemma2ForCausalLM, ("eager", NAME), head_dim=16,
+                   sliding_window=7, attn_logit_softcapping=20.0, final_logit_softcapping=None,
+                   query_pre_attn_scalar=16)
+    tokens = ids(2, 24)
+    padding = torch.ones(2, 24, dtype=torch.long)
+    padding[1, :5] = 0
+    with torch.no_grad():
+        ours = built[NAME].eval()(tokens, attention_mask=padding).logits
+        expected = built["eager"].eval()(tokens, attention_mask=padding).logits
+    assert torch.isfinite(ours).all()
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_left_padded_batch_runs_sdpa_with_one_warning(monkeypatch, caplog):
     monkeypatch.setattr(tp_attention, "_warned", set())
     built = models(transformers.LlamaConfig, transformers.LlamaForCausalLM)
     tokens = ids(2, 24)
@@ -143,7 +174,7 @@ def test_a_padded_batch_runs_sdpa_with_one_warning(monkeypatch, caplog):
             ours = built[NAME].eval()(tokens, attention_mask=padding).logits
             again = built[NAME](tokens, attention_mask=padding).logits
     warnings = [r.getMessage() for r in caplog.records if "runs transformers' SDPA" in r.getMessage()]
-    assert len(warnings) == 1 and "padded 2D attention_mask" in warnings[0]
+    assert len(warnings) == 1 and "a query whose keys are all padding" in warnings[0]
     assert not calls.masks
     with torch.no_grad():
         expected = built["sdpa"].eval()(tokens, attention_mask=padding).logits

@@ -3,11 +3,12 @@
 attention layer calls), both registered by :func:`tritonpatch.integrations.transformers.register`.
 
 The mask function reads transformers' mask description (:mod:`.mask_reading`) into a tritonpatch
-mask and hands it to the layers as a :class:`KernelMask`; the attention function runs
-:func:`tritonpatch.kernels.attention` with it. What the kernels cannot express exactly runs
-transformers' own SDPA path instead (the same result as ``attn_implementation="sdpa"``), with one
-warning per cause and process: a padded 2D ``attention_mask``, queries offset from keys (decoding
-with a KV cache after the first step), mask parts of its own making (chunked, blockwise, a custom
+mask (a 2D padding mask joins it as :func:`~tritonpatch.kernels.key_padding`) and hands it to the
+layers as a :class:`KernelMask`; the attention function runs :func:`tritonpatch.kernels.attention`
+with it. What the kernels cannot express exactly runs transformers' own SDPA path instead (the same
+result as ``attn_implementation="sdpa"``), with one warning per cause and process: padding that
+leaves a query no key (left padding under a causal mask), queries offset from keys (decoding with a
+KV cache after the first step), mask parts of its own making (chunked, blockwise, a custom
 ``or_mask_function``), attention dropout, ``output_attentions``, a position bias, dtypes, devices
 and head dims the kernels do not take.
 """
@@ -63,26 +64,50 @@ def create_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_o
     """transformers' mask-interface signature: a :class:`KernelMask` when the mask is one the kernels
     express exactly, else (after one warning) an :class:`SdpaMask` of what ``sdpa_mask`` returns for
     the same arguments."""
-    reason = _mask_problem(q_offset, kv_offset, attention_mask)
-    if reason is None:
-        reason = mask_reading.semantics_problem()
-    if reason is None:
-        try:
-            return KernelMask(mask_reading.read_mask(mask_function), q_length, kv_length)
-        except mask_reading.Unreadable as exc:
-            reason = str(exc)
-    fallback_warning(reason)
+    try:
+        return KernelMask(_kernel_mask_mod(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
+                                           attention_mask), q_length, kv_length)
+    except mask_reading.Unreadable as exc:
+        fallback_warning(str(exc))
+    except (TypeError, ValueError, IndexError, RuntimeError) as exc:   # a part the kernels' masks reject
+        fallback_warning(f"a mask the kernels' masks do not take ({type(exc).__name__}: {exc})")
     return SdpaMask(mu.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                                  kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                                  **kwargs))
 
 
-def _mask_problem(q_offset, kv_offset, attention_mask) -> str | None:
+def _kernel_mask_mod(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask):
+    """The tritonpatch mask of the model's mask function and 2D padding mask (None: every pair), or
+    :class:`~.mask_reading.Unreadable` saying why there is none."""
     if isinstance(q_offset, torch.Tensor) or isinstance(kv_offset, torch.Tensor) or q_offset or kv_offset:
-        return "queries or keys offset from position 0 (decoding with a KV cache after its first step)"
-    if attention_mask is not None and not bool(attention_mask.all()):
-        return "a padded 2D attention_mask (use packed sequences with position_ids instead of padding)"
-    return None
+        raise mask_reading.Unreadable("queries or keys offset from position 0 (decoding with a KV cache after its "
+                                      "first step)")
+    problem = mask_reading.semantics_problem()
+    if problem is not None:
+        raise mask_reading.Unreadable(problem)
+    mask_mod = mask_reading.read_mask(mask_function)
+    if attention_mask is None or bool(attention_mask.all()):
+        return mask_mod
+    # what sdpa_mask reads: the 2D mask padded with False to kv_length keys
+    valid = mu.prepare_padding_mask(attention_mask, kv_length, 0)[:, :kv_length]
+    padding = K.key_padding(valid)
+    mask_mod = padding if mask_mod is mask_reading.ALL else K.and_masks(mask_mod, padding)
+    if _has_empty_row(mask_mod, batch_size, q_length, kv_length, valid.device):
+        raise mask_reading.Unreadable("a query whose keys are all padding (left padding under a causal mask): "
+                                      "the kernels give such a row zeros, SDPA does not promise to")
+    return mask_mod
+
+
+def _has_empty_row(mask_mod: K.MaskMod, batch: int, q_len: int, kv_len: int, device, rows: int = 1024) -> bool:
+    """Whether some query of some batch row may attend to no key (evaluated exactly, in row chunks)."""
+    b = torch.arange(batch, device=device)[:, None, None, None]
+    h = torch.zeros(1, dtype=torch.long, device=device)[None, :, None, None]
+    kv = torch.arange(kv_len, device=device)[None, None, None, :]
+    for start in range(0, q_len, rows):
+        q = torch.arange(start, min(start + rows, q_len), device=device)[None, None, :, None]
+        if not bool(mask_mod(b, h, q, kv).any(-1).all()):
+            return True
+    return False
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -94,7 +119,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return _fallback(module, query, key, value, attention_mask.mask, None, dropout, scaling, is_causal, softcap,
                          kwargs)
     mask_mod, reason = _kernel_mask(module, query, key, attention_mask, is_causal)
-    reason = reason or _input_problem(query, key, value, dropout, kwargs)
+    reason = reason or _input_problem(query, key, value, dropout, softcap, kwargs)
     if reason is not None:
         fallback_warning(reason)
         return _fallback(module, query, key, value, attention_mask, mask_mod, dropout, scaling, is_causal, softcap,
@@ -109,8 +134,7 @@ def _kernel_mask(module, query, key, attention_mask, is_causal) -> tuple:
     q_len, kv_len = query.shape[2], key.shape[2]
     if isinstance(attention_mask, KernelMask):
         if (attention_mask.q_length, attention_mask.kv_length) != (q_len, kv_len):
-            return attention_mask.mask_mod, (f"a mask made for {attention_mask.q_length} queries x "
-                                             f"{attention_mask.kv_length} keys used on {q_len} x {kv_len}")
+            return attention_mask.mask_mod, "a mask made for other sequence lengths than the layer's"
         return attention_mask.mask_mod, None
     if attention_mask is not None:
         return None, "an attention mask given as a tensor (a model-made or user-given dense mask)"
@@ -121,7 +145,7 @@ def _kernel_mask(module, query, key, attention_mask, is_causal) -> tuple:
     return (K.causal() if causal else None), None
 
 
-def _input_problem(query, key, value, dropout, kwargs) -> str | None:
+def _input_problem(query, key, value, dropout, softcap, kwargs) -> str | None:
     if dropout:
         return "attention dropout (training with attention_dropout > 0)"
     if kwargs.get("output_attentions"):
@@ -138,6 +162,8 @@ def _input_problem(query, key, value, dropout, kwargs) -> str | None:
         return f"head dim {query.shape[-1]} (query) / {value.shape[-1]} (value); the kernels take {SUPPORTED_HEAD_DIMS}"
     if query.shape[1] % key.shape[1]:
         return f"{query.shape[1]} query heads over {key.shape[1]} key/value heads"
+    if softcap is not None and not softcap > 0:
+        return f"softcap {softcap!r} (the kernels take a positive softcap)"
     return None
 
 
@@ -156,8 +182,9 @@ def _fallback(module, query, key, value, attention_mask, mask_mod, dropout, scal
 
 def _eager_softcap(module, query, key, value, attention_mask, dropout, scaling, is_causal, softcap):
     """Softcapped attention as transformers' eager implementations compute it: scores scaled, then
-    ``softcap * tanh(scores / softcap)``, then the mask (boolean: keep; float: added), softmax in fp32,
-    dropout, times ``value``."""
+    ``softcap * tanh(scores / softcap)``, then the mask added (a boolean one as 0 / the dtype's
+    minimum, as ``eager_mask`` makes it: a query without keys stays finite), softmax in fp32, dropout,
+    times ``value``."""
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
@@ -167,8 +194,8 @@ def _eager_softcap(module, query, key, value, attention_mask, dropout, scaling, 
     if attention_mask is None and causal and query.shape[2] > 1:
         attention_mask = _dense(K.causal(), query, key)
     if attention_mask is not None and attention_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attention_mask, float("-inf"))
-    elif attention_mask is not None:
+        attention_mask = torch.where(attention_mask, 0.0, torch.finfo(scores.dtype).min).to(scores.dtype)
+    if attention_mask is not None:
         scores = scores + attention_mask
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)

@@ -97,6 +97,8 @@ def _read(mask_function) -> K.MaskMod | None:
         return _read_and([mask_function])
     if kind == "or":
         parts = [read_mask(part) for part in _closure(mask_function)["mask_functions"]]
+        if not parts:
+            raise Unreadable("a union of no masks")
         return ALL if any(part is ALL for part in parts) else (parts[0] if len(parts) == 1 else K.or_masks(*parts))
     if kind == "sliding_window_overlay":
         raise Unreadable("a sliding-window overlay without the causal mask it bounds")
@@ -104,6 +106,8 @@ def _read(mask_function) -> K.MaskMod | None:
         raise Unreadable("packed-sequence positions outside an and with the packed-sequence mask")
     if kind == "packed_sequence":
         ids = _closure(mask_function)["packed_sequence_mask"]
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype not in (torch.int32, torch.int64):
+            raise Unreadable("packed-sequence ids that are not an integer [B, S] tensor")
         # one sequence per row keeps every pair; under torch.compile transformers adds this mask always
         return ALL if bool((ids == ids[:, :1]).all()) else K.document(ids)
     raise Unreadable(f"the mask function {_describe(mask_function)}")
@@ -142,9 +146,11 @@ def _unmapped(remapped, ids: torch.Tensor) -> K.MaskMod | None:
     if reading is not ALL and not reading.shift_invariant:
         raise Unreadable(f"the packed sequences' mask {reading.name} depends on more than q_idx - kv_idx")
     positions = variables["position_ids"]
-    if positions.dim() != 2 or positions.shape[-1] != ids.shape[-1]:
+    if positions.dim() != 2 or positions.shape[-1] != ids.shape[-1] or positions.shape[0] not in (1, ids.shape[0]):
         raise Unreadable(f"position_ids of shape {tuple(positions.shape)} beside packed-sequence ids of shape "
                          f"{tuple(ids.shape)}")
+    if bool((positions < 0).any()):   # masks read on indices >= 0 (bidirectional: q_idx >= 0) would differ
+        raise Unreadable("negative position_ids beside a packed-sequence mask")
     positions = positions.expand(ids.shape[0], -1)
     same_sequence = ids[:, 1:] == ids[:, :-1]
     if not bool(((positions[:, 1:] - positions[:, :-1] == 1) | ~same_sequence).all()):
@@ -162,9 +168,11 @@ def _intersection(parts: list, readings: list) -> K.MaskMod | None:
         if causal is None or len(overlays) != 1:
             raise Unreadable("a sliding-window overlay without exactly one causal mask beside it")
         others.remove(causal)
-        window = int(_closure(overlays[0])["sliding_window"])
-        if window < 1:
-            raise Unreadable(f"a sliding window of {window} tokens")
+        window = _closure(overlays[0])["sliding_window"]
+        if isinstance(window, float) and window.is_integer():
+            window = int(window)
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise Unreadable(f"a sliding window of {window!r} tokens (the kernels take a positive whole number)")
         # kv_idx > q_idx - window and kv_idx <= q_idx: 0 <= q_idx - kv_idx <= window - 1
         readings.append(K.sliding_window(window - 1))
     readings += [read_mask(part) for part in others]
