@@ -70,14 +70,10 @@ def by_label(configs: list, label):
 def lookup(key: dict | None) -> dict | None:
     """The decision stored for ``key``: from the local folder, else from Triton's cache manager
     (then copied into the folder). None: no key, cache off, nothing stored, or no valid record."""
-    from tritonpatch import env
-
-    folder = env.tuning_cache_dir()
-    if key is None or folder is None:
+    place = _place(key)
+    if place is None:
         return None
-    full = _full_key(key)
-    digest = _digest(full)
-    path = _local_path(folder, key, digest)
+    folder, path, full, digest = place
     try:
         with open(path, "rb") as f:
             decision = _decision(f.read(), full, "the local tuning cache")
@@ -96,16 +92,26 @@ def remember(key: dict | None, decision: dict) -> None:
     """Store ``decision`` for ``key`` in the local folder and through Triton's cache manager. A
     store that cannot be written only costs time later, so that is logged (debug) or warned
     (``tuning_store``), not raised."""
+    place = _place(key)
+    if place is None:
+        return
+    folder, path, full, digest = place
+    data = json.dumps({"key": full, "decision": decision}, sort_keys=True).encode()
+    _write_local(folder, path, data)
+    tuning_store.write(digest, _store_filename(key), data)
+
+
+def _place(key: dict | None) -> tuple | None:
+    """Where ``key``'s record lives: ``(folder, local path, full key, digest)``; None without a key
+    or with the cache off."""
     from tritonpatch import env
 
     folder = env.tuning_cache_dir()
     if key is None or folder is None:
-        return
+        return None
     full = _full_key(key)
     digest = _digest(full)
-    data = json.dumps({"key": full, "decision": decision}, sort_keys=True).encode()
-    _write_local(folder, _local_path(folder, key, digest), data)
-    tuning_store.write(digest, _store_filename(key), data)
+    return folder, _local_path(folder, key, digest), full, digest
 
 
 def _full_key(key: dict) -> dict:

@@ -100,12 +100,9 @@ def _kernel_mask_mod(batch_size, q_length, kv_length, q_offset, kv_offset, mask_
 
 def _has_empty_row(mask_mod: K.MaskMod, batch: int, q_len: int, kv_len: int, device, rows: int = 1024) -> bool:
     """Whether some query of some batch row may attend to no key (evaluated exactly, in row chunks)."""
-    b = torch.arange(batch, device=device)[:, None, None, None]
-    h = torch.zeros(1, dtype=torch.long, device=device)[None, :, None, None]
-    kv = torch.arange(kv_len, device=device)[None, None, None, :]
     for start in range(0, q_len, rows):
-        q = torch.arange(start, min(start + rows, q_len), device=device)[None, None, :, None]
-        if not bool(mask_mod(b, h, q, kv).any(-1).all()):
+        queries = torch.arange(start, min(start + rows, q_len), device=device)
+        if not bool(mask_mod(*mask_reading.index_grid(batch, queries, kv_len, device)).any(-1).all()):
             return True
     return False
 
@@ -139,10 +136,15 @@ def _kernel_mask(module, query, key, attention_mask, is_causal) -> tuple:
     if attention_mask is not None:
         return None, "an attention mask given as a tensor (a model-made or user-given dense mask)"
     # No mask: what SDPA does without one (transformers' sdpa_attention_forward)
-    causal = q_len > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    causal = q_len > 1 and _causal(module, is_causal)
     if causal and kv_len != q_len:
         return None, "causal attention over more keys than queries without a mask"
     return (K.causal() if causal else None), None
+
+
+def _causal(module, is_causal: bool | None) -> bool:
+    """Whether a layer without a mask attends causally: the call's ``is_causal``, else the layer's."""
+    return is_causal if is_causal is not None else getattr(module, "is_causal", True)
 
 
 def _input_problem(query, key, value, dropout, softcap, kwargs) -> str | None:
@@ -190,8 +192,7 @@ def _eager_softcap(module, query, key, value, attention_mask, dropout, scaling, 
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     scores = torch.matmul(query, key.transpose(2, 3)) * scale
     scores = softcap * torch.tanh(scores / softcap)
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    if attention_mask is None and causal and query.shape[2] > 1:
+    if attention_mask is None and query.shape[2] > 1 and _causal(module, is_causal):
         attention_mask = _dense(K.causal(), query, key)
     if attention_mask is not None and attention_mask.dtype == torch.bool:
         attention_mask = torch.where(attention_mask, 0.0, torch.finfo(scores.dtype).min).to(scores.dtype)
@@ -204,9 +205,6 @@ def _eager_softcap(module, query, key, value, attention_mask, dropout, scaling, 
 
 def _dense(mask_mod: K.MaskMod, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     """The boolean ``[B, 1, Sq, Skv]`` mask SDPA takes, evaluated from ``mask_mod``."""
-    device = query.device
-    b = torch.arange(query.shape[0], device=device)[:, None, None, None]
-    h = torch.zeros(1, dtype=torch.long, device=device)[None, :, None, None]
-    q = torch.arange(query.shape[2], device=device)[None, None, :, None]
-    kv = torch.arange(key.shape[2], device=device)[None, None, None, :]
-    return mask_mod(b, h, q, kv).expand(query.shape[0], 1, query.shape[2], key.shape[2])
+    batch, q_len, kv_len = query.shape[0], query.shape[2], key.shape[2]
+    grid = mask_reading.index_grid(batch, torch.arange(q_len, device=query.device), kv_len, query.device)
+    return mask_mod(*grid).expand(batch, 1, q_len, kv_len)

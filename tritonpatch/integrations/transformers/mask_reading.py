@@ -66,6 +66,14 @@ def _kind(fn) -> str:
     return next((kind for kind, known in _factory_codes().items() if code is known), "")
 
 
+def index_grid(batch: int, q_idx: torch.Tensor, kv_len: int, device=None) -> tuple:
+    """``(b, h, q, kv)`` broadcastable as ``[batch, 1, len(q_idx), kv_len]``, the form transformers
+    evaluates mask functions on (one head: the masks read here do not depend on it)."""
+    return (torch.arange(batch, device=device)[:, None, None, None],
+            torch.zeros(1, dtype=torch.long, device=device)[None, :, None, None],
+            q_idx[None, None, :, None], torch.arange(kv_len, device=device)[None, None, None, :])
+
+
 def _describe(fn) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
@@ -187,8 +195,7 @@ def semantics_problem() -> str | None:
     """None when the installed transformers' factories mean what :func:`read_mask` reads them as
     (checked by evaluating both on every pair of small grids); else what differs."""
     n = 12
-    b, h = torch.arange(2)[:, None, None, None], torch.zeros(1, dtype=torch.long)[None, :, None, None]
-    q, kv = torch.arange(n)[None, None, :, None], torch.arange(n)[None, None, None, :]
+    grid = index_grid(2, torch.arange(n), n)
     ids = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3], [0, 1, 1, 1, 1, 1, 2, 2, 3, 3, 3, 3]])
     positions = torch.cat([torch.arange(3), torch.arange(2), torch.arange(4), torch.arange(3)])[None]
     samples = [mu.causal_mask_function, mu.bidirectional_mask_function,
@@ -204,8 +211,8 @@ def semantics_problem() -> str | None:
             reading = read_mask(sample)
         except Unreadable as exc:
             return f"transformers {_describe(sample)} is read differently by this version: {exc}"
-        expected = sample(b, h, q, kv).expand(2, 1, n, n)
-        got = torch.ones_like(expected) if reading is ALL else reading(b, h, q, kv).expand(2, 1, n, n)
+        expected = sample(*grid).expand(2, 1, n, n)
+        got = torch.ones_like(expected) if reading is ALL else reading(*grid).expand(2, 1, n, n)
         if not torch.equal(expected.bool(), got.bool()):
             return (f"transformers {_describe(sample)} does not mean what tritonpatch reads it as "
                     f"({'every pair' if reading is ALL else reading.name})")
