@@ -23,6 +23,8 @@ hooks depend on, in one place.
   every version, which is a no-op where Triton already restores them.
 - 3.9's nanobind ``llvm.translate_to_asm`` (``sched4reg=``): tritonpatch wraps the stage callables
   and never calls it, so the binding change needs no adapter.
+- Gluon kernels (``@gluon.jit``) compile from ``triton.experimental.gluon._runtime.GluonASTSource``
+  (3.6-3.9); :func:`ast_source` picks it for them.
 - Remote cache (3.6-3.9): Triton's ``RedisRemoteCacheBackend`` reads its settings from
   ``knobs.cache.redis``, but the Redis knobs (``TRITON_REDIS_HOST``, ``TRITON_REDIS_PORT``,
   ``TRITON_REDIS_KEY_FORMAT``) are ``knobs.redis``: every compile under that backend raises
@@ -153,6 +155,17 @@ def unpatch_cache_keys() -> None:
 
 
 # --- stages -------------------------------------------------------------------------------------
+
+def ast_source(fn, signature, constexprs, attrs):
+    """The compile source of a ``@triton.jit`` or ``@gluon.jit`` function, as a launch builds it."""
+    from triton.compiler import ASTSource
+
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        return GluonASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+
 
 def libtriton_path() -> str:
     """The file of Triton's native library (``triton._C.libtriton``): the LLVM the native module reads."""

@@ -167,13 +167,14 @@ def aligned_pointer_attrs(fn, signature: Mapping[str, str]) -> dict:
 
 def compile_for_target(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any] | None = None,
                        target: str = "sm_90", *, aligned_pointers: bool = False, **options):
-    """Run Triton's whole pipeline (ttir -> ... -> cubin) for ``target`` and return the
-    ``CompiledKernel`` (``.asm`` holds every stage). ``signature`` maps argument names to Triton
+    """Run Triton's whole pipeline (ttir -> ... -> cubin; Gluon kernels from ttgir) for ``target``
+    and return the ``CompiledKernel`` (``.asm`` holds every stage). ``signature`` maps argument names to Triton
     types (``"*fp16"``, ``"i32"``, ``"constexpr"``); ``aligned_pointers`` compiles as a launch with
     16-byte aligned tensors would (:func:`aligned_pointer_attrs`); ``options`` are Triton compile
     options (``num_warps``, ``num_stages``, ...). Target, arguments and options are checked first."""
     import triton
-    from triton.compiler import ASTSource
+
+    from ._triton_compat import ast_source
 
     gpu_target = parse_target(target)
     constexprs = dict(constexprs or {})
@@ -183,8 +184,7 @@ def compile_for_target(fn, signature: Mapping[str, str], constexprs: Mapping[str
     for name in constexprs:
         sig.setdefault(name, "constexpr")
     attrs = aligned_pointer_attrs(fn, sig) if aligned_pointers else None
-    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=gpu_target, options=dict(options))
+    return triton.compile(ast_source(fn, sig, constexprs, attrs), target=gpu_target, options=dict(options))
 
 
 class CompileOnlyDriver:

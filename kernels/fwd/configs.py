@@ -25,6 +25,9 @@ class FwdConfig:
     split: bool = False       # warp-specialized pass over the full tiles only (no mask), then SPLIT_PARTIAL_CONFIG
     #                           over the partial tiles, resuming from the first pass's output: any mask
     max_registers: int | None = None   # ptxas register cap per thread (Triton's maxnreg), so more programs fit an SM
+    gluon: bool = False       # the Gluon kernel (FlashAttention-3's shape, Hopper): block_m / 64 consumer
+    #                           warpgroups, num_stages K/V buffers (fwd/gluon_kernel.py)
+    pingpong: bool = False    # Gluon: the consumer warpgroups issue their matmuls in turn
     pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
     pipeline_label: str = ""
 
@@ -32,21 +35,47 @@ class FwdConfig:
         if self.warp_specialize and not (self.use_tma and self.num_warps == 4):
             raise ValueError("FwdConfig: warp_specialize needs use_tma=True and num_warps=4 (Triton adds the "
                              "producer and the second consumer warpgroup)")
+        if self.gluon and not (self.use_tma and self.num_warps == 4 and self.block_m in (128, 192)
+                               and not self.warp_specialize):
+            raise ValueError("FwdConfig: a Gluon config has use_tma=True, num_warps=4 (one consumer warpgroup; "
+                             "the kernel adds the others and the producer) and block_m 128 or 192 (2 or 3 "
+                             "consumer warpgroups of 64 rows)")
         if self.split and not self.warp_specialize:
             raise ValueError("FwdConfig: split runs the full tiles warp-specialized; it needs warp_specialize=True")
 
     def label(self) -> str:
-        tma = ("-tma" if self.use_tma else "") + ("-ws" if self.warp_specialize else "") + \
+        tma = ("-gluon" + ("-pp" if self.pingpong else "") if self.gluon else "-tma" if self.use_tma else "") + ("-ws" if self.warp_specialize else "") + \
             ("-split" if self.split else "") + (f"-r{self.max_registers}" if self.max_registers else "")
         pipe = f"+{self.pipeline_label}" if self.pipeline is not None else ""
         return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{tma}{pipe}"
 
     def compile_options(self) -> dict:
         """Triton compile options of this config (launch keywords, or ``compile_for_target`` options)."""
+        if self.gluon:   # the stages are the kernel's own buffers, not Triton's pipeliner
+            return {"num_warps": self.num_warps, "maxnreg": self.max_registers or gluon_launch_registers(self)}
         options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
         if self.max_registers:
             options["maxnreg"] = self.max_registers
         return options
+
+
+REGISTERS_PER_SM = 65536
+GLUON_WG_ROWS = 64   # query rows per consumer warpgroup of the Gluon kernel
+
+
+def gluon_consumer_registers(config: FwdConfig) -> int:
+    """Registers per thread of a Gluon consumer warpgroup (``setmaxnreg``): what is left of the SM's
+    register file after the producer's warpgroup (24 per thread), in steps of 8, at most 240."""
+    consumers = config.block_m // GLUON_WG_ROWS
+    return min(240, (REGISTERS_PER_SM // 128 - 24) // consumers // 8 * 8)
+
+
+def gluon_launch_registers(config: FwdConfig) -> int:
+    """The Gluon kernel's register cap at launch (``maxnreg``): the register file over all its threads
+    (consumer warpgroups and the producer's warpgroup), so one program fits an SM and ``setmaxnreg``
+    moves registers between the partitions."""
+    threads = (config.block_m // GLUON_WG_ROWS + 1) * 128
+    return REGISTERS_PER_SM // threads // 8 * 8
 
 
 # Candidates for Hopper (H100/H200), chosen from ptxas reports for sm_90a (registers, spills, shared memory
@@ -67,6 +96,20 @@ HOPPER_CONFIGS = {
 
 
 INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
+
+
+def _gluon(block_m: int, block_n: int, stages: int, pingpong: bool = False) -> FwdConfig:
+    return FwdConfig(block_m, block_n, 4, stages, use_tma=True, gluon=True, pingpong=pingpong)
+
+
+# The Gluon kernel's candidates (Hopper), from the H200 sweep of docs/benchmarks/gluon_forward.md: at D=128
+# two consumer warpgroups over 128-key tiles (2 or 3 K/V buffers; the ping-pong order won on the causal
+# 8k row), at D=64 also three warpgroups (192 query rows) over 64-key tiles. Each compiles without spills
+# (tests/cpu/test_kernels_gluon.py).
+GLUON_CONFIGS = {
+    64: [_gluon(128, 128, 2), _gluon(192, 64, 3)],
+    128: [_gluon(128, 128, 2), _gluon(128, 128, 3), _gluon(128, 128, 2, pingpong=True)],
+}
 
 
 # Measured on H200 (docs/design/warp_specialization.md): 3 stages do not fit (D=128) or give NaN.

@@ -57,6 +57,11 @@ def launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_mo
     """Launch the forward kernel (both passes of a split config), or with ``warmup`` only compile it
     (returns the (last) compiled kernel, a future inside ``parallel_compiles``). ``plan_key``: replay
     the launches recorded under this key (see :class:`LaunchPlans`), or record these."""
+    if config.gluon:
+        from . import gluon_launch   # imports Gluon, which only this kernel needs
+
+        return gluon_launch.launch(q, k, v, out, lse, block_mask, mask_mod, score_mod, scale, config, warmup,
+                                   plan_key)
     if not config.split:
         return launch_pass(q, k, v, out, lse, block_mask, mask_mod, score_mod, scale, config, ALL_TILES, warmup,
                            plan_key)
@@ -111,6 +116,11 @@ def compile_spec(dtype: torch.dtype, head_dim: int, config: FwdConfig, mask_mod:
                  score_mod: ScoreMod | None = None, tiles: int = ALL_TILES):
     """``(fn, signature, constexprs, attrs)`` of the forward kernel for compile-only use (contiguous
     last dims), as :func:`tritonpatch.targets.compile_for_target` and ``triton.compile`` take them;
-    compile with ``config.compile_options()``."""
+    compile with ``config.compile_options()``. A Gluon config gives the Gluon kernel's (``tiles`` does
+    not apply)."""
+    if config.gluon:
+        from . import gluon_launch
+
+        return gluon_launch.compile_spec(dtype, head_dim, config, mask_mod, score_mod)
     return (_attn_fwd_kernel, kernel_signature(dtype, head_dim, config, mask_mod, score_mod),
             kernel_constexprs(head_dim, config, mask_mod, score_mod, tiles), {})

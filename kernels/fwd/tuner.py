@@ -8,7 +8,9 @@ from .._runtime import tuning_cache
 from .._runtime.launch import fastest, interpreting, parallel_compiles
 from .._runtime.tma import tma_compatible
 from ..masks import MaskMod
-from .configs import SPLIT_CONFIG, WARP_SPECIALIZED_CONFIG, FwdConfig, candidate_configs, warp_specialize_problem
+from .configs import (GLUON_CONFIGS, SPLIT_CONFIG, WARP_SPECIALIZED_CONFIG, FwdConfig, candidate_configs,
+                      warp_specialize_problem)
+from .gluon_launch import gluon_problem
 from .kernels import _attn_fwd_kernel
 from .launch import launch
 
@@ -25,13 +27,16 @@ def tuning_key(q, k, v, mask_mod, score_mod, block_mask):
 
 def tuning_candidates(q, k, v, mask_mod: MaskMod, score_mod, block_mask, tma_ok: bool) -> list:
     """The configs the tuner times for this call: the head dim's candidates (those with TMA only when
-    ``tma_ok``), the warp-specialized ones where they apply, and only tiles matching ``block_mask``."""
+    ``tma_ok``), the warp-specialized and Gluon ones where they apply, and only tiles matching
+    ``block_mask``."""
     candidates = candidate_configs(q.shape[-1], q.device)
     if not tma_ok:
         candidates = [c for c in candidates if not c.use_tma]
     else:
         candidates += [ws for ws in (WARP_SPECIALIZED_CONFIG, SPLIT_CONFIG)
                        if warp_specialize_problem(q, k, v, mask_mod, score_mod, block_mask, ws.split) is None]
+        if gluon_problem(q, k, v) is None:
+            candidates += GLUON_CONFIGS.get(q.shape[-1], [])
     if block_mask is not None:
         candidates = [c for c in candidates if (c.block_m, c.block_n) == (block_mask.block_m, block_mask.block_n)]
         if not candidates:
@@ -54,7 +59,7 @@ def tune(q, k, v, mask_mod, score_mod, block_mask, scale, masks_for, plan_key=No
         best = candidates[0]
     else:
         disk_key = tuning_cache.tuning_key("attention_fwd", q, k, mask_mod, score_mod, block_mask,
-                                           tma=tma_ok, code=_attn_fwd_kernel.cache_key)
+                                           tma=tma_ok, code=_kernels_code(candidates))
         best = tuning_cache.by_label(candidates, (tuning_cache.lookup(disk_key) or {}).get("config"))
         if best is None:
             def launch_config(cfg, warmup=False):
@@ -68,6 +73,16 @@ def tune(q, k, v, mask_mod, score_mod, block_mask, scale, masks_for, plan_key=No
             tuning_cache.remember(disk_key, {"config": best.label()})
     _tuned[key] = best
     return best
+
+
+def _kernels_code(candidates: list) -> list:
+    """The source hashes of the kernels among ``candidates`` (a decision is kept for this code only)."""
+    code = [_attn_fwd_kernel.cache_key]
+    if any(c.gluon for c in candidates):
+        from .gluon_kernel import _attn_fwd_gluon_kernel   # imports Gluon, which only this kernel needs
+
+        code.append(_attn_fwd_gluon_kernel.cache_key)
+    return code
 
 
 def tuned_configs() -> dict:

@@ -1,4 +1,4 @@
-"""Registers, shared and local memory of a cubin (cuobjdump), spills (ptxas -v)."""
+"""Registers, shared and local memory of a cubin (cuobjdump), spills and warnings (ptxas -v)."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,6 +20,7 @@ class Resources:
     local_memory: int
     static_shared: int  # bytes declared in the cubin
     dynamic_shared: int  # bytes Triton requests at launch
+    warnings: tuple[str, ...] = ()  # ptxas -v warnings, e.g. C7510-C7517: wgmma serialized (async overlap lost)
 
 
 _RESOURCE_RE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
@@ -45,6 +46,11 @@ def parse_ptxas_verbose(text: str) -> dict[str, int]:
     return {"stack_frame": stack, "spill_stores": stores, "spill_loads": loads, "registers": int(registers.group(1))}
 
 
+def ptxas_warnings(text: str) -> tuple[str, ...]:
+    """The warning lines of ``ptxas -v`` output (``ptxas ... warning : ...``), without the file path."""
+    return tuple(line.split("warning", 1)[1].lstrip(" :") for line in text.splitlines() if " warning " in line)
+
+
 def _gpu_name(capability: int) -> str:
     return f"sm_{capability}{'a' if capability >= 90 else ''}"
 
@@ -61,9 +67,10 @@ def measure_resources(cubin: bytes, ptx: str, capability: int, ptxas_options: tu
         with open(ptx_path, "w") as f:
             f.write(ptx)
         usage = parse_resource_usage(run_tool([tool_path("cuobjdump"), "--dump-resource-usage", cubin_path]))
-        verbose = parse_ptxas_verbose(run_tool([tool_path("ptxas", capability), "-v", *ptxas_options,
-                                                f"--gpu-name={_gpu_name(capability)}", ptx_path, "-o",
-                                                os.path.join(tmp, "check.cubin")]))
+        log = run_tool([tool_path("ptxas", capability), "-v", *ptxas_options, f"--gpu-name={_gpu_name(capability)}",
+                        ptx_path, "-o", os.path.join(tmp, "check.cubin")])
+    verbose = parse_ptxas_verbose(log)
     return Resources(registers=usage["registers"], spill_stores=verbose["spill_stores"],
                      spill_loads=verbose["spill_loads"], stack_frame=verbose["stack_frame"],
-                     local_memory=usage["local"], static_shared=usage["shared"], dynamic_shared=dynamic_shared)
+                     local_memory=usage["local"], static_shared=usage["shared"], dynamic_shared=dynamic_shared,
+                     warnings=ptxas_warnings(log))

@@ -1,4 +1,5 @@
-"""SASS: the instruction classes, and the instruction mix of a cubin and of its loops (nvdisasm)."""
+"""SASS: the instruction classes, the instruction mix of a cubin and of its loops, and which
+exponentials run under an in-flight wgmma (nvdisasm)."""
 from __future__ import annotations
 
 import collections
@@ -109,6 +110,29 @@ def analyze_sass(text: str) -> SassStats:
         main = instructions[start:end + 1]
     return SassStats(total=count(instructions), main_loop=count(main), loops=len(back_edges),
                      opcodes=dict(collections.Counter(op.split(".")[0] for op in instructions)))
+
+
+_WGMMA_WAIT_RE = re.compile(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x([0-9a-f]+)")
+
+
+def wgmma_overlap(text: str) -> list[int]:
+    """For every wait that leaves one wgmma group in flight (``WARPGROUP.DEPBAR.LE gsb0, 0x1``), the
+    number of ``MUFU.EX2`` before the next full wait (``... 0x0``), in address order: in attention,
+    the exponentials of tile j's softmax that run while ``P_{j-1} V_{j-1}`` is still in flight. An empty
+    list: the kernel never keeps two wgmma groups in flight. (ptxas decides where a wait goes: the
+    order in the PTX does not tell.)"""
+    windows, current = [], None
+    for line in text.splitlines():
+        wait = _WGMMA_WAIT_RE.search(line)
+        if wait is not None:
+            if int(wait.group(1), 16) == 1:
+                current = 0
+            elif int(wait.group(1), 16) == 0 and current is not None:
+                windows.append(current)
+                current = None
+        elif current is not None and "MUFU.EX2" in line:
+            current += 1
+    return windows
 
 
 def disassemble(cubin: bytes) -> str:

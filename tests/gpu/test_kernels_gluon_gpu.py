@@ -1,0 +1,90 @@
+"""GPU numerics of the Gluon forward (Hopper) vs the fp32 reference: every mask of the shared table,
+head dims 64 and 128, 2 and 3 consumer warpgroups, GQA, Sq != Skv and ragged lengths, score
+modifiers, fp16. Run on the device machine: ``pytest -m gpu tests/gpu/test_kernels_gluon_gpu.py``."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tritonpatch.kernels as K
+from tritonpatch.kernels.fwd import configs as fwd_configs
+from tritonpatch.kernels.fwd import forward as fwd_forward
+from tritonpatch.kernels.fwd.gluon_launch import gluon_problem
+from attention_cases import MASKS, rel_err
+
+pytestmark = pytest.mark.gpu
+
+
+def gluon_config(block_m=128, block_n=128, stages=2):
+    return fwd_configs.FwdConfig(block_m, block_n, 4, stages, use_tma=True, gluon=True)
+
+
+def check_forward(q, k, v, config, mask=None, score=None, enable_gqa=False):
+    problem = gluon_problem(q, k, v)
+    if problem:
+        pytest.skip(problem)
+    out, lse = fwd_forward.attention_forward(q, k, v, mask_mod=mask, score_mod=score, enable_gqa=enable_gqa,
+                                             config=config)
+    ref, ref_lse = K.reference.attention(q, k, v, mask_mod=mask, score_mod=score, enable_gqa=enable_gqa,
+                                         return_lse=True)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) <= 1e-2
+    torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("name", list(MASKS))
+def test_masks_match_reference(name, head_dim):
+    """A ragged length (1100: the last q-block and kv tile are partial) with every mask."""
+    seq, device = 1100, torch.device("cuda")
+    q, k, v = (torch.randn(2, 4, seq, head_dim, device=device, dtype=torch.bfloat16) for _ in range(3))
+    check_forward(q, k, v, gluon_config(), MASKS[name](seq, device))
+
+
+@pytest.mark.parametrize("block_m, block_n, stages", [(128, 128, 3), (128, 64, 2), (192, 128, 2), (192, 64, 3)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_tile_shapes_and_stages(head_dim, block_m, block_n, stages):
+    """2 or 3 consumer warpgroups, kv tiles of 64 or 128, 2 or 3 buffers (those that fit shared memory)."""
+    if head_dim == 128 and (block_m, block_n, stages) in ((192, 128, 2), (192, 64, 3)):
+        pytest.skip("160 registers per consumer spill at D=128")
+    seq, device = 1000, torch.device("cuda")
+    q, k, v = (torch.randn(2, 3, seq, head_dim, device=device, dtype=torch.bfloat16) for _ in range(3))
+    check_forward(q, k, v, gluon_config(block_m, block_n, stages), MASKS["sliding|prefix"](seq, device))
+
+
+@pytest.mark.parametrize("groups", [2, 8])
+def test_gqa_and_unequal_lengths(groups):
+    device = torch.device("cuda")
+    q = torch.randn(2, 8, 700, 128, device=device, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 8 // groups, 1300, 128, device=device, dtype=torch.bfloat16) for _ in range(2))
+    check_forward(q, k, v, gluon_config(), K.causal(), enable_gqa=True)
+    check_forward(q, k, v, gluon_config(), None, enable_gqa=True)
+
+
+@pytest.mark.parametrize("score", ["alibi", "softcap"])
+def test_score_mods(score):
+    device = torch.device("cuda")
+    q, k, v = (torch.randn(2, 8, 900, 128, device=device, dtype=torch.float16) for _ in range(3))
+    mod = K.alibi(K.alibi_slopes(8).to(device)) if score == "alibi" else K.softcap(20.0)
+    check_forward(q, k, v, gluon_config(), K.causal(), mod)
+
+
+def test_transposed_inputs_and_single_tile():
+    """Inputs as Hugging Face passes them ([B, S, H, D] transposed) and a sequence shorter than a tile."""
+    device = torch.device("cuda")
+    q, k, v = (torch.randn(2, 300, 4, 128, device=device, dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+    check_forward(q, k, v, gluon_config(), K.causal())
+    q, k, v = (torch.randn(1, 2, 37, 64, device=device, dtype=torch.bfloat16) for _ in range(3))
+    check_forward(q, k, v, gluon_config(), K.causal())
+
+
+def test_repeatable():
+    """Runs give the same bits (no race between the warpgroups and the producer)."""
+    device = torch.device("cuda")
+    q, k, v = (torch.randn(4, 16, 2048, 128, device=device, dtype=torch.bfloat16) for _ in range(3))
+    config = gluon_config()
+    first, first_lse = fwd_forward.attention_forward(q, k, v, mask_mod=K.causal(), config=config)
+    for _ in range(3):
+        again, again_lse = fwd_forward.attention_forward(q, k, v, mask_mod=K.causal(), config=config)
+        assert torch.equal(first, again) and torch.equal(first_lse, again_lse)
+    assert rel_err(first, K.reference.attention(q, k, v, mask_mod=K.causal())) <= 1e-2
