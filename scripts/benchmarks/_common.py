@@ -84,7 +84,7 @@ def tune_in_this_run() -> None:
 
 # --- attention inputs and masks -----------------------------------------------------------------
 BATCH, HEADS = 4, 16
-MASKS = ("causal", "prefix_lm", "sliding_window", "document")
+MASKS = ("none", "causal", "prefix_lm", "sliding_window", "document")
 WINDOW = 1024
 NUM_DOCS = 8
 
@@ -105,8 +105,10 @@ def random_doc_ids(seq_len: int, num_docs: int, device, seed: int = 0) -> torch.
 
 
 def make_mask(name: str, seq_len: int, device):
-    """(our MaskMod, Flex mask_mod) for one of MASKS: prefix-LM P=S/4, sliding window WINDOW (causal),
-    document = NUM_DOCS random documents (causal)."""
+    """(our MaskMod, Flex mask_mod) for one of MASKS: none (every pair), prefix-LM P=S/4, sliding window
+    WINDOW (causal), document = NUM_DOCS random documents (causal)."""
+    if name == "none":
+        return K.allow_all(), lambda b, h, q, kv: q >= 0
     if name == "causal":
         return K.causal(), lambda b, h, q, kv: q >= kv
     if name == "prefix_lm":

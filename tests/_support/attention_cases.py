@@ -114,6 +114,10 @@ def new_tensor_at_old_address(how: str, first_values, second_values, dtype, use,
 # ---------------------------------------------------------------------------------------------
 
 SEED_VARIABLE = "ATTENTION_RANDOM_SEED"
+# (B, H, Hkv, Sq, Skv, D) of the GPU runs: multiples of the tiles and ragged ends, GQA and MQA, Sq < Skv and Sq > Skv
+GPU_SHAPES = [(2, 8, 8, 1024, 1024, 64), (1, 8, 2, 1000, 1000, 128), (2, 4, 1, 700, 1100, 64),
+              (3, 4, 4, 777, 777, 128), (1, 16, 4, 2048, 2048, 128), (2, 6, 3, 1536, 500, 64)]
+GPU_LIMITS = {"out": 1e-2, "grad": 2e-2, "lse": 1e-2, "lse_rtol": 1e-3}   # as tests/gpu/test_kernels_gpu.py, _bwd_gpu.py
 
 
 def random_seed(default: int = 2024) -> int:

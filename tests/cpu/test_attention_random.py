@@ -14,12 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention_cases import RandomCalls, check_random_call, random_seed, run_interpreter_suite
-
-# (B, H, Hkv, Sq, Skv, D): multiples of the tiles and ragged ends, GQA and MQA, Sq < Skv and Sq > Skv
-GPU_SHAPES = [(2, 8, 8, 1024, 1024, 64), (1, 8, 2, 1000, 1000, 128), (2, 4, 1, 700, 1100, 64),
-              (3, 4, 4, 777, 777, 128), (1, 16, 4, 2048, 2048, 128), (2, 6, 3, 1536, 500, 64)]
-GPU_LIMITS = {"out": 1e-2, "grad": 2e-2, "lse": 1e-2, "lse_rtol": 1e-3}   # as tests/gpu/test_kernels_gpu.py, _bwd_gpu.py
+from attention_cases import GPU_LIMITS, GPU_SHAPES, RandomCalls, check_random_call, random_seed, run_interpreter_suite
 
 
 @pytest.mark.gpu

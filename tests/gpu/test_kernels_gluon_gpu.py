@@ -10,7 +10,7 @@ import tritonpatch.kernels as K
 from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from tritonpatch.kernels.fwd.gluon_launch import gluon_problem
-from attention_cases import MASKS, rel_err
+from attention_cases import GPU_LIMITS, GPU_SHAPES, MASKS, RandomCalls, check_random_call, random_seed, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -88,3 +88,36 @@ def test_repeatable():
         again, again_lse = fwd_forward.attention_forward(q, k, v, mask_mod=K.causal(), config=config)
         assert torch.equal(first, again) and torch.equal(first_lse, again_lse)
     assert rel_err(first, K.reference.attention(q, k, v, mask_mod=K.causal())) <= 1e-2
+
+
+@pytest.fixture
+def gluon_selected(monkeypatch):
+    """The forward tuner offers only the Gluon candidates wherever they apply (the Triton-language ones
+    elsewhere), with no earlier decision or resolved call kept."""
+    from tritonpatch.kernels.fwd import tuner as fwd_tuner
+
+    original = fwd_tuner.tuning_candidates
+
+    def gluon_only(*args, **kwargs):
+        candidates = original(*args, **kwargs)
+        return [c for c in candidates if c.gluon] or candidates
+
+    def forget():
+        fwd_tuner.forget_tuned()
+        fwd_forward.resolved_calls.clear()
+
+    forget()
+    monkeypatch.setattr(fwd_tuner, "tuning_candidates", gluon_only)
+    monkeypatch.setenv("TRITONPATCH_TUNING_CACHE", "0")
+    yield
+    forget()
+
+
+def test_random_calls_with_gluon_selected(gluon_selected):
+    """The randomized calls of tests/cpu/test_attention_random.py (fresh tensors, modifiers at reused
+    addresses, written in place, every mask and score modifier, GQA, ragged, backward on half) with the
+    Gluon forward wherever it applies: 150 calls against the fp32 reference."""
+    for call in RandomCalls(random_seed(), "cuda", GPU_SHAPES, [torch.bfloat16, torch.float16], families=12,
+                            count=150):
+        check_random_call(call, GPU_LIMITS)
+        del call
