@@ -10,6 +10,7 @@ from ..block_mask import BlockMask
 from ..masks import MaskMod
 from ..scores import ScoreMod
 from .configs import FwdConfig, warp_specialize_problem
+from .gluon_launch import gluon_problem
 from .launch import launch
 from .tuner import tune
 
@@ -61,6 +62,8 @@ def _resolve(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, config
     elif config.warp_specialize and (problem := warp_specialize_problem(q, k, v, mask_mod, score_mod, block_mask,
                                                                         config.split)):
         raise ValueError(f"config {config.label()}: the warp-specialized kernel {problem}")
+    elif config.gluon and (problem := gluon_problem(q, k, v)):
+        raise ValueError(f"config {config.label()}: the Gluon kernel {problem}")
     elif block_mask is not None and (config.block_m, config.block_n) != (block_mask.block_m, block_mask.block_n):
         raise ValueError(f"config {config.label()} does not match block_mask tiles "
                          f"({block_mask.block_m}, {block_mask.block_n})")
