@@ -57,6 +57,20 @@ class BlockMask:
                                                self.full_kv_indices)),
                 self.block_m, self.block_n, self.q_len, self.kv_len)
 
+    def kernel_arguments(self, batch: int, heads: int) -> tuple:
+        """What the forward kernels take from the block mask, in their parameter order: the partial and
+        full counts and indices broadcast to ``[batch, heads, ...]``, and the strides of the counts
+        (batch, head) and of the indices (batch, head, q-block); full and partial share them."""
+        expand = (batch, heads, self.kv_num_blocks.shape[-1])
+        partial_num = self.kv_num_blocks.expand(expand)
+        full_num = self.full_kv_num_blocks.expand(expand)
+        partial_ids = self.kv_indices.expand(expand + (self.kv_indices.shape[-1],))
+        full_ids = self.full_kv_indices.expand(expand + (self.full_kv_indices.shape[-1],))
+        if full_ids.stride(-1) != 1 or partial_ids.stride(-1) != 1:
+            raise ValueError("block_mask index tensors must be contiguous in their last dim")
+        return (partial_num, partial_ids, full_num, full_ids, partial_num.stride(0), partial_num.stride(1),
+                partial_ids.stride(0), partial_ids.stride(1), partial_ids.stride(2))
+
     def tile_classes(self) -> torch.Tensor:
         """Dense ``[Bm, Hm, NQ, NKV]`` int8 tensor of EMPTY / PARTIAL / FULL (for tests and tools)."""
         classes = torch.zeros(self.kv_indices.shape, dtype=torch.int8, device=self.kv_indices.device)

@@ -151,7 +151,9 @@ class _Plan:
     parameter order with the call's own tensors taken out, and where they go back in."""
 
     def __init__(self, compiled, kernel, grid, args: tuple, kwargs: dict, tensors: tuple):
-        descriptor_types = tma_descriptor_types()
+        from .tma import descriptor_types
+
+        tma_types = descriptor_types()
         bound = kernel.signature.bind(*args, **{name: value for name, value in kwargs.items()
                                                  if name in kernel.arg_names})
         bound.apply_defaults()
@@ -163,7 +165,7 @@ class _Plan:
                     continue
                 if value is tensor:
                     self.slots.append((i, j, None))
-                elif isinstance(value, descriptor_types) and value.base is tensor:
+                elif isinstance(value, tma_types) and value.base is tensor:
                     self.slots.append((i, j, _with_base(value, None)))
                 else:
                     continue
@@ -181,17 +183,6 @@ class _Plan:
 
     def launch(self, tensors: tuple) -> None:
         self.runner(*self.values_for(tensors))
-
-
-def tma_descriptor_types() -> tuple:
-    """The host TMA descriptor classes a launch may take: Triton's, and Gluon's where it exists."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    try:
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
-    except ImportError:
-        return (TensorDescriptor,)
-    return (TensorDescriptor, GluonTensorDescriptor)
 
 
 def _with_base(descriptor, base):

@@ -11,8 +11,23 @@ def tma_compatible(*tensors: torch.Tensor) -> bool:
                and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]) for t in tensors)
 
 
-def tile_descriptor(t: torch.Tensor, block_rows: int):
-    """A host-side TMA descriptor over all of ``t`` ``[B, H, S, D]`` moving ``[1, 1, block_rows, D]`` tiles."""
-    from triton.tools.tensor_descriptor import TensorDescriptor   # Triton >= 3.4; the kernels need 3.6
+def tile_descriptor(t: torch.Tensor, block_rows: int, gluon_layout=None):
+    """A host-side TMA descriptor over all of ``t`` ``[B, H, S, D]`` moving ``[1, 1, block_rows, D]`` tiles:
+    Triton's, or with ``gluon_layout`` (an ``NVMMASharedLayout``) Gluon's, which names the shared-memory
+    layout the tiles land in."""
+    block = [1, 1, block_rows, t.shape[-1]]
+    if gluon_layout is None:
+        from triton.tools.tensor_descriptor import TensorDescriptor   # Triton >= 3.4; the kernels need 3.6
 
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, block_rows, t.shape[-1]])
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), block)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, gluon_layout)
+
+
+def descriptor_types() -> tuple:
+    """The host TMA descriptor classes a launch may take: Triton's and Gluon's."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return (TensorDescriptor, GluonTensorDescriptor)

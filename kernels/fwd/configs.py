@@ -40,14 +40,20 @@ class FwdConfig:
             raise ValueError("FwdConfig: a Gluon config has use_tma=True, num_warps=4 (one consumer warpgroup; "
                              "the kernel adds the others and the producer) and block_m 128 or 192 (2 or 3 "
                              "consumer warpgroups of 64 rows)")
+        if self.pingpong and not self.gluon:
+            raise ValueError("FwdConfig: pingpong orders the Gluon kernel's consumer warpgroups; it needs gluon=True")
         if self.split and not self.warp_specialize:
             raise ValueError("FwdConfig: split runs the full tiles warp-specialized; it needs warp_specialize=True")
 
     def label(self) -> str:
-        tma = ("-gluon" + ("-pp" if self.pingpong else "") if self.gluon else "-tma" if self.use_tma else "") + ("-ws" if self.warp_specialize else "") + \
-            ("-split" if self.split else "") + (f"-r{self.max_registers}" if self.max_registers else "")
+        if self.gluon:
+            kind = "-gluon" + ("-pp" if self.pingpong else "")
+        else:
+            kind = ("-tma" if self.use_tma else "") + ("-ws" if self.warp_specialize else "") + \
+                ("-split" if self.split else "")
+        caps = f"-r{self.max_registers}" if self.max_registers else ""
         pipe = f"+{self.pipeline_label}" if self.pipeline is not None else ""
-        return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{tma}{pipe}"
+        return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{kind}{caps}{pipe}"
 
     def compile_options(self) -> dict:
         """Triton compile options of this config (launch keywords, or ``compile_for_target`` options)."""
@@ -60,14 +66,15 @@ class FwdConfig:
 
 
 REGISTERS_PER_SM = 65536
-GLUON_WG_ROWS = 64   # query rows per consumer warpgroup of the Gluon kernel
+GLUON_WG_ROWS = 64             # query rows per consumer warpgroup of the Gluon kernel (one wgmma M)
+GLUON_PRODUCER_REGISTERS = 24  # per thread of the Gluon producer's warpgroup: the least setmaxnreg gives
 
 
 def gluon_consumer_registers(config: FwdConfig) -> int:
     """Registers per thread of a Gluon consumer warpgroup (``setmaxnreg``): what is left of the SM's
-    register file after the producer's warpgroup (24 per thread), in steps of 8, at most 240."""
+    register file after the producer's warpgroup, in steps of 8, at most 240."""
     consumers = config.block_m // GLUON_WG_ROWS
-    return min(240, (REGISTERS_PER_SM // 128 - 24) // consumers // 8 * 8)
+    return min(240, (REGISTERS_PER_SM // 128 - GLUON_PRODUCER_REGISTERS) // consumers // 8 * 8)
 
 
 def gluon_launch_registers(config: FwdConfig) -> int:
@@ -98,17 +105,19 @@ HOPPER_CONFIGS = {
 INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
 
-def _gluon(block_m: int, block_n: int, stages: int, pingpong: bool = False) -> FwdConfig:
+def gluon_config(block_m: int, block_n: int, stages: int, pingpong: bool = False) -> FwdConfig:
+    """A config of the Gluon kernel: ``block_m / 64`` consumer warpgroups over ``block_n``-key tiles with
+    ``stages`` K/V buffers, the warpgroups issuing their matmuls in turn with ``pingpong``."""
     return FwdConfig(block_m, block_n, 4, stages, use_tma=True, gluon=True, pingpong=pingpong)
 
 
-# The Gluon kernel's candidates (Hopper), from the H200 sweep of docs/benchmarks/gluon_forward.md: at D=128
+# The Gluon kernel's candidates (Hopper), from the H200 sweep of docs/design/gluon_forward.md: at D=128
 # two consumer warpgroups over 128-key tiles (2 or 3 K/V buffers; the ping-pong order won on the causal
 # 8k row), at D=64 also three warpgroups (192 query rows) over 64-key tiles. Each compiles without spills
 # (tests/cpu/test_kernels_gluon.py).
 GLUON_CONFIGS = {
-    64: [_gluon(128, 128, 2), _gluon(192, 64, 3)],
-    128: [_gluon(128, 128, 2), _gluon(128, 128, 3), _gluon(128, 128, 2, pingpong=True)],
+    64: [gluon_config(128, 128, 2), gluon_config(192, 64, 3)],
+    128: [gluon_config(128, 128, 2), gluon_config(128, 128, 3), gluon_config(128, 128, 2, pingpong=True)],
 }
 
 

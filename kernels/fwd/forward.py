@@ -62,7 +62,7 @@ def _resolve(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, config
     elif config.warp_specialize and (problem := warp_specialize_problem(q, k, v, mask_mod, score_mod, block_mask,
                                                                         config.split)):
         raise ValueError(f"config {config.label()}: the warp-specialized kernel {problem}")
-    elif config.gluon and (problem := gluon_problem(q, k, v)):
+    elif config.gluon and (problem := gluon_problem(q, k, v, mask_mod, score_mod)):
         raise ValueError(f"config {config.label()}: the Gluon kernel {problem}")
     elif block_mask is not None and (config.block_m, config.block_n) != (block_mask.block_m, block_mask.block_n):
         raise ValueError(f"config {config.label()} does not match block_mask tiles "

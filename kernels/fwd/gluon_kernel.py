@@ -1,7 +1,7 @@
 """The block-sparse attention forward in Gluon for Hopper (sm_90a), in FlashAttention-3's shape
 (device code only).
 
-One program per (q-block, batch*head); a q-block is ``NUM_WG`` x 64 query rows. The program is
+One program per (q-block, batch*head); a q-block is ``NUM_WG`` x ``WG_ROWS`` (64) query rows. The program is
 warp-specialized:
 
 * a 1-warp **producer** issues TMA loads: each consumer's 64 rows of Q once, then K and V of every
@@ -9,9 +9,11 @@ warp-specialized:
   buffers, each with its own ready / empty mbarrier;
 * ``NUM_WG`` **consumer warpgroups** (4 warps each) own 64 query rows each. Per tile j a consumer
   issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` as asynchronous wgmma, waits for S_j only,
-  and runs the softmax of tile j (mask, row max, exp2, row sum) while the PV product is still in
-  flight; it then waits for PV and rescales O. Full tiles run a loop without any mask work, partial
-  tiles a second loop that evaluates ``mask_mod`` and the sequence end.
+  runs the softmax of tile j (mask, row max, exp2, row sum), then waits for PV and rescales O. (The
+  PTX keeps the softmax between the two waits; ptxas moves the second wait up where its schedule
+  stalls, so in the unmasked loop the exponentials run after it: docs/design/gluon_forward.md says
+  why that is left so.) Full tiles run a loop without any mask work, partial tiles a second loop
+  that evaluates ``mask_mod`` and the sequence end.
 
 Softmax is online and in base 2 (the scale is folded into ``log2(e)``), accumulators are fp32, and
 the output and the natural-log log-sum-exp per row are written like the Triton-language forward's
@@ -25,8 +27,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .._runtime.gluon_compat import tma_load, tma_store
+from .configs import GLUON_PRODUCER_REGISTERS, GLUON_WG_ROWS
 
-WG_ROWS = 64   # query rows per consumer warpgroup (one wgmma M)
+WG_ROWS = gl.constexpr(GLUON_WG_ROWS)   # query rows per consumer warpgroup (one wgmma M)
+PRODUCER_REGS = gl.constexpr(GLUON_PRODUCER_REGISTERS)
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
 
@@ -48,7 +52,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_
     """TMA loads: Q of every consumer, then K_t and V_t of each tile t into stage ``t % STAGES``."""
     mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
     for wg in gl.static_range(NUM_WG):
-        tma_load(q_desc, [b, h, row_start + wg * 64, 0], q_bar, q_smem.index(wg))
+        tma_load(q_desc, [b, h, row_start + wg * WG_ROWS, 0], q_bar, q_smem.index(wg))
     for t in range(num_full + num_partial):
         start_n = _tile_start(t, num_full, full_ids, partial_ids, BLOCK_N)
         stage = t % STAGES
@@ -62,8 +66,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, t, b, h, q_idx, tile_ids, t_begin, kv_len, sm_scale, qk_scale, mask_args, score_args,
-                   MASK_FN: gl.constexpr, SCORE_FN: gl.constexpr, HAS_SCORE: gl.constexpr,
+def _softmax_step(s, m_i, l_i, t, b, h, q_idx, tile_ids, t_begin, kv_len, sm_scale, qk_scale, mask_args,
+                  score_args, MASK_FN: gl.constexpr, SCORE_FN: gl.constexpr, HAS_SCORE: gl.constexpr,
                   MASKED: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
     """Scores of tile ``t`` (fp32, the wgmma layout) to probabilities ``p`` in base-2 units; returns
     ``(p, m_new, l_new, alpha)`` where ``alpha`` rescales the output accumulator."""
@@ -118,7 +122,7 @@ def _attend(acc, m_i, l_i, turns, q, k_smem, v_smem, k_ready, k_empty, v_ready, 
     With PINGPONG the warpgroups issue their matmuls in turn, so one's softmax runs under the
     others' matmuls. Returns ``(acc, m_i, l_i, turns)``."""
     if t_begin < t_end:
-        zero_s = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
+        zero_s = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, layout=s_layout)
         stage = t_begin % STAGES
         mbarrier.wait(k_ready.index(stage), (t_begin // STAGES) & 1)
         _take_turn(turn_bars, wg, turns, PINGPONG)
@@ -167,19 +171,19 @@ def _consumer(o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, 
               mask_args, score_args, MASK_FN: gl.constexpr, SCORE_FN: gl.constexpr, HAS_SCORE: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr,
               PINGPONG: gl.constexpr, wg):
-    """Consumer warpgroup ``wg``: 64 query rows over every listed tile, then Out and LSE of its rows."""
+    """Consumer warpgroup ``wg``: WG_ROWS query rows over every listed tile, then Out and LSE of its rows."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    rows = row_start + wg * 64
+    rows = row_start + wg * WG_ROWS
     q_tile = q_smem.index(wg)
-    q = q_tile.reshape([64, HEAD_DIM])
-    q_idx = gl.minimum(rows + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout)), q_len - 1)
-    m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+    q = q_tile.reshape([WG_ROWS, HEAD_DIM])
+    q_idx = gl.minimum(rows + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout)), q_len - 1)
+    m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([WG_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, layout=o_layout)
     mbarrier.wait(q_bar, 0)
     turns = 0
     acc, m_i, l_i, turns = _attend(acc, m_i, l_i, turns, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
@@ -192,7 +196,7 @@ def _consumer(o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, 
                                    BLOCK_N, HEAD_DIM, STAGES, NUM_WG, PINGPONG, s_layout, p_layout, o_layout)
     empty_row = l_i == 0.0
     lse = gl.where(empty_row, float("-inf"), (m_i + gl.log2(l_i)) * LN2)
-    offs = rows + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+    offs = rows + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
     gl.store(LSE + offs, lse, mask=offs < q_len)
     inv_l = gl.convert_layout(1.0 / gl.where(empty_row, 1.0, l_i), gl.SliceLayout(1, o_layout))
     q.store((acc * inv_l[:, None]).to(o_desc.dtype))   # Q's buffer is free once the last wgmma is done
@@ -203,17 +207,20 @@ def _consumer(o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, 
 
 @gluon.jit
 def _specialize(consumer_args, producer_args, NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """Fork into NUM_WG consumer warpgroups (the first is the default partition) and the producer warp.
-    The argument tuples are built at the call (Triton cannot assign a tuple holding a function to a
-    variable); the consumer's index goes last, as a run-time value (adding tuples unwraps constants of the
-    right-hand one, and worker partitions take run-time values only)."""
+    """Fork into NUM_WG consumer warpgroups (the first is the default partition) and the producer warp
+    (NUM_WG is 2 or 3: ``FwdConfig`` allows no other). The argument tuples are built at the call
+    (Triton cannot assign a tuple holding a function to a variable); the consumer's index goes last, as
+    a run-time value (adding tuples unwraps constants of the right-hand one, and worker partitions take
+    run-time values only)."""
     if NUM_WG == 2:
-        gl.warp_specialize([(_consumer, consumer_args + (gl.to_tensor(0), )), (_consumer, consumer_args + (gl.to_tensor(1), )),
-                            (_producer, producer_args)], [4, 1], [CONSUMER_REGS, 24])
+        gl.warp_specialize([(_consumer, consumer_args + (gl.to_tensor(0), )),
+                            (_consumer, consumer_args + (gl.to_tensor(1), )),
+                            (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
-        gl.warp_specialize([(_consumer, consumer_args + (gl.to_tensor(0), )), (_consumer, consumer_args + (gl.to_tensor(1), )),
-                            (_consumer, consumer_args + (gl.to_tensor(2), )), (_producer, producer_args)], [4, 4, 1],
-                           [CONSUMER_REGS, CONSUMER_REGS, 24])
+        gl.warp_specialize([(_consumer, consumer_args + (gl.to_tensor(0), )),
+                            (_consumer, consumer_args + (gl.to_tensor(1), )),
+                            (_consumer, consumer_args + (gl.to_tensor(2), )),
+                            (_producer, producer_args)], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
 @gluon.jit
@@ -224,14 +231,14 @@ def _attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, strid
                            MASK_FN: gl.constexpr, SCORE_FN: gl.constexpr, HAS_SCORE: gl.constexpr,
                            NUM_WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            STAGES: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """q/k/v/o_desc: host TMA descriptors over ``[B, H, S, D]`` moving ``[1, 1, 64, D]`` (Q, Out) and
+    """q/k/v/o_desc: host TMA descriptors over ``[B, H, S, D]`` moving ``[1, 1, WG_ROWS, D]`` (Q, Out) and
     ``[1, 1, BLOCK_N, D]`` (K, V) tiles; TMA fills rows past the end with zeros and clips stores."""
     q_block = gl.num_programs(0) - 1 - gl.program_id(0)   # the last q-blocks usually carry the most tiles
     bh = gl.program_id(1)
     b = bh // num_heads
     h = bh % num_heads
     kv_h = h // group_size
-    row_start = q_block * (NUM_WG * 64)
+    row_start = q_block * (NUM_WG * WG_ROWS)
     num_off = b * stride_nb + h * stride_nh + q_block
     ids_off = b * stride_ib + h * stride_ih + q_block * stride_iq
     num_full = gl.load(full_num + num_off)

@@ -7,7 +7,7 @@ import triton
 
 from .._inputs import ELEMENT, LOG2E, arg_types
 from .._runtime.launch import LaunchPlans, pipeline_scope
-from .._runtime.tma import tma_compatible
+from .._runtime.tma import tile_descriptor, tma_compatible
 from ..block_mask import BlockMask
 from ..masks import MaskMod
 from ..scores import ScoreMod
@@ -15,35 +15,35 @@ from .configs import GLUON_WG_ROWS as WG_ROWS
 from .configs import FwdConfig, gluon_consumer_registers
 
 
-def gluon_problem(q, k, v, out=None) -> str | None:
-    """Why the Gluon forward cannot run this call (None: it can): it needs a Hopper GPU, fp16/bf16,
-    head dim 64 or 128 and TMA-compatible tensors (16-byte aligned bases and strides). Every supported
-    Triton (3.6 to 3.9) builds it (:mod:`.._runtime.gluon_compat`)."""
-    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
-        return "needs a Hopper GPU (sm_90)"
+def gluon_problem(q, k, v, mask_mod: MaskMod, score_mod: ScoreMod | None) -> str | None:
+    """Why the Gluon forward cannot run this call (None: it can): it needs fp16/bf16, head dim 64 or 128,
+    modifiers from the shipped factories (a ``custom_mask`` or ``custom_score`` function is Triton-language
+    code that may build tensors without the layouts Gluon requires), TMA-compatible tensors (16-byte
+    aligned bases and strides) and a Hopper GPU. Every supported Triton (3.6 to 3.9) builds it
+    (:mod:`.._runtime.gluon_compat`)."""
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"needs float16 or bfloat16 (got {q.dtype})"
     if q.shape[-1] not in (64, 128):
         return f"supports head dims 64 and 128 (got {q.shape[-1]})"
-    if not tma_compatible(q, k, v, *(() if out is None else (out,))):
+    if mask_mod.portable_key() is None or (score_mod is not None and score_mod.portable_key() is None):
+        return "takes masks and score modifiers of the shipped factories only (not custom_mask / custom_score)"
+    if not tma_compatible(q, k, v):
         return "needs TMA-compatible tensors (unit stride in D, 16-byte aligned bases and other strides)"
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "needs a Hopper GPU (sm_90)"
     return None
 
 
 def _shared_layout(block_shape: list, dtype: torch.dtype):
+    """The swizzled shared-memory layout a ``block_shape`` tile of ``dtype`` lands in (what wgmma reads)."""
     from triton.experimental.gluon import language as gl
 
     return gl.NVMMASharedLayout.get_default_for(block_shape, {torch.float16: gl.float16,
                                                               torch.bfloat16: gl.bfloat16}[dtype])
 
 
-def tile_descriptor(t: torch.Tensor, rows: int):
-    """A host TMA descriptor over all of ``t`` ``[B, H, S, D]`` moving ``[1, 1, rows, D]`` tiles in the
-    swizzled shared layout the wgmma reads."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    block = [1, 1, rows, t.shape[-1]]
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, _shared_layout(block, t.dtype))
+def _descriptor(t: torch.Tensor, rows: int):
+    return tile_descriptor(t, rows, _shared_layout([1, 1, rows, t.shape[-1]], t.dtype))
 
 
 def kernel_signature(dtype: torch.dtype, head_dim: int, config: FwdConfig, mask_mod: MaskMod,
@@ -69,7 +69,8 @@ def kernel_constexprs(head_dim: int, config: FwdConfig, mask_mod: MaskMod, score
     """Compile-time arguments of ``_attn_fwd_gluon_kernel``."""
     return {"MASK_FN": mask_mod.device_fn, "SCORE_FN": score_mod.device_fn if score_mod is not None else None,
             "HAS_SCORE": score_mod is not None, "NUM_WG": config.block_m // WG_ROWS, "BLOCK_N": config.block_n,
-            "HEAD_DIM": head_dim, "STAGES": config.num_stages, "PINGPONG": config.pingpong, "CONSUMER_REGS": gluon_consumer_registers(config)}
+            "HEAD_DIM": head_dim, "STAGES": config.num_stages, "PINGPONG": config.pingpong,
+            "CONSUMER_REGS": gluon_consumer_registers(config)}
 
 
 def compile_spec(dtype: torch.dtype, head_dim: int, config: FwdConfig, mask_mod: MaskMod,
@@ -96,19 +97,10 @@ def launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_mo
         return None
     batch, heads, q_len, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
-    expand = (batch, heads, block_mask.kv_num_blocks.shape[-1])
-    partial_num = block_mask.kv_num_blocks.expand(expand)
-    full_num = block_mask.full_kv_num_blocks.expand(expand)
-    partial_ids = block_mask.kv_indices.expand(expand + (block_mask.kv_indices.shape[-1],))
-    full_ids = block_mask.full_kv_indices.expand(expand + (block_mask.full_kv_indices.shape[-1],))
-    if full_ids.stride(-1) != 1 or partial_ids.stride(-1) != 1:
-        raise ValueError("block_mask index tensors must be contiguous in their last dim")
     launch_args = (
-        tile_descriptor(q, WG_ROWS), tile_descriptor(k, config.block_n), tile_descriptor(v, config.block_n),
-        tile_descriptor(out, WG_ROWS), lse, lse.stride(0), lse.stride(1),
-        partial_num, partial_ids, full_num, full_ids,
-        partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
-        partial_ids.stride(2), heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
+        _descriptor(q, WG_ROWS), _descriptor(k, config.block_n), _descriptor(v, config.block_n),
+        _descriptor(out, WG_ROWS), lse, lse.stride(0), lse.stride(1), *block_mask.kernel_arguments(batch, heads),
+        heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
         mask_mod.args, score_mod.args if score_mod is not None else ())
     kwargs = dict(kernel_constexprs(head_dim, config, mask_mod, score_mod), **config.compile_options())
     grid = (triton.cdiv(q_len, config.block_m), batch * heads)

@@ -12,6 +12,7 @@ from .._runtime.triton_compat import device_allocator
 from ..block_mask import BlockMask
 from ..masks import MaskMod
 from ..scores import ScoreMod
+from . import gluon_launch
 from .configs import SPLIT_PARTIAL_CONFIG, FwdConfig
 from .kernels import ALL_TILES, FULL_TILES, PARTIAL_TILES, _attn_fwd_kernel
 
@@ -58,8 +59,6 @@ def launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_mo
     (returns the (last) compiled kernel, a future inside ``parallel_compiles``). ``plan_key``: replay
     the launches recorded under this key (see :class:`LaunchPlans`), or record these."""
     if config.gluon:
-        from . import gluon_launch   # imports Gluon, which only this kernel needs
-
         return gluon_launch.launch(q, k, v, out, lse, block_mask, mask_mod, score_mod, scale, config, warmup,
                                    plan_key)
     if not config.split:
@@ -82,11 +81,6 @@ def launch_pass(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, sco
                 return None
     batch, heads, q_len, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
-    expand = (batch, heads, block_mask.kv_num_blocks.shape[-1])
-    partial_num = block_mask.kv_num_blocks.expand(expand)
-    full_num = block_mask.full_kv_num_blocks.expand(expand)
-    partial_ids = block_mask.kv_indices.expand(expand + (block_mask.kv_indices.shape[-1],))
-    full_ids = block_mask.full_kv_indices.expand(expand + (block_mask.full_kv_indices.shape[-1],))
     mask_args = mask_mod.args
     score_args = score_mod.args if score_mod is not None else ()
     grid = (triton.cdiv(q_len, config.block_m), batch * heads)
@@ -98,16 +92,12 @@ def launch_pass(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, sco
     launch_args = (
         q_t, k_t, v_t, out_t, lse,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), lse.stride(0), lse.stride(1),
-        partial_num, partial_ids, full_num, full_ids,
-        partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
-        partial_ids.stride(2),
+        *block_mask.kernel_arguments(batch, heads),
         heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E, mask_args, score_args)
     kernel_kwargs = dict(MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod else None,
                          HAS_SCORE=score_mod is not None, USE_TMA=config.use_tma,
                          WARP_SPECIALIZE=config.warp_specialize, BLOCK_M=config.block_m,
                          BLOCK_N=config.block_n, HEAD_DIM=head_dim, TILES=tiles, **config.compile_options())
-    if full_ids.stride(-1) != 1 or partial_ids.stride(-1) != 1:
-        raise ValueError("block_mask index tensors must be contiguous in their last dim")
     with device_allocator(config.warp_specialize), pipeline_scope(config.pipeline):
         return _PLANS.launch(plan_key, _attn_fwd_kernel, grid, launch_args, kernel_kwargs, tensors, warmup)
 
@@ -119,8 +109,6 @@ def compile_spec(dtype: torch.dtype, head_dim: int, config: FwdConfig, mask_mod:
     compile with ``config.compile_options()``. A Gluon config gives the Gluon kernel's (``tiles`` does
     not apply)."""
     if config.gluon:
-        from . import gluon_launch
-
         return gluon_launch.compile_spec(dtype, head_dim, config, mask_mod, score_mod)
     return (_attn_fwd_kernel, kernel_signature(dtype, head_dim, config, mask_mod, score_mod),
             kernel_constexprs(head_dim, config, mask_mod, score_mod, tiles), {})

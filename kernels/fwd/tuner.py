@@ -35,8 +35,8 @@ def tuning_candidates(q, k, v, mask_mod: MaskMod, score_mod, block_mask, tma_ok:
     else:
         candidates += [ws for ws in (WARP_SPECIALIZED_CONFIG, SPLIT_CONFIG)
                        if warp_specialize_problem(q, k, v, mask_mod, score_mod, block_mask, ws.split) is None]
-        if gluon_problem(q, k, v) is None:
-            candidates += GLUON_CONFIGS.get(q.shape[-1], [])
+        if gluon_problem(q, k, v, mask_mod, score_mod) is None:
+            candidates += GLUON_CONFIGS[q.shape[-1]]
     if block_mask is not None:
         candidates = [c for c in candidates if (c.block_m, c.block_n) == (block_mask.block_m, block_mask.block_n)]
         if not candidates:

@@ -26,10 +26,7 @@ from scripts.benchmarks._common import environment_line, run_environment
 BATCH, HEADS = 4, 16
 
 
-def gluon(block_m, block_n, stages, pingpong=False):
-    return fwd_configs.FwdConfig(block_m, block_n, 4, stages, use_tma=True, gluon=True, pingpong=pingpong)
-
-
+gluon = fwd_configs.gluon_config
 CONFIGS = {128: [gluon(128, 128, 2), gluon(128, 128, 2, True), gluon(128, 128, 3), gluon(128, 128, 3, True),
                  gluon(128, 64, 3, True)],
            64: [gluon(128, 128, 2), gluon(128, 128, 2, True), gluon(128, 128, 3), gluon(192, 64, 3),

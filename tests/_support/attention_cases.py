@@ -54,7 +54,8 @@ def spill_allowance(bytes_on_triton_36: int) -> int:
 
 
 def forward_candidates():
-    """(head dim, config) of every forward config the Hopper tuner may pick, and their test ids."""
+    """(head dim, config) of every Triton-language forward config the Hopper tuner may pick, and their test
+    ids (the Gluon candidates: tests/cpu/test_kernels_gluon.py)."""
     from tritonpatch.kernels.fwd import configs as fwd_configs
 
     cases = [(d, c) for d, configs in fwd_configs.HOPPER_CONFIGS.items() for c in configs]

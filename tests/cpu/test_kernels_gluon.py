@@ -13,6 +13,7 @@ import tritonpatch.kernels as K
 from tritonpatch.inspection import disassemble, measure_resources, wgmma_overlap
 from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import launch as fwd_launch
+from tritonpatch.kernels.fwd.gluon_launch import gluon_problem
 from tritonpatch.targets import compile_for_target
 from attention_cases import spill_allowance
 
@@ -66,6 +67,8 @@ def test_config_checks():
         fwd_configs.FwdConfig(64, 64, 4, 2, use_tma=True, gluon=True)
     with pytest.raises(ValueError, match="use_tma=True"):
         fwd_configs.FwdConfig(128, 128, 4, 2, gluon=True)
+    with pytest.raises(ValueError, match="needs gluon=True"):
+        fwd_configs.FwdConfig(128, 128, 4, 2, use_tma=True, pingpong=True)
     assert fwd_configs.GLUON_CONFIGS[128][0].compile_options() == {"num_warps": 4, "maxnreg": 168}
     assert fwd_configs.gluon_consumer_registers(fwd_configs.GLUON_CONFIGS[64][1]) == 160
 
@@ -84,3 +87,43 @@ def test_wgmma_overlap_counts_exponentials_under_the_wait():
     """
     assert wgmma_overlap(sass) == [2, 0]
     assert wgmma_overlap("MUFU.EX2 R1, R2 ;") == []
+
+
+def test_gluon_problem_names_what_the_kernel_cannot_run():
+    from attention_cases import head_bias_dev, key_padding_dev
+
+    q = torch.zeros(1, 2, 64, 128, dtype=torch.bfloat16)
+    custom_mask = K.custom_mask(key_padding_dev, lambda b, h, qi, kv, n: kv < n[b], (torch.tensor([64]),))
+    custom_score = K.custom_score(head_bias_dev, lambda s, b, h, qi, kv, bias: s + bias[h], (torch.zeros(2),))
+    assert "float16 or bfloat16" in gluon_problem(q.float(), q.float(), q.float(), K.causal(), None)
+    small = torch.zeros(1, 2, 64, 32, dtype=torch.bfloat16)
+    assert "head dims 64 and 128" in gluon_problem(small, small, small, K.causal(), None)
+    assert "shipped factories" in gluon_problem(q, q, q, custom_mask, None)
+    assert "shipped factories" in gluon_problem(q, q, q, K.causal(), custom_score)
+    strided = torch.zeros(1, 2, 64, 132, dtype=torch.bfloat16)[..., :128]   # rows of 264 bytes
+    assert "TMA-compatible" in gluon_problem(strided, strided, strided, K.causal(), K.softcap(20.0))
+    assert "Hopper" in gluon_problem(q, q, q, K.causal(), K.alibi(torch.ones(2)))
+
+
+def test_tuner_offers_the_gluon_candidates_where_they_apply(monkeypatch):
+    """With the device checks stubbed (no GPU here): the head dim's Gluon candidates join the timed set
+    when gluon_problem finds nothing against the call, none do for a custom mask, and a block mask
+    keeps only the candidates of its tiles."""
+    from attention_cases import key_padding_dev
+    from tritonpatch.kernels.fwd import tuner as fwd_tuner
+
+    monkeypatch.setattr(fwd_tuner, "candidate_configs", lambda head_dim, device: [fwd_configs.INTERPRETER_CONFIG])
+    def as_on_hopper(q, k, v, mask, score):   # every check but the GPU's (the last one)
+        problem = gluon_problem(q, k, v, mask, score)
+        return None if problem == "needs a Hopper GPU (sm_90)" else problem
+
+    monkeypatch.setattr(fwd_tuner, "gluon_problem", as_on_hopper)
+    q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    offered = fwd_tuner.tuning_candidates(q, q, q, K.causal(), None, None, True)
+    assert [c for c in offered if c.gluon] == fwd_configs.GLUON_CONFIGS[128]
+    assert not [c for c in fwd_tuner.tuning_candidates(q, q, q, K.causal(), None, None, False) if c.gluon]
+    custom = K.custom_mask(key_padding_dev, lambda b, h, qi, kv, n: kv < n[b], (torch.tensor([64]),))
+    assert not [c for c in fwd_tuner.tuning_candidates(q, q, q, custom, None, None, True) if c.gluon]
+    tiles = K.build_block_mask(K.causal(), 1, 2, 256, 256, block_m=128, block_n=128, device="cpu")
+    with_mask = fwd_tuner.tuning_candidates(q, q, q, K.causal(), None, tiles, True)
+    assert {c.label() for c in with_mask if c.gluon} == {c.label() for c in fwd_configs.GLUON_CONFIGS[128]}

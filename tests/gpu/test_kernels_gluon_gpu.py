@@ -1,6 +1,7 @@
 """GPU numerics of the Gluon forward (Hopper) vs the fp32 reference: every mask of the shared table,
-head dims 64 and 128, 2 and 3 consumer warpgroups, GQA, Sq != Skv and ragged lengths, score
-modifiers, fp16. Run on the device machine: ``pytest -m gpu tests/gpu/test_kernels_gluon_gpu.py``."""
+head dims 64 and 128, 2 and 3 consumer warpgroups, with and without ping-pong, GQA, Sq != Skv and
+ragged lengths, rows without keys, loops without tiles, score modifiers, fp16. Run on the device
+machine: ``pytest -m gpu tests/gpu/test_kernels_gluon_gpu.py``."""
 from __future__ import annotations
 
 import pytest
@@ -15,12 +16,12 @@ from attention_cases import GPU_LIMITS, GPU_SHAPES, MASKS, RandomCalls, check_ra
 pytestmark = pytest.mark.gpu
 
 
-def gluon_config(block_m=128, block_n=128, stages=2):
-    return fwd_configs.FwdConfig(block_m, block_n, 4, stages, use_tma=True, gluon=True)
+def gluon_config(block_m=128, block_n=128, stages=2, pingpong=False):
+    return fwd_configs.gluon_config(block_m, block_n, stages, pingpong)
 
 
 def check_forward(q, k, v, config, mask=None, score=None, enable_gqa=False):
-    problem = gluon_problem(q, k, v)
+    problem = gluon_problem(q, k, v, mask or K.allow_all(), score)
     if problem:
         pytest.skip(problem)
     out, lse = fwd_forward.attention_forward(q, k, v, mask_mod=mask, score_mod=score, enable_gqa=enable_gqa,
@@ -32,24 +33,40 @@ def check_forward(q, k, v, config, mask=None, score=None, enable_gqa=False):
     torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
 
 
+@pytest.mark.parametrize("pingpong", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("name", list(MASKS))
-def test_masks_match_reference(name, head_dim):
+def test_masks_match_reference(name, head_dim, pingpong):
     """A ragged length (1100: the last q-block and kv tile are partial) with every mask."""
     seq, device = 1100, torch.device("cuda")
     q, k, v = (torch.randn(2, 4, seq, head_dim, device=device, dtype=torch.bfloat16) for _ in range(3))
-    check_forward(q, k, v, gluon_config(), MASKS[name](seq, device))
+    check_forward(q, k, v, gluon_config(pingpong=pingpong), MASKS[name](seq, device))
 
 
+@pytest.mark.parametrize("pingpong", [False, True])
 @pytest.mark.parametrize("block_m, block_n, stages", [(128, 128, 3), (128, 64, 2), (192, 128, 2), (192, 64, 3)])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_tile_shapes_and_stages(head_dim, block_m, block_n, stages):
+def test_tile_shapes_and_stages(head_dim, block_m, block_n, stages, pingpong):
     """2 or 3 consumer warpgroups, kv tiles of 64 or 128, 2 or 3 buffers (those that fit shared memory)."""
     if head_dim == 128 and (block_m, block_n, stages) in ((192, 128, 2), (192, 64, 3)):
         pytest.skip("160 registers per consumer spill at D=128")
     seq, device = 1000, torch.device("cuda")
     q, k, v = (torch.randn(2, 3, seq, head_dim, device=device, dtype=torch.bfloat16) for _ in range(3))
-    check_forward(q, k, v, gluon_config(block_m, block_n, stages), MASKS["sliding|prefix"](seq, device))
+    check_forward(q, k, v, gluon_config(block_m, block_n, stages, pingpong), MASKS["sliding|prefix"](seq, device))
+
+
+@pytest.mark.parametrize("pingpong", [False, True])
+def test_loops_without_tiles_and_rows_without_keys(pingpong):
+    """No mask on tile-multiple lengths (no partial tile: the second loop runs no tile, so no turn), and
+    causal & key padding of the first 300 keys (q-blocks without a tile; rows without a key: output 0,
+    log-sum-exp -inf)."""
+    device = torch.device("cuda")
+    q, k, v = (torch.randn(2, 4, 1024, 128, device=device, dtype=torch.bfloat16) for _ in range(3))
+    check_forward(q, k, v, gluon_config(pingpong=pingpong), None)
+    mask = K.and_masks(K.causal(), K.key_padding(torch.arange(1024, device=device) >= 300))
+    check_forward(q, k, v, gluon_config(pingpong=pingpong), mask)
+    out, lse = fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=gluon_config(pingpong=pingpong))
+    assert (out[:, :, :300] == 0).all() and (lse[:, :, :300] == float("-inf")).all()
 
 
 @pytest.mark.parametrize("groups", [2, 8])
@@ -78,11 +95,12 @@ def test_transposed_inputs_and_single_tile():
     check_forward(q, k, v, gluon_config(), K.causal())
 
 
-def test_repeatable():
+@pytest.mark.parametrize("pingpong", [False, True])
+def test_repeatable(pingpong):
     """Runs give the same bits (no race between the warpgroups and the producer)."""
     device = torch.device("cuda")
     q, k, v = (torch.randn(4, 16, 2048, 128, device=device, dtype=torch.bfloat16) for _ in range(3))
-    config = gluon_config()
+    config = gluon_config(pingpong=pingpong)
     first, first_lse = fwd_forward.attention_forward(q, k, v, mask_mod=K.causal(), config=config)
     for _ in range(3):
         again, again_lse = fwd_forward.attention_forward(q, k, v, mask_mod=K.causal(), config=config)
