@@ -118,7 +118,8 @@ def _attend(acc, m_i, l_i, turns, q, k_smem, v_smem, k_ready, k_empty, v_ready, 
             BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr,
             PINGPONG: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr):
     """Tiles ``t_begin .. t_end - 1`` of one consumer warpgroup, FlashAttention-3's step order:
-    ``S_t`` and ``O += P_{t-1} V_{t-1}`` in flight together, the softmax of tile t under the PV product.
+    ``S_t`` and ``O += P_{t-1} V_{t-1}`` in flight together, the softmax of tile t between the waits for
+    the two (where ptxas puts the second wait: the module docstring).
     With PINGPONG the warpgroups issue their matmuls in turn, so one's softmax runs under the
     others' matmuls. Returns ``(acc, m_i, l_i, turns)``."""
     if t_begin < t_end:
