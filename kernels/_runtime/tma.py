@@ -25,6 +25,30 @@ def tile_descriptor(t: torch.Tensor, block_rows: int, gluon_layout=None):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, gluon_layout)
 
 
+def nvmma_layout(block_shape: list, dtype: torch.dtype):
+    """The swizzled shared-memory layout (Gluon's ``NVMMASharedLayout``) a ``block_shape`` tile of ``dtype``
+    lands in through TMA, as wgmma reads it."""
+    from triton.experimental.gluon import language as gl
+
+    element = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(block_shape, element)
+
+
+def gluon_tile_descriptor(t: torch.Tensor, block_rows: int):
+    """Gluon's host TMA descriptor over all of ``t`` moving ``[1, 1, block_rows, D]`` tiles into
+    :func:`nvmma_layout`."""
+    return tile_descriptor(t, block_rows, nvmma_layout([1, 1, block_rows, t.shape[-1]], t.dtype))
+
+
+def gluon_descriptor_type(dtype: torch.dtype, block_rows: int, head_dim: int) -> str:
+    """The compile-only signature type of :func:`gluon_tile_descriptor`'s descriptor."""
+    from .._inputs import ELEMENT
+
+    block = [1, 1, block_rows, head_dim]
+    element = "fp32" if dtype == torch.float32 else ELEMENT[dtype]
+    return f"tensordesc<{element}{block},{nvmma_layout(block, dtype)!r}>"
+
+
 def descriptor_types() -> tuple:
     """The host TMA descriptor classes a launch may take: Triton's and Gluon's."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .._runtime.launch import pipeline_variants
+from ..fwd.configs import REGISTERS_PER_SM
 from ..block_mask import BlockMask
 from .dq_adds import ATOMIC_ADD, DqAdd
 
@@ -21,13 +22,42 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     use_tma: bool = False   # the looped-over tiles (dK/dV: Q, dO; dQ: K, V) through TMA descriptors (Hopper+)
+    gluon: bool = False     # dK/dV only: the Gluon kernel (FlashAttention-3's shape, Hopper; bwd/gluon_kernel.py):
+    #                         block_n / 64 consumer warpgroups, num_stages Q/dO buffers, dQ by a TMA writer warp
     pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
     pipeline_label: str = ""
 
+    def __post_init__(self):
+        if self.gluon and not (self.use_tma and self.num_warps == 4 and self.block_n == 2 * GLUON_WG_KEYS
+                               and self.block_m == 64):
+            raise ValueError("KernelConfig: a Gluon config has use_tma=True, num_warps=4 (one consumer warpgroup; "
+                             f"the kernel adds the other and its two worker warps), block_n {2 * GLUON_WG_KEYS} "
+                             "(two consumer warpgroups of 64 keys) and block_m 64")
+
     def label(self) -> str:
-        tma = "-tma" if self.use_tma else ""
+        kind = "-gluon" if self.gluon else ("-tma" if self.use_tma else "")
         pipe = f"+{self.pipeline_label}" if self.pipeline is not None else ""
-        return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{tma}{pipe}"
+        return f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}{kind}{pipe}"
+
+    def compile_options(self) -> dict:
+        """Triton compile options of this config (launch keywords, or ``compile_for_target`` options)."""
+        if self.gluon:   # the stages are the kernel's own buffers, not Triton's pipeliner
+            return {"num_warps": self.num_warps, "maxnreg": GLUON_LAUNCH_REGISTERS}
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+GLUON_WG_KEYS = 64            # keys per consumer warpgroup of the Gluon dK/dV kernel (one wgmma M)
+GLUON_WORKER_REGISTERS = 32   # per thread of its loader and dQ writer warps' warpgroup (the consumers get 240 all the same)
+# Registers per consumer thread (setmaxnreg): the register file after the workers' warpgroup, for the two
+# consumer warpgroups, at most 240; and the cap at launch, the register file over all three warpgroups.
+GLUON_CONSUMER_REGISTERS = min(240, (REGISTERS_PER_SM // 128 - GLUON_WORKER_REGISTERS) // 2 // 8 * 8)
+GLUON_LAUNCH_REGISTERS = REGISTERS_PER_SM // (3 * 128) // 8 * 8
+
+
+def gluon_config(stages: int = 2) -> KernelConfig:
+    """The Gluon dK/dV kernel's config: two consumer warpgroups of 64 keys, q tiles of 64 rows, ``stages``
+    Q/dO buffers."""
+    return KernelConfig(64, 2 * GLUON_WG_KEYS, 4, stages, use_tma=True, gluon=True)
 
 
 # Hopper candidates. dK/dV: a wide kv tile (the accumulators) walked by narrow q steps; dQ: the

@@ -8,39 +8,17 @@ import functools
 import torch
 import triton
 
-from .._inputs import ELEMENT, LOG2E, arg_types
+from .._inputs import ELEMENT, arg_types
 from .._runtime.launch import LaunchPlans, pipeline_scope
 from .._runtime.tma import tile_descriptor, tma_compatible
 from ..block_mask import BlockMask, TransposedBlockMask, transpose_block_mask
 from ..masks import MaskMod
-from ..scores import ScoreMod, score_gradient
+from ..scores import ScoreMod
+from . import gluon_launch
+from .arguments import modifier_constexprs, tile_list_args
 from .configs import PREPROCESS_BLOCK_M, BwdConfig, KernelConfig
 from .dq_adds import ATOMIC_ADD, DqAdd
 from .kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _preprocess_kernel
-
-
-def _expanded(num: torch.Tensor, ids: torch.Tensor, batch: int, heads: int):
-    expand = (batch, heads, num.shape[-1])
-    return num.expand(expand), ids.expand(expand + (ids.shape[-1],))
-
-
-def _tile_list_args(partial_num, partial_ids, full_num, full_ids, q, k, mask_mod, score_mod, scale) -> tuple:
-    """The arguments both backward kernels take after their tensors' strides: the tile lists (expanded
-    to ``[B, H, ...]``) and their strides, sizes, scales and the modifiers' runtime arguments."""
-    batch, heads, q_len = q.shape[:3]
-    kv_heads, kv_len = k.shape[1], k.shape[2]
-    partial_num, partial_ids = _expanded(partial_num, partial_ids, batch, heads)
-    full_num, full_ids = _expanded(full_num, full_ids, batch, heads)
-    return (partial_num, partial_ids, full_num, full_ids,
-            partial_num.stride(0), partial_num.stride(1), partial_ids.stride(0), partial_ids.stride(1),
-            partial_ids.stride(2),
-            heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
-            mask_mod.args, score_mod.args if score_mod is not None else ())
-
-
-def _modifier_constexprs(mask_mod: MaskMod, score_mod: ScoreMod | None) -> dict:
-    return dict(MASK_FN=mask_mod.device_fn, SCORE_FN=score_mod.device_fn if score_mod is not None else None,
-                SCORE_GRAD_FN=score_gradient(score_mod), HAS_SCORE=score_mod is not None)
 
 
 # The launchers below replay the launch recorded under (plan_key, kernel, config) when there is one
@@ -81,9 +59,9 @@ def launch_dkdv(q, k, v, dout, dk, dv, dq_acc, lse, delta, tmask: TransposedBloc
     args = (q_in, k, v, dout_in, dk, dv, acc, lse, delta,
             *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *acc_strides,
             lse.stride(0), lse.stride(1),
-            *_tile_list_args(tmask.q_num_blocks, tmask.q_indices, tmask.full_q_num_blocks, tmask.full_q_indices,
+            *tile_list_args(tmask.q_num_blocks, tmask.q_indices, tmask.full_q_num_blocks, tmask.full_q_indices,
                              q, k, mask_mod, score_mod, scale))
-    kwargs = dict(_modifier_constexprs(mask_mod, score_mod), DQ_ADD=None if dq_add is None else dq_add.fn,
+    kwargs = dict(modifier_constexprs(mask_mod, score_mod), DQ_ADD=None if dq_add is None else dq_add.fn,
                   ADD_DQ=dq_add is not None, USE_TMA=config.use_tma,
                   MASK_BLOCK_N=tmask.block_n, SUB_M=tmask.block_m // config.block_m, BLOCK_M=config.block_m,
                   BLOCK_N=config.block_n, HEAD_DIM=q.shape[-1], num_warps=config.num_warps,
@@ -104,9 +82,9 @@ def launch_dq(q, k, v, out, dout, dq, lse, delta, dlse, block_mask: BlockMask, m
     args = (q, k_in, v_in, out, dout, dq, lse, delta, dlse if dlse is not None else delta,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
             lse.stride(0), lse.stride(1),
-            *_tile_list_args(block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
+            *tile_list_args(block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
                              block_mask.full_kv_indices, q, k, mask_mod, score_mod, scale))
-    kwargs = dict(_modifier_constexprs(mask_mod, score_mod), HAS_DLSE=dlse is not None, USE_TMA=config.use_tma,
+    kwargs = dict(modifier_constexprs(mask_mod, score_mod), HAS_DLSE=dlse is not None, USE_TMA=config.use_tma,
                   MASK_BLOCK_M=block_mask.block_m, SUB_N=block_mask.block_n // config.block_n,
                   BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=q.shape[-1], num_warps=config.num_warps,
                   num_stages=config.num_stages)
@@ -133,6 +111,13 @@ class Buffers:
         return tma_compatible(self.q, self.k, self.v, self.dout)
 
     def dkdv(self, config: KernelConfig, dq_acc, dq_add: DqAdd | None, warmup: bool = False):
+        """The dK/dV kernel of ``config`` (the Gluon one adds dQ its own way: ``dq_add`` only says whether)."""
+        if config.gluon:
+            gluon_launch.launch_dkdv(self.q, self.k, self.v, self.dout, self.dk, self.dv,
+                                     dq_acc if dq_add is not None else None, self.lse, self.delta,
+                                     transpose_block_mask(self.masks_for(config)), self.mask_mod, self.score_mod,
+                                     self.scale, config, warmup, self.plan_key)
+            return
         launch_dkdv(self.q, self.k, self.v, self.dout, self.dk, self.dv, dq_acc, self.lse, self.delta,
                     transpose_block_mask(self.masks_for(config)), self.mask_mod, self.score_mod, self.scale, config,
                     dq_add, warmup, self.plan_key)
@@ -201,7 +186,7 @@ def compile_spec(kernel: str, dtype: torch.dtype, head_dim: int, config: KernelC
                       "mask_args": arg_types(mask_mod.args),
                       "score_args": arg_types(score_mod.args) if score_mod is not None else ()})
     constexprs.update(specific)
-    constexprs.update(_modifier_constexprs(mask_mod, score_mod), USE_TMA=config.use_tma, BLOCK_M=config.block_m,
+    constexprs.update(modifier_constexprs(mask_mod, score_mod), USE_TMA=config.use_tma, BLOCK_M=config.block_m,
                       BLOCK_N=config.block_n, HEAD_DIM=head_dim)
     for name in constexprs:
         signature[name] = "constexpr"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import triton
 
-from .._inputs import ELEMENT, LOG2E, arg_types
+from .._inputs import LOG2E, arg_types
 from .._runtime.launch import LaunchPlans, pipeline_scope
-from .._runtime.tma import tile_descriptor, tma_compatible
+from .._runtime.tma import gluon_descriptor_type, gluon_tile_descriptor, tma_compatible
 from ..block_mask import BlockMask
 from ..masks import MaskMod
 from ..scores import ScoreMod
@@ -34,26 +34,11 @@ def gluon_problem(q, k, v, mask_mod: MaskMod, score_mod: ScoreMod | None) -> str
     return None
 
 
-def _shared_layout(block_shape: list, dtype: torch.dtype):
-    """The swizzled shared-memory layout a ``block_shape`` tile of ``dtype`` lands in (what wgmma reads)."""
-    from triton.experimental.gluon import language as gl
-
-    return gl.NVMMASharedLayout.get_default_for(block_shape, {torch.float16: gl.float16,
-                                                              torch.bfloat16: gl.bfloat16}[dtype])
-
-
-def _descriptor(t: torch.Tensor, rows: int):
-    return tile_descriptor(t, rows, _shared_layout([1, 1, rows, t.shape[-1]], t.dtype))
-
-
 def kernel_signature(dtype: torch.dtype, head_dim: int, config: FwdConfig, mask_mod: MaskMod,
                      score_mod: ScoreMod | None) -> dict:
     """Triton signature of ``_attn_fwd_gluon_kernel`` for compile-only use."""
-    elem = ELEMENT[dtype]
-
     def desc(rows):
-        block = [1, 1, rows, head_dim]
-        return f"tensordesc<{elem}{block},{_shared_layout(block, dtype)!r}>"
+        return gluon_descriptor_type(dtype, rows, head_dim)
 
     sig = {"q_desc": desc(WG_ROWS), "k_desc": desc(config.block_n), "v_desc": desc(config.block_n),
            "o_desc": desc(WG_ROWS), "LSE": "*fp32", "stride_lb": "i32", "stride_lh": "i32",
@@ -98,8 +83,8 @@ def launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_mo
     batch, heads, q_len, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
     launch_args = (
-        _descriptor(q, WG_ROWS), _descriptor(k, config.block_n), _descriptor(v, config.block_n),
-        _descriptor(out, WG_ROWS), lse, lse.stride(0), lse.stride(1), *block_mask.kernel_arguments(batch, heads),
+        gluon_tile_descriptor(q, WG_ROWS), gluon_tile_descriptor(k, config.block_n), gluon_tile_descriptor(v, config.block_n),
+        gluon_tile_descriptor(out, WG_ROWS), lse, lse.stride(0), lse.stride(1), *block_mask.kernel_arguments(batch, heads),
         heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
         mask_mod.args, score_mod.args if score_mod is not None else ())
     kwargs = dict(kernel_constexprs(head_dim, config, mask_mod, score_mod), **config.compile_options())
