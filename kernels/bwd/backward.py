@@ -11,6 +11,7 @@ from ..block_mask import BlockMask
 from ..masks import MaskMod
 from ..scores import ScoreMod, score_gradient
 from .configs import BwdConfig, choose_dq_mode
+from .gluon_launch import gluon_problem
 from .launch import Buffers, run
 from .tuner import tune
 
@@ -92,6 +93,10 @@ def _resolve(q, k, v, out, lse, dout, dlse, mask_mod, score_mod, block_mask, sca
     if uses_tma and not tma_compatible(*(contiguous_rows(t) for t in (q, k, v, dout))):
         raise ValueError(f"{what}: config {config.label()} loads tiles through TMA, which needs "
                          "16-byte aligned base addresses and strides; use a config without use_tma")
+    if config is not None and config.dkdv.gluon:
+        problem = gluon_problem(*(contiguous_rows(t) for t in (q, k, v, dout)), mask_mod, score_mod)
+        if problem:
+            raise ValueError(f"{what}: config {config.label()}: the Gluon dK/dV kernel {problem}")
     scale = softmax_scale(scale, head_dim)
     masks_for = BlockMasks(block_mask, mask_mod, q, k)
     if config is None:

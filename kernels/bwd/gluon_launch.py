@@ -19,11 +19,10 @@ from .configs import GLUON_CONSUMER_REGISTERS, GLUON_WG_KEYS, KernelConfig
 def gluon_problem(q, k, v, dout, mask_mod: MaskMod, score_mod: ScoreMod | None) -> str | None:
     """Why the Gluon dK/dV kernel cannot run this call (None: it can): what the Gluon forward needs
     (:func:`..fwd.gluon_launch.gluon_problem`: fp16/bf16, head dim 64 or 128, the shipped factories'
-    modifiers, TMA-compatible tensors, Hopper), and dO TMA-compatible as well."""
-    problem = forward_gluon_problem(q, k, v, mask_mod, score_mod)
-    if problem is None and not tma_compatible(dout):
-        problem = "needs a TMA-compatible dout (unit stride in D, 16-byte aligned base and other strides)"
-    return problem
+    modifiers, TMA-compatible tensors, Hopper), dout TMA-compatible first."""
+    if not tma_compatible(dout):
+        return "needs a TMA-compatible dout (unit stride in D, 16-byte aligned base and other strides)"
+    return forward_gluon_problem(q, k, v, mask_mod, score_mod)
 
 
 def kernel_signature(dtype: torch.dtype, head_dim: int, config: KernelConfig, mask_mod: MaskMod,

@@ -110,6 +110,11 @@ class Buffers:
         """Whether the tensors TMA candidates load through descriptors allow it."""
         return tma_compatible(self.q, self.k, self.v, self.dout)
 
+    @functools.cached_property
+    def gluon_problem(self) -> str | None:
+        """Why the Gluon dK/dV kernel cannot run this call (None: it can)."""
+        return gluon_launch.gluon_problem(self.q, self.k, self.v, self.dout, self.mask_mod, self.score_mod)
+
     def dkdv(self, config: KernelConfig, dq_acc, dq_add: DqAdd | None, warmup: bool = False):
         """The dK/dV kernel of ``config`` (the Gluon one adds dQ its own way: ``dq_add`` only says whether)."""
         if config.gluon:

@@ -10,7 +10,7 @@ from .._runtime.tma import tma_compatible
 from ..block_mask import BlockMask
 from ..masks import MaskMod, allow_all
 from ..scores import ScoreMod
-from .configs import BwdConfig, candidate_configs, fitting
+from .configs import GLUON_CONFIGS, BwdConfig, candidate_configs, fitting
 from .dq_adds import ATOMIC_ADD
 from .kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _preprocess_kernel
 from .launch import Buffers, launch_preprocess, run
@@ -49,8 +49,7 @@ def tune(buf: Buffers, block_mask, dq_mode: str, precompile: bool = True) -> Bwd
         return _tuned[key]
     disk_key = None if interpreting() else tuning_cache.tuning_key(
         "attention_bwd", buf.q, buf.k, buf.mask_mod, buf.score_mod, block_mask, dq_mode=dq_mode, tma=buf.tma_ok,
-        code=[kernel.cache_key
-              for kernel in (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _preprocess_kernel, ATOMIC_ADD.fn)])
+        code=_kernels_code(buf))
     config = _stored_config(tuning_cache.lookup(disk_key), buf, block_mask)
     if config is None:
         if precompile:
@@ -64,6 +63,17 @@ def tune(buf: Buffers, block_mask, dq_mode: str, precompile: bool = True) -> Bwd
                                          "dq": config.dq.label() if config.dq is not None else None})
     _tuned[key] = config
     return config
+
+
+def _kernels_code(buf: Buffers) -> list:
+    """The source hashes of the kernels the tuner may pick for ``buf`` (a decision is kept for this code only)."""
+    code = [kernel.cache_key for kernel in (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _preprocess_kernel,
+                                            ATOMIC_ADD.fn)]
+    if buf.gluon_problem is None:
+        from .gluon_kernel import _attn_bwd_dkdv_gluon_kernel   # imports Gluon, which only this kernel needs
+
+        code.append(_attn_bwd_dkdv_gluon_kernel.cache_key)
+    return code
 
 
 def _stored_config(decision: dict | None, buf: Buffers, block_mask) -> BwdConfig | None:
@@ -80,9 +90,13 @@ def _stored_config(decision: dict | None, buf: Buffers, block_mask) -> BwdConfig
 
 
 def candidates(buf: Buffers, block_mask, kernel: str) -> list:
-    """The configs the tuner times for ``kernel`` on these inputs."""
-    configs = candidate_configs(kernel, buf.q.shape[-1], buf.q.device)
-    return fitting([c for c in configs if buf.tma_ok or not c.use_tma], block_mask)
+    """The configs the tuner times for ``kernel`` on these inputs: the head dim's (those with TMA only
+    where the tensors allow it), plus for dK/dV the Gluon kernel's where it applies
+    (:func:`.gluon_launch.gluon_problem`), those whose tiles fit ``block_mask``."""
+    configs = [c for c in candidate_configs(kernel, buf.q.shape[-1], buf.q.device) if buf.tma_ok or not c.use_tma]
+    if kernel == "dkdv" and buf.gluon_problem is None:
+        configs += GLUON_CONFIGS
+    return fitting(configs, block_mask)
 
 
 def _compile_candidates(buf: Buffers, block_mask, dq_modes: tuple) -> None:
