@@ -345,6 +345,23 @@ class RandomCalls:
         return "; ".join(parts)
 
 
+def gluon_candidates_only(monkeypatch, tuner, candidates_name: str, forget):
+    """A fixture body: ``tuner.<candidates_name>`` (a function returning the configs a tuner times) keeps only
+    the Gluon configs wherever it offers any, the disk tuning cache is off, and ``forget()`` (dropping the
+    tuner's decisions and resolved calls) runs before and after."""
+    original = getattr(tuner, candidates_name)
+
+    def gluon_only(*args, **kwargs):
+        configs = original(*args, **kwargs)
+        return [c for c in configs if c.gluon] or configs
+
+    forget()
+    monkeypatch.setattr(tuner, candidates_name, gluon_only)
+    monkeypatch.setenv("TRITONPATCH_TUNING_CACHE", "0")
+    yield
+    forget()
+
+
 def check_random_call(call: RandomCall, limits: dict) -> None:
     """Run ``call`` through ``K.attention`` (and its backward) and the fp32 reference (autograd through
     it); raise an AssertionError naming the call and every error over ``limits``: ``out`` and

@@ -15,7 +15,8 @@ from tritonpatch.kernels.bwd import configs as bwd_configs
 from tritonpatch.kernels.bwd.gluon_launch import gluon_problem
 from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
-from attention_cases import GPU_LIMITS, GPU_SHAPES, MASKS, RandomCalls, check_random_call, random_seed, rel_err
+from attention_cases import (GPU_LIMITS, GPU_SHAPES, MASKS, RandomCalls, check_random_call, gluon_candidates_only,
+                             random_seed, rel_err)
 
 pytestmark = pytest.mark.gpu
 
@@ -119,21 +120,11 @@ def gluon_selected(monkeypatch):
     ones elsewhere), with no earlier decision or resolved call kept."""
     from tritonpatch.kernels.bwd import tuner as bwd_tuner
 
-    original = bwd_tuner.candidates
-
-    def gluon_only(buf, block_mask, kernel):
-        configs = original(buf, block_mask, kernel)
-        return [c for c in configs if c.gluon] or configs
-
     def forget():
         bwd_tuner.forget_tuned()
         bwd_backward.resolved_calls.clear()
 
-    forget()
-    monkeypatch.setattr(bwd_tuner, "candidates", gluon_only)
-    monkeypatch.setenv("TRITONPATCH_TUNING_CACHE", "0")
-    yield
-    forget()
+    yield from gluon_candidates_only(monkeypatch, bwd_tuner, "candidates", forget)
 
 
 def test_random_calls_with_gluon_selected(gluon_selected):

@@ -11,7 +11,8 @@ import tritonpatch.kernels as K
 from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from tritonpatch.kernels.fwd.gluon_launch import gluon_problem
-from attention_cases import GPU_LIMITS, GPU_SHAPES, MASKS, RandomCalls, check_random_call, random_seed, rel_err
+from attention_cases import (GPU_LIMITS, GPU_SHAPES, MASKS, RandomCalls, check_random_call, gluon_candidates_only,
+                             random_seed, rel_err)
 
 pytestmark = pytest.mark.gpu
 
@@ -114,21 +115,11 @@ def gluon_selected(monkeypatch):
     elsewhere), with no earlier decision or resolved call kept."""
     from tritonpatch.kernels.fwd import tuner as fwd_tuner
 
-    original = fwd_tuner.tuning_candidates
-
-    def gluon_only(*args, **kwargs):
-        candidates = original(*args, **kwargs)
-        return [c for c in candidates if c.gluon] or candidates
-
     def forget():
         fwd_tuner.forget_tuned()
         fwd_forward.resolved_calls.clear()
 
-    forget()
-    monkeypatch.setattr(fwd_tuner, "tuning_candidates", gluon_only)
-    monkeypatch.setenv("TRITONPATCH_TUNING_CACHE", "0")
-    yield
-    forget()
+    yield from gluon_candidates_only(monkeypatch, fwd_tuner, "tuning_candidates", forget)
 
 
 def test_random_calls_with_gluon_selected(gluon_selected):
