@@ -1,14 +1,16 @@
 """Triton's private names (``triton._C``, ``triton.runtime._allocation``, ``module._attribute``) are
-used only in the two compat modules, so a Triton upgrade that moves them breaks in one known place:
-``tritonpatch/_triton_compat.py`` (the compiler hooks) and ``kernels/_runtime/triton_compat.py`` (the kernels'
-runtime)."""
+used only in the compat modules, so a Triton upgrade that moves them breaks in one known place:
+``tritonpatch/_triton_compat.py`` (the compiler hooks), ``kernels/_runtime/triton_compat.py`` (the kernels'
+runtime) and ``kernels/_runtime/gluon_compat.py`` (Gluon's API across versions: Triton 3.6 binds TMA
+reduce-add only in its builder)."""
 from __future__ import annotations
 
 import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-COMPAT = {ROOT / "tritonpatch" / "_triton_compat.py", ROOT / "kernels" / "_runtime" / "triton_compat.py"}
+COMPAT = {ROOT / "tritonpatch" / "_triton_compat.py", ROOT / "kernels" / "_runtime" / "triton_compat.py",
+          ROOT / "kernels" / "_runtime" / "gluon_compat.py"}
 
 
 def _private(parts) -> bool:
