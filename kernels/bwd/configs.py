@@ -47,7 +47,7 @@ class KernelConfig:
 
 
 GLUON_WG_KEYS = 64            # keys per consumer warpgroup of the Gluon dK/dV kernel (one wgmma M)
-GLUON_WORKER_REGISTERS = 32   # per thread of its loader and dQ writer warps' warpgroup (the consumers get 240 all the same)
+GLUON_WORKER_REGISTERS = 32   # per thread of its loader and dQ writer warps' warpgroup (consumers keep 240)
 # Registers per consumer thread (setmaxnreg): the register file after the workers' warpgroup, for the two
 # consumer warpgroups, at most 240; and the cap at launch, the register file over all three warpgroups.
 GLUON_CONSUMER_REGISTERS = min(240, (REGISTERS_PER_SM // 128 - GLUON_WORKER_REGISTERS) // 2 // 8 * 8)

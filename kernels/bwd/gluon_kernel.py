@@ -141,10 +141,10 @@ def _probabilities(s, b, h, q_rows, kv_idx, lse2, q_len, kv_len, sm_scale, qk_sc
 def _consumer_steps(dk, dv, i, t_begin, t_end, steps_full, f_ids, p_ids, k_w, v_w, k_cols0, k_cols1, q_smem,
                     do_smem, lse_smem, delta_smem, ds_smem, dq_cols, q_ready, q_empty, do_ready, do_empty,
                     ds_ready, dq_full, dq_empty, b, h, kv_idx, q_len, kv_len, sm_scale, qk_scale, mask_args,
-                    score_args, WG: gl.constexpr, MASK_FN: gl.constexpr, SCORE_FN: gl.constexpr, SCORE_GRAD_FN: gl.constexpr,
-                    HAS_SCORE: gl.constexpr, MASKED: gl.constexpr, ADD_DQ: gl.constexpr, SUB_M: gl.constexpr,
-                    BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr,
-                    st_layout: gl.constexpr, a_layout: gl.constexpr, dq_layout: gl.constexpr):
+                    score_args, WG: gl.constexpr, MASK_FN: gl.constexpr, SCORE_FN: gl.constexpr,
+                    SCORE_GRAD_FN: gl.constexpr, HAS_SCORE: gl.constexpr, MASKED: gl.constexpr, ADD_DQ: gl.constexpr,
+                    SUB_M: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                    NUM_WG: gl.constexpr, st_layout: gl.constexpr, a_layout: gl.constexpr, dq_layout: gl.constexpr):
     """Steps ``t_begin .. t_end - 1`` of one head's walk for consumer ``WG`` (global step counter ``i``):
     ``k_w``, ``v_w`` its keys' rows of K and V, ``k_cols0`` / ``k_cols1`` its head-dim columns of the
     first / second consumer's keys of K, and ``dq_cols`` its columns of the dQ tile. Returns ``(dk, dv, i)``."""
@@ -238,17 +238,18 @@ def _consumer_wg(q_smem, do_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_ready
         h, steps_full, steps_all, f_ids, p_ids = _head_tiles(g, b, kv_h, group_size, n_block, partial_num,
                                                              partial_ids, full_num, full_ids, stride_nb, stride_nh,
                                                              stride_ib, stride_ih, stride_in, SUB_M)
-        dk, dv, i = _consumer_steps(dk, dv, i, 0, steps_full, steps_full, f_ids, p_ids, k_w, v_w, k_cols0, k_cols1, q_smem,
-                                    do_smem, lse_smem, delta_smem, ds_smem, dq_cols, q_ready, q_empty, do_ready,
-                                    do_empty, ds_ready, dq_full, dq_empty, b, h, kv_idx, q_len, kv_len, sm_scale, qk_scale,
-                                    mask_args, score_args, WG, MASK_FN, SCORE_FN, SCORE_GRAD_FN, HAS_SCORE, False,
-                                    ADD_DQ, SUB_M, BLOCK_M, HEAD_DIM, STAGES, NUM_WG, st_layout, a_layout, dq_layout)
-        dk, dv, i = _consumer_steps(dk, dv, i, steps_full, steps_all, steps_full, f_ids, p_ids, k_w, v_w, k_cols0, k_cols1,
+        dk, dv, i = _consumer_steps(dk, dv, i, 0, steps_full, steps_full, f_ids, p_ids, k_w, v_w, k_cols0, k_cols1,
                                     q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_cols, q_ready, q_empty,
-                                    do_ready, do_empty, ds_ready, dq_full, dq_empty, b, h, kv_idx, q_len, kv_len, sm_scale,
-                                    qk_scale, mask_args, score_args, WG, MASK_FN, SCORE_FN, SCORE_GRAD_FN,
-                                    HAS_SCORE, True, ADD_DQ, SUB_M, BLOCK_M, HEAD_DIM, STAGES, NUM_WG, st_layout,
+                                    do_ready, do_empty, ds_ready, dq_full, dq_empty, b, h, kv_idx, q_len, kv_len,
+                                    sm_scale, qk_scale, mask_args, score_args, WG, MASK_FN, SCORE_FN, SCORE_GRAD_FN,
+                                    HAS_SCORE, False, ADD_DQ, SUB_M, BLOCK_M, HEAD_DIM, STAGES, NUM_WG, st_layout,
                                     a_layout, dq_layout)
+        dk, dv, i = _consumer_steps(dk, dv, i, steps_full, steps_all, steps_full, f_ids, p_ids, k_w, v_w, k_cols0,
+                                    k_cols1, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_cols, q_ready,
+                                    q_empty, do_ready, do_empty, ds_ready, dq_full, dq_empty, b, h, kv_idx, q_len,
+                                    kv_len, sm_scale, qk_scale, mask_args, score_args, WG, MASK_FN, SCORE_FN,
+                                    SCORE_GRAD_FN, HAS_SCORE, True, ADD_DQ, SUB_M, BLOCK_M, HEAD_DIM, STAGES, NUM_WG,
+                                    st_layout, a_layout, dq_layout)
     rows = n_start + WG * WG_KEYS + gl.arange(0, WG_KEYS, layout=gl.SliceLayout(1, kv_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
     offs = b * stride_dkb + kv_h * stride_dkh + rows[:, None] * stride_dkn + cols[None, :]
@@ -301,9 +302,9 @@ def _attn_bwd_dkdv_gluon_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_KEYS, BLOCK_M], q_desc.dtype)
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2 * NUM_WG, WG_KEYS, BLOCK_M], ds_layout)   # 2 buffers
     dq_smem = gl.allocate_shared_memory(dq_desc.dtype, dq_desc.block_type.shape, dq_desc.layout)
-    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], rows_layout)
-    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], rows_layout)
+    rows_smem_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], rows_smem_layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], rows_smem_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -327,13 +328,15 @@ def _attn_bwd_dkdv_gluon_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV
     v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
     dq_tile = dq_smem.reshape([BLOCK_M, HEAD_DIM])
     _specialize((q_smem, do_smem, lse_smem, delta_smem, ds_smem, kv_bar, q_ready, q_empty, do_ready, do_empty,
-                 ds_ready, dq_full, dq_empty, k_tile, v_tile, dq_tile, DK, DV, stride_dkb, stride_dkh, stride_dkn, b, kv_h, n_start, group_size, n_block, partial_num, partial_ids, full_num, full_ids,
-                 stride_nb, stride_nh, stride_ib, stride_ih, stride_in, q_len, kv_len, sm_scale, qk_scale,
+                 ds_ready, dq_full, dq_empty, k_tile, v_tile, dq_tile, DK, DV, stride_dkb, stride_dkh, stride_dkn, b,
+                 kv_h, n_start, group_size, n_block, partial_num, partial_ids, full_num, full_ids, stride_nb,
+                 stride_nh, stride_ib, stride_ih, stride_in, q_len, kv_len, sm_scale, qk_scale,
                  mask_args, score_args, gl.constexpr(MASK_FN), gl.constexpr(SCORE_FN), gl.constexpr(SCORE_GRAD_FN),
                  HAS_SCORE, ADD_DQ, SUB_M, BLOCK_M, HEAD_DIM, STAGES, NUM_WG),
                 (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_bar,
-                 q_ready, q_empty, do_ready, do_empty, LSE, DELTA, stride_lb, stride_lh, q_len, b, kv_h, n_start, group_size, n_block, partial_num, partial_ids, full_num,
-                 full_ids, stride_nb, stride_nh, stride_ib, stride_ih, stride_in, SUB_M, BLOCK_M, STAGES),
+                 q_ready, q_empty, do_ready, do_empty, LSE, DELTA, stride_lb, stride_lh, q_len, b, kv_h, n_start,
+                 group_size, n_block, partial_num, partial_ids, full_num, full_ids, stride_nb, stride_nh, stride_ib,
+                 stride_ih, stride_in, SUB_M, BLOCK_M, STAGES),
                 (dq_desc, dq_smem, dq_full, dq_empty, b, kv_h, group_size, n_block, partial_num, partial_ids,
                  full_num, full_ids, stride_nb, stride_nh, stride_ib, stride_ih, stride_in, ADD_DQ, SUB_M, BLOCK_M),
                 NUM_WG, CONSUMER_REGS)

@@ -82,8 +82,9 @@ def launch_dkdv(q, k, v, dout, dk, dv, dq_acc, lse, delta, tmask: TransposedBloc
     # without dQ the accumulator's descriptor is never used: any fp32 [B, H, Sq, D] tensor names its type
     acc = dq_acc if dq_acc is not None else torch.empty((1, 1, config.block_m, q.shape[-1]), dtype=torch.float32,
                                                         device=q.device)
-    args = (gluon_tile_descriptor(q, config.block_m), gluon_tile_descriptor(k, config.block_n), gluon_tile_descriptor(v, config.block_n),
-            gluon_tile_descriptor(dout, config.block_m), gluon_tile_descriptor(acc, config.block_m), dk, dv, lse, delta,
+    args = (gluon_tile_descriptor(q, config.block_m), gluon_tile_descriptor(k, config.block_n),
+            gluon_tile_descriptor(v, config.block_n), gluon_tile_descriptor(dout, config.block_m),
+            gluon_tile_descriptor(acc, config.block_m), dk, dv, lse, delta,
             dk.stride(0), dk.stride(1), dk.stride(2), lse.stride(0), lse.stride(1),
             *tile_list_args(tmask.q_num_blocks, tmask.q_indices, tmask.full_q_num_blocks, tmask.full_q_indices,
                             q, k, mask_mod, score_mod, scale))

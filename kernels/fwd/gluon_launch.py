@@ -83,8 +83,9 @@ def launch(q, k, v, out, lse, block_mask: BlockMask, mask_mod: MaskMod, score_mo
     batch, heads, q_len, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
     launch_args = (
-        gluon_tile_descriptor(q, WG_ROWS), gluon_tile_descriptor(k, config.block_n), gluon_tile_descriptor(v, config.block_n),
-        gluon_tile_descriptor(out, WG_ROWS), lse, lse.stride(0), lse.stride(1), *block_mask.kernel_arguments(batch, heads),
+        gluon_tile_descriptor(q, WG_ROWS), gluon_tile_descriptor(k, config.block_n),
+        gluon_tile_descriptor(v, config.block_n), gluon_tile_descriptor(out, WG_ROWS), lse, lse.stride(0),
+        lse.stride(1), *block_mask.kernel_arguments(batch, heads),
         heads, heads // kv_heads, q_len, kv_len, scale, scale * LOG2E,
         mask_mod.args, score_mod.args if score_mod is not None else ())
     kwargs = dict(kernel_constexprs(head_dim, config, mask_mod, score_mod), **config.compile_options())
