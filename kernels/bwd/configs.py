@@ -65,6 +65,13 @@ def gluon_config(stages: int = 2) -> KernelConfig:
 GLUON_CONFIGS = [gluon_config(2)]
 
 
+def gluon_candidates() -> list:
+    """The Gluon dK/dV candidates the tuner times: GLUON_CONFIGS and their disable-lsr variants. Loop strength
+    reduction changes the kernel's address arithmetic: at D=128 the variant spills about a third less
+    (tests/cpu/test_kernels_gluon_bwd.py); which one is faster is measured per shape."""
+    return GLUON_CONFIGS + pipeline_variants(GLUON_CONFIGS)
+
+
 # Hopper candidates. dK/dV: a wide kv tile (the accumulators) walked by narrow q steps; dQ: the
 # mirror image. Timed on the first call per shape (plus disable-lsr on the first); kept small because
 # every candidate compiles. Order and members from the H200 sweeps of scripts/benchmarks/attention.py

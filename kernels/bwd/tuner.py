@@ -10,7 +10,7 @@ from .._runtime.tma import tma_compatible
 from ..block_mask import BlockMask
 from ..masks import MaskMod, allow_all
 from ..scores import ScoreMod
-from .configs import GLUON_CONFIGS, BwdConfig, candidate_configs, fitting
+from .configs import BwdConfig, candidate_configs, fitting, gluon_candidates
 from .dq_adds import ATOMIC_ADD
 from .kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _preprocess_kernel
 from .launch import Buffers, launch_preprocess, run
@@ -92,10 +92,10 @@ def _stored_config(decision: dict | None, buf: Buffers, block_mask) -> BwdConfig
 def candidates(buf: Buffers, block_mask, kernel: str) -> list:
     """The configs the tuner times for ``kernel`` on these inputs: the head dim's (those with TMA only
     where the tensors allow it), plus for dK/dV the Gluon kernel's where it applies
-    (:func:`.gluon_launch.gluon_problem`), those whose tiles fit ``block_mask``."""
+    (:func:`.gluon_launch.gluon_problem`; with their disable-lsr variants), those whose tiles fit ``block_mask``."""
     configs = [c for c in candidate_configs(kernel, buf.q.shape[-1], buf.q.device) if buf.tma_ok or not c.use_tma]
     if kernel == "dkdv" and buf.gluon_problem is None:
-        configs += GLUON_CONFIGS
+        configs += gluon_candidates()
     return fitting(configs, block_mask)
 
 

@@ -121,6 +121,14 @@ GLUON_CONFIGS = {
 }
 
 
+def gluon_candidates(head_dim: int) -> list:
+    """The Gluon candidates the tuner times at ``head_dim``: GLUON_CONFIGS's and the disable-lsr variant of
+    the first (loop strength reduction changes the kernel's address arithmetic; which one is faster is
+    measured per shape)."""
+    configs = GLUON_CONFIGS[head_dim]
+    return configs + pipeline_variants(configs[:1])
+
+
 # Measured on H200 (docs/design/warp_specialization.md): 3 stages do not fit (D=128) or give NaN.
 WARP_SPECIALIZED_CONFIG = FwdConfig(128, 128, 4, 2, use_tma=True, warp_specialize=True)
 

@@ -8,7 +8,7 @@ from .._runtime import tuning_cache
 from .._runtime.launch import fastest, interpreting, parallel_compiles
 from .._runtime.tma import tma_compatible
 from ..masks import MaskMod
-from .configs import (GLUON_CONFIGS, SPLIT_CONFIG, WARP_SPECIALIZED_CONFIG, FwdConfig, candidate_configs,
+from .configs import (SPLIT_CONFIG, WARP_SPECIALIZED_CONFIG, FwdConfig, candidate_configs, gluon_candidates,
                       warp_specialize_problem)
 from .gluon_launch import gluon_problem
 from .kernels import _attn_fwd_kernel
@@ -36,7 +36,7 @@ def tuning_candidates(q, k, v, mask_mod: MaskMod, score_mod, block_mask, tma_ok:
         candidates += [ws for ws in (WARP_SPECIALIZED_CONFIG, SPLIT_CONFIG)
                        if warp_specialize_problem(q, k, v, mask_mod, score_mod, block_mask, ws.split) is None]
         if gluon_problem(q, k, v, mask_mod, score_mod) is None:
-            candidates += GLUON_CONFIGS[q.shape[-1]]
+            candidates += gluon_candidates(q.shape[-1])
     if block_mask is not None:
         candidates = [c for c in candidates if (c.block_m, c.block_n) == (block_mask.block_m, block_mask.block_n)]
         if not candidates:

@@ -25,7 +25,6 @@ import tritonpatch.kernels as K
 from tritonpatch.kernels._call import BlockMasks
 from tritonpatch.kernels.bwd import backward as bwd_backward
 from tritonpatch.kernels.bwd import configs as bwd_configs
-from tritonpatch.kernels.bwd import tuner as bwd_tuner
 from tritonpatch.kernels.bwd.launch import Buffers
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from scripts.benchmarks._common import environment_line, run_environment, tune_in_this_run
@@ -52,7 +51,7 @@ def measure(head_dim: int, seq: int, causal: bool) -> dict:
                "gluon separate": bwd_configs.BwdConfig("separate", gluon, dq_config), "tl": None}
     times = {}
     for name, config in configs.items():
-        with mock.patch.object(bwd_tuner, "GLUON_CONFIGS", []):   # "tl": the tuner without the Gluon candidate
+        with mock.patch.object(bwd_configs, "GLUON_CONFIGS", []):   # "tl": the tuner without the Gluon candidates
             times[name] = bench_ms(lambda: bwd_backward.attention_backward(q, k, v, out, lse, dout, mask_mod=mask,
                                                                            config=config, dq_mode="auto"))
     mask_mod = mask or K.allow_all()

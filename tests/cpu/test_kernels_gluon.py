@@ -11,6 +11,7 @@ import torch
 
 import tritonpatch.kernels as K
 from tritonpatch.inspection import disassemble, measure_resources, wgmma_overlap
+from tritonpatch.kernels._runtime.launch import pipeline_scope
 from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import launch as fwd_launch
 from tritonpatch.kernels.fwd.gluon_launch import gluon_problem
@@ -19,8 +20,9 @@ from attention_cases import spill_allowance
 
 MODIFIERS = {"causal": (K.causal(), None), "sliding+softcap": (K.sliding_window(256), K.softcap(30.0)),
              "document": (K.and_masks(K.causal(), K.document(torch.zeros(64, dtype=torch.int32))), None)}
-# every candidate with the causal mask; the other modifiers on the first candidate of each head dim
-CASES = [(d, c, "causal") for d, configs in fwd_configs.GLUON_CONFIGS.items() for c in configs]
+# every candidate the tuner times (the disable-lsr variant included) with the causal mask; the other modifiers
+# on the first candidate of each head dim
+CASES = [(d, c, "causal") for d in fwd_configs.GLUON_CONFIGS for c in fwd_configs.gluon_candidates(d)]
 CASES += [(d, configs[0], m) for d, configs in fwd_configs.GLUON_CONFIGS.items() for m in MODIFIERS if m != "causal"]
 
 
@@ -32,8 +34,9 @@ SPILL_BUDGET = {(128, "sliding+softcap"): (652, 820), (128, "document"): (32, 52
 
 def compile_gluon(config, head_dim, mask, score, dtype=torch.bfloat16):
     fn, signature, constexprs, _ = fwd_launch.compile_spec(dtype, head_dim, config, mask, score)
-    return compile_for_target(fn, signature, constexprs, target="sm_90", aligned_pointers=True,
-                              **config.compile_options())
+    with pipeline_scope(config.pipeline):
+        return compile_for_target(fn, signature, constexprs, target="sm_90", aligned_pointers=True,
+                                  **config.compile_options())
 
 
 @pytest.mark.parametrize("head_dim, config, modifiers", CASES, ids=[f"D{d}-{c.label()}-{m}" for d, c, m in CASES])
@@ -120,10 +123,10 @@ def test_tuner_offers_the_gluon_candidates_where_they_apply(monkeypatch):
     monkeypatch.setattr(fwd_tuner, "gluon_problem", as_on_hopper)
     q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
     offered = fwd_tuner.tuning_candidates(q, q, q, K.causal(), None, None, True)
-    assert [c for c in offered if c.gluon] == fwd_configs.GLUON_CONFIGS[128]
+    assert [c for c in offered if c.gluon] == fwd_configs.gluon_candidates(128)
     assert not [c for c in fwd_tuner.tuning_candidates(q, q, q, K.causal(), None, None, False) if c.gluon]
     custom = K.custom_mask(key_padding_dev, lambda b, h, qi, kv, n: kv < n[b], (torch.tensor([64]),))
     assert not [c for c in fwd_tuner.tuning_candidates(q, q, q, custom, None, None, True) if c.gluon]
     tiles = K.build_block_mask(K.causal(), 1, 2, 256, 256, block_m=128, block_n=128, device="cpu")
     with_mask = fwd_tuner.tuning_candidates(q, q, q, K.causal(), None, tiles, True)
-    assert {c.label() for c in with_mask if c.gluon} == {c.label() for c in fwd_configs.GLUON_CONFIGS[128]}
+    assert {c.label() for c in with_mask if c.gluon} == {c.label() for c in fwd_configs.gluon_candidates(128)}

@@ -4,6 +4,7 @@ by ptxas, the ``setmaxnreg`` budgets, TMA loads and the dQ writer's TMA reduce-a
 what it refuses, and the backward tuner offering it where it applies."""
 from __future__ import annotations
 
+import collections
 import re
 
 import pytest
@@ -82,6 +83,37 @@ def test_gluon_problem_names_what_the_kernel_cannot_run():
     assert "Hopper" in gluon_launch.gluon_problem(q, q, q, q, K.causal(), None)
 
 
+def test_disable_lsr_candidate_compiles_through_its_pipeline_and_spills_less(monkeypatch, fresh_compiles):
+    """The tuner's disable-lsr Gluon candidate, compiled as the launcher does (the JIT, no GPU): a kernel of its
+    own in the JIT's cache (the Pipeline is in the key), different code, and at D=128 fewer spills than the
+    plain candidate (Triton 3.6: 204 against 316 bytes of spill stores)."""
+    from triton.runtime.driver import driver
+
+    from tritonpatch import llvm
+    from tritonpatch.kernels._call import BlockMasks
+    from tritonpatch.kernels.bwd import launch as bwd_launch
+    from tritonpatch.kernels.bwd.dq_adds import ATOMIC_ADD
+    from tritonpatch.kernels.bwd.gluon_kernel import _attn_bwd_dkdv_gluon_kernel
+    from tritonpatch.targets import CompileOnlyDriver
+
+    if not llvm.available():
+        pytest.skip("tritonpatch._native is not usable here (no disable-lsr candidate)")
+    monkeypatch.setattr(driver, "_active", CompileOnlyDriver())
+    monkeypatch.setattr(_attn_bwd_dkdv_gluon_kernel, "device_caches",
+                        collections.defaultdict(_attn_bwd_dkdv_gluon_kernel.create_binder))
+    q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 2, 256)
+    buf = bwd_launch.Buffers(q, q, q, q, q, lse, None, K.causal(), None, 0.1, BlockMasks(None, K.causal(), q, q))
+    plain, variant = bwd_configs.gluon_candidates()
+    assert (plain, variant.pipeline_label) == (bwd_configs.GLUON_CONFIGS[0], "disable-lsr")
+    for config in (plain, variant):
+        buf.dkdv(config, torch.zeros(q.shape), ATOMIC_ADD, warmup=True)
+    kernels = list(_attn_bwd_dkdv_gluon_kernel.device_caches[0][0].values())
+    assert len(kernels) == 2 and kernels[0].asm["ptx"] != kernels[1].asm["ptx"]
+    spills = [measure_resources(c.asm["cubin"], c.asm["ptx"], 90, (), c.metadata.shared).spill_stores for c in kernels]
+    assert spills[1] < spills[0], spills
+
+
 def test_explicit_gluon_config_on_a_call_it_cannot_run_is_an_error():
     q = torch.randn(1, 2, 64, 32)
     lse = torch.zeros(1, 2, 64)
@@ -90,9 +122,10 @@ def test_explicit_gluon_config_on_a_call_it_cannot_run_is_an_error():
         K.attention_backward(q, q, q, q, lse, q, config=config)
 
 
-def test_tuner_offers_the_gluon_candidate_where_it_applies(monkeypatch):
-    """The Gluon candidate joins the dK/dV candidates where the call allows it (the device check stubbed:
-    no GPU here), never the dQ ones, and it fits block masks of whole 64 x 128 multiples only."""
+def test_tuner_offers_the_gluon_candidates_where_they_apply(monkeypatch):
+    """The Gluon candidates (plain and disable-lsr) join the dK/dV candidates where the call allows them (the
+    device check stubbed: no GPU here), never the dQ ones, and they fit block masks of whole 64 x 128
+    multiples only."""
     from tritonpatch.kernels._call import BlockMasks
     from tritonpatch.kernels.bwd import launch as bwd_launch
     from tritonpatch.kernels.bwd import tuner as bwd_tuner
@@ -103,9 +136,9 @@ def test_tuner_offers_the_gluon_candidate_where_it_applies(monkeypatch):
     assert "Hopper" in buf.gluon_problem
     assert not [c for c in bwd_tuner.candidates(buf, None, "dkdv") if c.gluon]
     buf.gluon_problem = None   # as on Hopper
-    assert [c for c in bwd_tuner.candidates(buf, None, "dkdv") if c.gluon] == bwd_configs.GLUON_CONFIGS
+    assert [c for c in bwd_tuner.candidates(buf, None, "dkdv") if c.gluon] == bwd_configs.gluon_candidates()
     assert not [c for c in bwd_tuner.candidates(buf, None, "dq") if c.gluon]
     fits = K.build_block_mask(K.causal(), 1, 2, 256, 256, block_m=128, block_n=128, device="cpu")
     narrow = K.build_block_mask(K.causal(), 1, 2, 256, 256, block_m=128, block_n=64, device="cpu")
-    assert [c for c in bwd_tuner.candidates(buf, fits, "dkdv") if c.gluon] == bwd_configs.GLUON_CONFIGS
+    assert [c for c in bwd_tuner.candidates(buf, fits, "dkdv") if c.gluon] == bwd_configs.gluon_candidates()
     assert not [c for c in bwd_tuner.candidates(buf, narrow, "dkdv") if c.gluon]

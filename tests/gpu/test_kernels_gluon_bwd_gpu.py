@@ -114,6 +114,24 @@ def test_separate_mode_is_repeatable():
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_disable_lsr_candidate_gives_the_plain_candidates_bits(head_dim):
+    """The tuner's disable-lsr candidate changes address arithmetic only: in separate mode its gradients are
+    bitwise the plain candidate's (and match the reference)."""
+    candidates = bwd_configs.gluon_candidates()
+    if len(candidates) < 2:
+        pytest.skip("tritonpatch._native is not usable here (no disable-lsr candidate)")
+    device = torch.device("cuda")
+    q, k, v = (torch.randn(2, 4, 1100, head_dim, device=device, dtype=torch.bfloat16) for _ in range(3))
+    dq = [c for c in bwd_configs.DQ_CONFIGS[head_dim] if c.use_tma][0]
+    mask = MASKS["sliding|prefix"](1100, device)
+    torch.manual_seed(0)
+    plain = check_backward(q, k, v, bwd_configs.BwdConfig("separate", candidates[0], dq), mask)
+    torch.manual_seed(0)   # the same dout
+    variant = check_backward(q, k, v, bwd_configs.BwdConfig("separate", candidates[1], dq), mask)
+    assert all(torch.equal(a, b) for a, b in zip(plain, variant))
+
+
 @pytest.fixture
 def gluon_selected(monkeypatch):
     """The backward tuner offers only the Gluon dK/dV candidates wherever they apply (the Triton-language

@@ -79,6 +79,23 @@ def test_gqa_and_unequal_lengths(groups):
     check_forward(q, k, v, gluon_config(), None, enable_gqa=True)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_disable_lsr_candidate_gives_the_plain_candidates_bits(head_dim):
+    """The tuner's disable-lsr candidate changes address arithmetic only: bitwise the plain candidate's output
+    and log-sum-exp (and both match the reference)."""
+    candidates = fwd_configs.gluon_candidates(head_dim)
+    if not [c for c in candidates if c.pipeline is not None]:
+        pytest.skip("tritonpatch._native is not usable here (no disable-lsr candidate)")
+    plain, variant = candidates[0], candidates[-1]
+    seq, device = 1100, torch.device("cuda")
+    q, k, v = (torch.randn(2, 4, seq, head_dim, device=device, dtype=torch.bfloat16) for _ in range(3))
+    mask = MASKS["sliding|prefix"](seq, device)
+    for config in (plain, variant):
+        check_forward(q, k, v, config, mask)
+    first, again = (fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=c) for c in (plain, variant))
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
 @pytest.mark.parametrize("score", ["alibi", "softcap"])
 def test_score_mods(score):
     device = torch.device("cuda")
