@@ -16,6 +16,7 @@ from collections import OrderedDict
 import torch
 import triton
 
+from .compile_workers import DeferredCompiles
 from .triton_compat import async_compile_active, async_compile_mode, fix_interpreter_index
 
 
@@ -195,12 +196,12 @@ def _with_base(descriptor, base):
 
 @contextlib.contextmanager
 def parallel_compiles():
-    """Kernels warmed up inside compile on ``TRITONPATCH_COMPILE_THREADS`` threads (Triton's
-    AsyncCompileMode; tritonpatch carries each caller's Pipeline into its compile); the block waits
-    for all of them. A compile that fails is left to fail again, with its error, when it launches.
-    Sequential under the interpreter, with one thread, or inside a caller's own AsyncCompileMode."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """Kernels warmed up inside compile when the block ends, on ``TRITONPATCH_COMPILE_THREADS`` forked
+    worker processes and then as many threads here, which load what the workers stored in Triton's disk
+    cache (:mod:`.compile_workers`; Triton's AsyncCompileMode, tritonpatch carrying each caller's Pipeline
+    into its compile); the block waits for all of them. A compile that fails is left to fail again, with
+    its error, when it launches. Sequential under the interpreter, with one thread, or inside a caller's
+    own AsyncCompileMode."""
     from tritonpatch import env
 
     threads = env.compile_threads()
@@ -213,9 +214,12 @@ def parallel_compiles():
     import tritonpatch
 
     tritonpatch.install()
-    with ThreadPoolExecutor(threads, thread_name_prefix="tritonpatch-compile") as executor, \
-            async_compile_mode(executor):
-        yield
+    executor = DeferredCompiles(threads)
+    with async_compile_mode(executor):
+        try:
+            yield
+        finally:
+            executor.run()
 
 
 def fastest(candidates: list, launch_config, what: str):
