@@ -12,7 +12,7 @@ offending token.
     TRITONPATCH_LOG=info|debug                       log which Pipeline each kernel compiled with
     TRITONPATCH_STRICT=1                             a failing IR pass raises instead of falling back
     TRITONPATCH_AUTOLOAD=1                           activate at interpreter start (see _autoload)
-    TRITONPATCH_COMPILE_THREADS=N                    threads the attention tuners compile candidates on
+    TRITONPATCH_COMPILE_THREADS=N                    worker processes the attention tuners compile candidates in
     TRITONPATCH_TUNING_CACHE=DIR|0                   where the attention tuners keep decisions (0: memory only)
     TRITONPATCH_FAST_LAUNCH=0                        attention kernels launch through Triton's JIT every call
 
@@ -194,8 +194,9 @@ def strict(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def compile_threads(environ: Mapping[str, str] | None = None) -> int:
-    """``TRITONPATCH_COMPILE_THREADS``: how many threads ``tritonpatch.kernels`` compiles its tuning
-    candidates on (unset: the CPU count, at most 16; ``1``: one after the other)."""
+    """``TRITONPATCH_COMPILE_THREADS``: how many forked worker processes (and threads loading their
+    results) ``tritonpatch.kernels`` compiles its tuning candidates in (unset: the CPU count, at most 16;
+    ``1``: one after the other, in this process)."""
     environ = os.environ if environ is None else environ
     value = environ.get(COMPILE_THREADS, "")
     if not value.strip():

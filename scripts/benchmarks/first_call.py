@@ -5,8 +5,8 @@ cache directories (every kernel compiles, every candidate is timed), then a seco
 the same directories (a restarted job: compiled kernels and tuning decisions come from disk). Times
 the first ``attention(...).backward(dout)`` of tritonpatch.kernels (forward and both backward dQ
 modes tuned) and the first call of compiled FlexAttention, wall clock with a sync.
-``TRITONPATCH_COMPILE_THREADS`` sets how many threads our tuners compile candidates on (1: one after
-the other, the behaviour before parallel tuning compiles).
+``TRITONPATCH_COMPILE_THREADS`` sets how many worker processes our tuners compile candidates in (1: one
+after the other, in the calling process).
 
 Usage (CUDA machine):
     python scripts/benchmarks/first_call.py --threads 1,16 --out DIR   # -> DIR/first_call.{json,md,png}, 2 runs each
