@@ -174,3 +174,14 @@ def compile_pipeline() -> Pipeline:
     if record is not None and record[0] is _effective.get():
         return record[1]
     return current_pipeline()
+
+
+def _reset_locks_in_child() -> None:
+    """A fork while another thread held one of these locks must not leave the child deadlocked (the
+    attention tuners compile in forked workers)."""
+    global _environment_lock, _process_lock
+    _environment_lock = threading.Lock()
+    _process_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_locks_in_child)

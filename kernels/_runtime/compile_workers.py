@@ -1,26 +1,31 @@
 """Compiling the tuners' candidates in forked worker processes.
 
 Triton's code generation and its in-process LLVM stages hold the GIL, so compile threads overlap
-little more than ptxas: on the H200's 16-CPU host the first attention fwd+bwd call spent most of its
-36 s compiling about 31 candidates one at a time (``docs/benchmarks/first_call.md``).
+little more than ptxas: on the H200's 16-CPU host the first attention fwd+bwd call took 36 s on 16
+threads, most of it compiling about 31 candidates, and 17 s with workers (``docs/benchmarks/first_call.md``).
 
 :class:`DeferredCompiles` is the executor :func:`.launch.parallel_compiles` gives Triton's
 ``AsyncCompileMode``: it only records each compile the tuner's warm-up launches submit. :meth:`run`
 then forks worker processes, each a copy of this process at that moment (the same kernels, masks,
 Pipelines, hooks and options), which compile their share of the recorded compiles into Triton's disk
 cache and exit; afterwards the compiles run here, on threads, and load what the workers stored. The
-binaries are the ones this process would have built (the workers run the very same compile calls);
-a worker that fails, hangs past :data:`WORKER_TIMEOUT_S`, or cannot be forked costs only time: the
-compile then happens here, as without workers.
+binaries are the ones this process would have built: the workers run the very same compile calls, under
+the same cache keys. A worker that fails, hangs past :data:`WORKER_TIMEOUT_S`, or cannot be forked costs
+only time: the compile then happens here, as without workers. What a compile prints or warns (a pass
+falling back, an ignored register cap) comes from the worker that ran it.
 
-Workers are skipped where they cannot help: one compile, no ``os.fork`` (not Linux/macOS),
-``TRITON_ALWAYS_COMPILE`` (nothing would be read back from the cache). A worker never touches the GPU:
-the compiles have their target already, and it leaves with ``os._exit``.
+Workers are skipped where they cannot help or could differ: one compile, no ``os.fork`` (not
+Linux/macOS), ``TRITON_ALWAYS_COMPILE`` (nothing would be read back from the cache),
+``TRITON_INSTRUMENTATION_MODE`` (its option parsing may query the GPU). A worker never touches the GPU
+(the compiles carry their target; its garbage collector is off, so no finalizer of this process's
+kernels runs there) and leaves with ``os._exit``; Ctrl-C stops it.
 """
 from __future__ import annotations
 
+import gc
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -29,7 +34,7 @@ from typing import Callable
 
 import triton
 
-# A worker compiling longer than this is stopped; its compiles then run in this process.
+# The workers still compiling this long after they were started are stopped; their compiles then run here.
 WORKER_TIMEOUT_S = 600.0
 
 
@@ -47,12 +52,15 @@ class DeferredCompile(Future):
     def claimed(self) -> bool:
         return self._claimed
 
+    def _take(self) -> bool:
+        with self._claim:
+            taken, self._claimed = not self._claimed, True
+        return taken
+
     def ensure_run(self) -> None:
         """Run the compile here unless some thread already has it."""
-        with self._claim:
-            if self._claimed:
-                return
-            self._claimed = True
+        if not self._take():
+            return
         self.set_running_or_notify_cancel()
         try:
             self.set_result(self.compile_fn())
@@ -78,57 +86,95 @@ class DeferredCompiles(Executor):
         return future
 
     def run(self) -> None:
-        """Complete every recorded compile (its kernel, or its exception)."""
+        """Complete every recorded compile (its kernel, or its exception). Interrupted while the workers
+        run (Ctrl-C), it stops them and still completes every compile here before the interruption goes
+        on: Triton keeps each submitted compile's future as the kernel (3.8+), so one left without a
+        kernel would fail every later launch of that kernel in this process."""
         pending, self.pending = self.pending, []
-        compile_in_workers([f.compile_fn for f in pending if not f.claimed()], self.workers)
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="tritonpatch-compile") as threads:
-            for future in pending:
-                threads.submit(future.ensure_run)
+        try:
+            compile_in_workers([f.compile_fn for f in pending if not f.claimed()], self.workers)
+        finally:
+            with ThreadPoolExecutor(self.workers, thread_name_prefix="tritonpatch-compile") as threads:
+                for future in pending:
+                    threads.submit(future.ensure_run)
 
 
 def compile_in_workers(compiles: list, workers: int) -> int:
     """Run ``compiles`` (zero-argument callables) in up to ``workers`` forked processes, round robin, and
-    wait for them; returns how many workers finished without an error (0 where none were started)."""
+    wait for them (all stopped :data:`WORKER_TIMEOUT_S` after the start, or when this raises); returns how
+    many workers finished without an error (0 where none were started)."""
     workers = min(workers, len(compiles))
-    if workers < 2 or not hasattr(os, "fork") or triton.knobs.compilation.always_compile:
+    knobs = triton.knobs.compilation
+    if workers < 2 or not hasattr(os, "fork") or knobs.always_compile or knobs.instrumentation_mode:
         return 0
     pids = []
-    with warnings.catch_warnings():
-        # Python 3.12 warns on fork in a multi-threaded process (torch's threads): the worker only compiles
-        # (no CUDA, no locks of other threads: the tuner's own compile threads are not started yet).
-        warnings.simplefilter("ignore", DeprecationWarning)
-        for share in (compiles[i::workers] for i in range(workers)):
-            try:
-                pid = os.fork()
-            except OSError:
-                break
-            if pid == 0:
-                _worker(share)
-            pids.append(pid)
-    return sum(_wait(pid, time.monotonic() + WORKER_TIMEOUT_S) for pid in pids)
+    clean = 0
+    gc.freeze()   # the children share these objects' pages untouched (their collector is off anyway)
+    try:
+        with warnings.catch_warnings():
+            # Python 3.12 warns on fork in a multi-threaded process (torch's threads). The worker only
+            # compiles; locks tritonpatch takes are reset in a forked child (os.register_at_fork).
+            warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks",
+                                    category=DeprecationWarning)
+            for share in (compiles[i::workers] for i in range(workers)):
+                try:
+                    pid = os.fork()
+                except OSError:   # no more processes: what the workers do not build compiles here
+                    break
+                if pid == 0:
+                    _worker(share)
+                pids.append(pid)
+        deadline = time.monotonic() + WORKER_TIMEOUT_S
+        for pid in list(pids):
+            clean += _reap(pid, deadline)
+            pids.remove(pid)
+    finally:
+        gc.unfreeze()
+        for pid in pids:   # left by an exception (Ctrl-C): stop the rest
+            _stop(pid)
+    return clean
 
 
 def _worker(compiles: list) -> None:
     """A forked worker's whole life: compile, never return into the caller's code."""
-    status = 0
+    status = 1
     try:
+        gc.disable()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        status = 0
         for compile_fn in compiles:
             try:
                 compile_fn()
-            except BaseException:  # noqa: BLE001 - this compile runs again in the parent, which reports it
+            except Exception:  # noqa: BLE001 - this compile runs again in the parent, which reports it
                 status = 1
     finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream: nothing to flush
+                pass
         os._exit(status)
 
 
-def _wait(pid: int, deadline: float) -> bool:
-    """Reap worker ``pid`` (killing it at ``deadline``); whether it exited cleanly."""
+def _reap(pid: int, deadline: float) -> bool:
+    """Wait for worker ``pid`` until ``deadline`` (then stop it); whether it exited cleanly."""
     while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:   # reaped elsewhere (SIGCHLD ignored): its outcome is unknown
+            return False
         if done:
             return os.waitstatus_to_exitcode(status) == 0
         if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            _stop(pid)
             return False
         time.sleep(0.02)
+
+
+def _stop(pid: int) -> None:
+    """Kill worker ``pid`` and reap it (it may have exited already)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass

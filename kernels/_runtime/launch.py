@@ -37,7 +37,7 @@ def check_device(tensor: torch.Tensor, what: str) -> None:
 
 def launch(kernel, grid, args: tuple, kwargs: dict, warmup: bool = False):
     """``kernel[grid](*args, **kwargs)``, or with ``warmup`` compile it without launching (inside
-    :func:`parallel_compiles`: on a worker thread)."""
+    :func:`parallel_compiles`: when the block ends, in worker processes)."""
     if warmup:
         return kernel.warmup(*args, grid=grid, **kwargs)
     return kernel[grid](*args, **kwargs)
@@ -199,9 +199,9 @@ def parallel_compiles():
     """Kernels warmed up inside compile when the block ends, on ``TRITONPATCH_COMPILE_THREADS`` forked
     worker processes and then as many threads here, which load what the workers stored in Triton's disk
     cache (:mod:`.compile_workers`; Triton's AsyncCompileMode, tritonpatch carrying each caller's Pipeline
-    into its compile); the block waits for all of them. A compile that fails is left to fail again, with
-    its error, when it launches. Sequential under the interpreter, with one thread, or inside a caller's
-    own AsyncCompileMode."""
+    into its compile); the block waits for all of them, also when it is left by an exception. A compile
+    that fails is left to fail again, with its error, when it launches. Sequential under the interpreter,
+    with one thread, or inside a caller's own AsyncCompileMode."""
     from tritonpatch import env
 
     threads = env.compile_threads()
@@ -219,7 +219,7 @@ def parallel_compiles():
         try:
             yield
         finally:
-            executor.run()
+            executor.run()   # also when the block fails: Triton keeps every submitted compile's future
 
 
 def fastest(candidates: list, launch_config, what: str):

@@ -1,10 +1,13 @@
 """The tuners' compiles in forked worker processes (``kernels/_runtime/compile_workers.py``): workers run
-their share and exit, a failing or hung one only costs time, a kernel asked for inside the block compiles
-at once, and the tuner's candidates come out of the workers' cache bit for bit as compiled here."""
+their share once and exit, failing or hung ones only cost time (one deadline for all), a kernel asked for
+inside the block compiles at once, a block left by an exception or an interrupted run still completes
+every compile, and the tuner's candidates come out of the workers' cache bit for bit as compiled here. A hang fails the test run (faulthandler) instead of stalling it."""
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
+import threading
 import time
 from collections import defaultdict
 
@@ -21,6 +24,13 @@ from tritonpatch.kernels.fwd import launch as fwd_launch
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="worker processes are forked (Linux, macOS)")
 
 
+@pytest.fixture(autouse=True)
+def no_hang():
+    faulthandler.dump_traceback_later(600, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
 def touch(path):
     return lambda: open(path, "w").close()
 
@@ -31,24 +41,58 @@ def test_workers_run_every_compile_once_in_another_process(tmp_path):
 
     def record(path):
         def compile_fn():
-            path.write_text(str(os.getpid()))
+            with open(path, "a") as f:
+                f.write(f"{os.getpid()}\n")
         return compile_fn
 
     assert compile_in_workers([record(p) for p in paths], 3) == 3
-    pids = {int(p.read_text()) for p in paths}
+    runs = [p.read_text().split() for p in paths]
+    assert all(len(r) == 1 for r in runs)
+    pids = {int(r[0]) for r in runs}
     assert len(pids) == 3 and parent not in pids
 
 
-def test_a_failing_or_hung_worker_only_costs_time(tmp_path, monkeypatch):
+def test_failing_or_hung_workers_only_cost_time(tmp_path, monkeypatch):
     def fail():
         raise RuntimeError("compile failed")
 
     assert compile_in_workers([fail, touch(tmp_path / "ok")], 2) == 1
     assert (tmp_path / "ok").exists()
-    monkeypatch.setattr(compile_workers, "WORKER_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(compile_workers, "WORKER_TIMEOUT_S", 1.0)
     start = time.monotonic()
-    assert compile_in_workers([lambda: time.sleep(60), touch(tmp_path / "ok2")], 2) == 1
-    assert time.monotonic() - start < 30 and (tmp_path / "ok2").exists()
+    hang = lambda: time.sleep(60)   # noqa: E731
+    assert compile_in_workers([hang, hang, touch(tmp_path / "ok2")], 3) == 1
+    assert time.monotonic() - start < 1.9   # one deadline for all workers, not one per worker
+    assert (tmp_path / "ok2").exists()
+
+
+def test_a_worker_forked_while_another_thread_holds_tritonpatchs_locks_can_take_them(tmp_path):
+    """tritonpatch's Pipeline locks are reset in a forked child: a worker forked while a thread of the
+    parent holds them (a compile elsewhere) does not deadlock on its first compile."""
+    from tritonpatch import _current
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with _current._process_lock, _current._environment_lock:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+
+    def take_locks():
+        if not (_current._process_lock.acquire(timeout=5) and _current._environment_lock.acquire(timeout=5)):
+            raise TimeoutError("a lock held by a thread of the parent")
+        (tmp_path / "took").touch()
+
+    try:
+        assert compile_in_workers([take_locks, lambda: None], 2) == 2
+    finally:
+        release.set()
+        holder.join()
+    assert (tmp_path / "took").exists()
 
 
 def test_no_workers_where_they_cannot_help(tmp_path, monkeypatch):
@@ -78,49 +122,95 @@ def test_deferred_compiles_run_once_and_early_when_asked_for():
         bad.result()
 
 
-def test_tuning_candidates_come_from_the_workers_bit_for_bit(monkeypatch, tmp_path):
-    """parallel_compiles with the disk cache on: every candidate (the disable-lsr variant's included) is
-    compiled by the workers (no compile stage runs in this process) and loads as the binary a sequential
-    compile here gives."""
+def test_an_interrupted_run_still_completes_every_compile(monkeypatch):
+    """Triton's AsyncCompileMode waits for every submitted compile and (3.8+) keeps its future as the
+    kernel: an interruption while the workers run must leave none pending or failed."""
+    calls = []
+    executor = DeferredCompiles(2)
+    futures = [executor.submit(calls.append, i) for i in range(3)]
+
+    def interrupted(compiles, workers):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compile_workers, "compile_in_workers", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        executor.run()
+    assert all(f.done() and f.exception() is None for f in futures) and sorted(calls) == [0, 1, 2]
+
+
+@pytest.fixture
+def compiles_here(monkeypatch):
+    """Compile-only Triton (sm_90, no GPU) with the disk cache on; yields the list that grows by one for
+    every compile that runs its LLVM stage in this process."""
     from triton.backends.nvidia.compiler import CUDABackend
     from triton.runtime.driver import driver
 
-    from tritonpatch import llvm
-    from tritonpatch.kernels._runtime.launch import parallel_compiles, pipeline_variants
     from tritonpatch.targets import CompileOnlyDriver
 
-    if not llvm.available():
-        pytest.skip("tritonpatch._native is not usable here (no Pipeline variant to carry)")
     monkeypatch.setattr(driver, "_active", CompileOnlyDriver())
     monkeypatch.delenv("TRITON_ALWAYS_COMPILE", raising=False)
-    compiled_here = []
+    compiled = []
     make_llir = CUDABackend.make_llir
 
     def counting_make_llir(self, *args):
-        compiled_here.append(1)
+        compiled.append(1)
         return make_llir(self, *args)
 
     monkeypatch.setattr(CUDABackend, "make_llir", counting_make_llir)
     kernel = fwd_kernels._attn_fwd_kernel
+    monkeypatch.setattr(kernel, "device_caches", defaultdict(kernel.create_binder))   # no in-memory hits
+    yield compiled
+
+
+def warm_up(config):
+    """Compile (not launch) the forward for ``config`` on a causal 256 x 256 problem."""
+    q = torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16)
+    block_mask = K.build_block_mask(K.causal(), 1, 2, 256, 256, block_m=128, block_n=64, device="cpu")
+    return fwd_launch.launch(q, q, q, q.clone(), torch.zeros(1, 2, 256), block_mask, K.causal(), None, 0.125, config,
+                             warmup=True)
+
+
+def test_a_block_left_by_an_exception_leaves_its_kernels_usable(monkeypatch, tmp_path, compiles_here):
+    """The exception goes on, and the compiles submitted before it complete: Triton 3.8+ keeps the
+    submitted future as the kernel, so a later launch gets that kernel (not a failed future)."""
+    from tritonpatch.kernels._runtime.launch import parallel_compiles
+
+    monkeypatch.setenv("TRITONPATCH_COMPILE_THREADS", "2")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    config = fwd_configs.FwdConfig(128, 64, 4, 2)
+    with pytest.raises(RuntimeError, match="tuning failed"):
+        with parallel_compiles():
+            pending = warm_up(config)
+            raise RuntimeError("tuning failed")
+    assert "ld.global" in pending.result().asm["ptx"]
+    assert warm_up(config).asm["ptx"] == pending.result().asm["ptx"]
+
+
+def test_tuning_candidates_come_from_the_workers_bit_for_bit(monkeypatch, tmp_path, compiles_here):
+    """parallel_compiles with the disk cache on: every candidate (the disable-lsr variant's included) is
+    compiled by the workers (no compile stage runs in this process) and loads as the binary a sequential
+    compile here gives (PTX and cubin)."""
+    from tritonpatch import llvm
+    from tritonpatch.kernels._runtime.launch import parallel_compiles, pipeline_variants
+
+    if not llvm.available():
+        pytest.skip("tritonpatch._native is not usable here (no Pipeline variant to carry)")
     base = [fwd_configs.FwdConfig(128, 64, 4, 2, True), fwd_configs.FwdConfig(128, 64, 4, 2)]
     configs = base + pipeline_variants(base[:1])
-    q, k, v, out = (torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16) for _ in range(4))
-    lse = torch.zeros(1, 2, 256)
-    mask = K.causal()
-    block_mask = K.build_block_mask(mask, 1, 2, 256, 256, block_m=128, block_n=64, device="cpu")
+    kernel = fwd_kernels._attn_fwd_kernel
 
     def compile_all(workers: int, cache: str) -> list:
         monkeypatch.setenv("TRITONPATCH_COMPILE_THREADS", str(workers))
         monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / cache))
-        monkeypatch.setattr(kernel, "device_caches", defaultdict(kernel.create_binder))   # no in-memory hits
+        monkeypatch.setattr(kernel, "device_caches", defaultdict(kernel.create_binder))
         with parallel_compiles() if workers > 1 else contextlib.nullcontext():
-            compiled = [fwd_launch.launch(q, k, v, out, lse, block_mask, mask, None, 0.125, c, warmup=True)
-                        for c in configs]
-        return [(c.result() if workers > 1 else c).asm["ptx"] for c in compiled]
+            compiled = [warm_up(c) for c in configs]
+        kernels = [c.result() if workers > 1 else c for c in compiled]
+        return [(k.asm["ptx"], k.asm["cubin"]) for k in kernels]
 
     from_workers = compile_all(2, "workers")
-    assert not compiled_here
+    assert not compiles_here
     here = compile_all(1, "here")
-    assert len(compiled_here) == len(configs)
+    assert len(compiles_here) == len(configs)
     assert from_workers == here
-    assert from_workers[2] != from_workers[0]   # the Pipeline reached its worker (disable-lsr changes the PTX)
+    assert from_workers[2][0] != from_workers[0][0]   # the Pipeline reached its worker (disable-lsr changes the PTX)

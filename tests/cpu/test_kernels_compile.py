@@ -126,8 +126,9 @@ def test_parallel_compiles_hook_tritonpatch_in_before_the_first_submit(monkeypat
 
 
 def test_parallel_tuning_compiles_match_sequential_ones(monkeypatch, fresh_compiles):
-    """The tuner compiles its candidates on worker threads (``parallel_compiles``): each binary, the
-    disable-lsr Pipeline variant's included, is the one a sequential compile on this thread gives."""
+    """The tuner's compiles under ``parallel_compiles`` complete on threads (here, with the disk cache
+    bypassed, without worker processes): each binary, the disable-lsr Pipeline variant's included, is the
+    one a sequential compile on this thread gives."""
     from collections import defaultdict
 
     from triton.runtime.driver import driver
