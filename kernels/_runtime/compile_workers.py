@@ -22,6 +22,7 @@ kernels runs there) and leaves with ``os._exit``; Ctrl-C stops it.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -94,9 +95,13 @@ class DeferredCompiles(Executor):
         try:
             compile_in_workers([f.compile_fn for f in pending if not f.claimed()], self.workers)
         finally:
-            with ThreadPoolExecutor(self.workers, thread_name_prefix="tritonpatch-compile") as threads:
-                for future in pending:
-                    threads.submit(future.ensure_run)
+            try:
+                with ThreadPoolExecutor(self.workers, thread_name_prefix="tritonpatch-compile") as threads:
+                    for future in pending:
+                        threads.submit(future.ensure_run)
+            finally:
+                for future in pending:   # any the threads were not given (a second interruption)
+                    future.ensure_run()
 
 
 def compile_in_workers(compiles: list, workers: int) -> int:
@@ -109,9 +114,13 @@ def compile_in_workers(compiles: list, workers: int) -> int:
         return 0
     pids = []
     clean = 0
-    gc.freeze()   # the children share these objects' pages untouched (their collector is off anyway)
+    freeze = gc.get_freeze_count() == 0   # gc.freeze does not nest: leave a caller's own freeze alone
+    if freeze:
+        gc.freeze()   # the children share these objects' pages untouched (their collector is off anyway)
+    for stream in (sys.stdout, sys.stderr):   # or each worker would write what is buffered here again
+        _flush(stream)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _sigint_blocked():
             # Python 3.12 warns on fork in a multi-threaded process (torch's threads). The worker only
             # compiles; locks tritonpatch takes are reset in a forked child (os.register_at_fork).
             warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks",
@@ -122,17 +131,35 @@ def compile_in_workers(compiles: list, workers: int) -> int:
                 except OSError:   # no more processes: what the workers do not build compiles here
                     break
                 if pid == 0:
-                    _worker(share)
+                    try:
+                        _worker(share)
+                    finally:
+                        os._exit(1)
                 pids.append(pid)
         deadline = time.monotonic() + WORKER_TIMEOUT_S
         for pid in list(pids):
             clean += _reap(pid, deadline)
             pids.remove(pid)
     finally:
-        gc.unfreeze()
+        if freeze:
+            gc.unfreeze()
         for pid in pids:   # left by an exception (Ctrl-C): stop the rest
             _stop(pid)
     return clean
+
+
+@contextlib.contextmanager
+def _sigint_blocked():
+    """SIGINT held back while forking: Ctrl-C between a fork and recording its pid would leave that worker
+    unstopped (a worker unblocks it once its handler is the default one)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _worker(compiles: list) -> None:
@@ -141,19 +168,28 @@ def _worker(compiles: list) -> None:
     try:
         gc.disable()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         status = 0
         for compile_fn in compiles:
             try:
                 compile_fn()
             except Exception:  # noqa: BLE001 - this compile runs again in the parent, which reports it
                 status = 1
+            except BaseException:   # SystemExit and the like: the rest of the share runs in the parent
+                status = 1
+                break
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - a closed stream: nothing to flush
-                pass
+            _flush(stream)
         os._exit(status)
+
+
+def _flush(stream) -> None:
+    try:
+        stream.flush()
+    except Exception:  # noqa: BLE001 - a closed or replaced stream: nothing to flush
+        pass
 
 
 def _reap(pid: int, deadline: float) -> bool:

@@ -64,6 +64,29 @@ def test_failing_or_hung_workers_only_cost_time(tmp_path, monkeypatch):
     assert compile_in_workers([hang, hang, touch(tmp_path / "ok2")], 3) == 1
     assert time.monotonic() - start < 1.9   # one deadline for all workers, not one per worker
     assert (tmp_path / "ok2").exists()
+    with pytest.raises(ChildProcessError):   # the hung ones were stopped and reaped
+        os.waitpid(-1, os.WNOHANG)
+
+
+def test_an_interrupted_wait_stops_the_workers(monkeypatch):
+    def interrupted(pid, deadline):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compile_workers, "_reap", interrupted)
+    hang = lambda: time.sleep(60)   # noqa: E731
+    with pytest.raises(KeyboardInterrupt):
+        compile_in_workers([hang, hang], 2)
+    with pytest.raises(ChildProcessError):   # none left running or unreaped
+        os.waitpid(-1, os.WNOHANG)
+
+
+def test_output_buffered_here_is_not_written_again_by_the_workers(tmp_path, monkeypatch):
+    path = tmp_path / "stdout"
+    with open(path, "w") as stdout:   # block-buffered, as a redirected stdout is
+        monkeypatch.setattr("sys.stdout", stdout)
+        print("pending line")
+        assert compile_in_workers([lambda: None, lambda: None], 2) == 2
+    assert path.read_text() == "pending line\n"
 
 
 def test_a_worker_forked_while_another_thread_holds_tritonpatchs_locks_can_take_them(tmp_path):
@@ -96,7 +119,12 @@ def test_a_worker_forked_while_another_thread_holds_tritonpatchs_locks_can_take_
 
 
 def test_no_workers_where_they_cannot_help(tmp_path, monkeypatch):
+    import triton
+
     assert compile_in_workers([touch(tmp_path / "one")], 4) == 0   # a single compile
+    monkeypatch.setattr(triton.knobs.compilation, "instrumentation_mode", "gsan")   # may query the GPU
+    assert compile_in_workers([touch(tmp_path / "a"), touch(tmp_path / "b")], 2) == 0
+    monkeypatch.undo()
     monkeypatch.setenv("TRITON_ALWAYS_COMPILE", "1")                # nothing would be read back from the cache
     assert compile_in_workers([touch(tmp_path / "a"), touch(tmp_path / "b")], 2) == 0
     assert not list(tmp_path.iterdir())
