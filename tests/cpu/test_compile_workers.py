@@ -4,6 +4,7 @@ inside the block compiles at once, a block left by an exception or an interrupte
 every compile, and the tuner's candidates come out of the workers' cache bit for bit as compiled here. A hang fails the test run (faulthandler) instead of stalling it."""
 from __future__ import annotations
 
+import ast
 import contextlib
 import faulthandler
 import os
@@ -214,15 +215,29 @@ def test_a_block_left_by_an_exception_leaves_its_kernels_usable(monkeypatch, tmp
     assert warm_up(config).asm["ptx"] == pending.result().asm["ptx"]
 
 
-def test_tuning_candidates_come_from_the_workers_bit_for_bit(monkeypatch, tmp_path, compiles_here):
-    """parallel_compiles with the disk cache on: every candidate (the disable-lsr variant's included) is
-    compiled by the workers (no compile stage runs in this process) and loads as the binary a sequential
-    compile here gives (PTX and cubin)."""
+@pytest.mark.parametrize("where", ["workers", "threads"])
+def test_tuning_candidates_compile_bit_for_bit_as_sequentially(monkeypatch, tmp_path, compiles_here, where):
+    """parallel_compiles gives every candidate (the disable-lsr variant's included) the binary a sequential
+    compile here gives (PTX and cubin): with the disk cache on, built by the workers only (no compile stage
+    runs in this process); under TRITON_ALWAYS_COMPILE, without workers, on this process's threads (the
+    Pipeline carried into each)."""
     from tritonpatch import llvm
     from tritonpatch.kernels._runtime.launch import parallel_compiles, pipeline_variants
 
     if not llvm.available():
         pytest.skip("tritonpatch._native is not usable here (no Pipeline variant to carry)")
+    if where == "threads":
+        monkeypatch.setenv("TRITON_ALWAYS_COMPILE", "1")
+        # Triton parses each JIT function's source on every compile; on CPython 3.11 two threads building
+        # ASTs at once can fail with "AST constructor recursion depth mismatch" (CPython gh-106905). The
+        # tuner recompiles such a candidate at launch; this test compares binaries, so it parses one at a time.
+        parse, parse_lock = ast.parse, threading.Lock()
+
+        def parse_alone(*args, **kwargs):
+            with parse_lock:
+                return parse(*args, **kwargs)
+
+        monkeypatch.setattr(ast, "parse", parse_alone)
     base = [fwd_configs.FwdConfig(128, 64, 4, 2, True), fwd_configs.FwdConfig(128, 64, 4, 2)]
     configs = base + pipeline_variants(base[:1])
     kernel = fwd_kernels._attn_fwd_kernel
@@ -233,12 +248,12 @@ def test_tuning_candidates_come_from_the_workers_bit_for_bit(monkeypatch, tmp_pa
         monkeypatch.setattr(kernel, "device_caches", defaultdict(kernel.create_binder))
         with parallel_compiles() if workers > 1 else contextlib.nullcontext():
             compiled = [warm_up(c) for c in configs]
+        assert all(hasattr(c, "result") for c in compiled) == (workers > 1)   # futures only when deferred
         kernels = [c.result() if workers > 1 else c for c in compiled]
         return [(k.asm["ptx"], k.asm["cubin"]) for k in kernels]
 
-    from_workers = compile_all(2, "workers")
-    assert not compiles_here
-    here = compile_all(1, "here")
-    assert len(compiles_here) == len(configs)
-    assert from_workers == here
-    assert from_workers[2][0] != from_workers[0][0]   # the Pipeline reached its worker (disable-lsr changes the PTX)
+    parallel = compile_all(2, "parallel")
+    assert len(compiles_here) == (0 if where == "workers" else len(configs))
+    sequential = compile_all(1, "sequential")
+    assert parallel == sequential
+    assert parallel[2][0] != parallel[0][0]   # the Pipeline reached its compile (disable-lsr changes the PTX)

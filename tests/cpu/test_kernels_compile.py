@@ -2,10 +2,7 @@
 score mods, pointer and TMA load paths."""
 from __future__ import annotations
 
-import ast
-import contextlib
 import re
-import threading
 
 import pytest
 import torch
@@ -125,47 +122,3 @@ def test_parallel_compiles_hook_tritonpatch_in_before_the_first_submit(monkeypat
             tritonpatch.uninstall()
 
 
-def test_parallel_tuning_compiles_match_sequential_ones(monkeypatch, fresh_compiles):
-    """The tuner's compiles under ``parallel_compiles`` complete on threads (here, with the disk cache
-    bypassed, without worker processes): each binary, the disable-lsr Pipeline variant's included, is the
-    one a sequential compile on this thread gives."""
-    from collections import defaultdict
-
-    from triton.runtime.driver import driver
-
-    from tritonpatch import llvm
-    from tritonpatch.kernels._runtime.launch import parallel_compiles, pipeline_variants
-    from tritonpatch.targets import CompileOnlyDriver
-
-    if not llvm.available():
-        pytest.skip("tritonpatch._native is not usable here (no Pipeline variant to carry)")
-    monkeypatch.setattr(driver, "_active", CompileOnlyDriver())
-    monkeypatch.setenv("TRITONPATCH_COMPILE_THREADS", "2")
-    # Triton parses each JIT function's source on every compile; on CPython 3.11 two threads building
-    # ASTs at once can fail with "AST constructor recursion depth mismatch" (CPython gh-106905). The
-    # tuner recompiles such a candidate at launch; this test compares binaries, so it parses one at a time.
-    parse, parse_lock = ast.parse, threading.Lock()
-
-    def parse_alone(*args, **kwargs):
-        with parse_lock:
-            return parse(*args, **kwargs)
-
-    monkeypatch.setattr(ast, "parse", parse_alone)
-    kernel = fwd_kernels._attn_fwd_kernel
-    base = [fwd_configs.FwdConfig(128, 64, 4, 2, True), fwd_configs.FwdConfig(128, 64, 4, 2)]
-    configs = base + pipeline_variants(base[:1])
-    q, k, v, out = (torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16) for _ in range(4))
-    lse = torch.zeros(1, 2, 256)
-    mask = K.causal()
-    block_mask = K.build_block_mask(mask, 1, 2, 256, 256, block_m=128, block_n=64, device="cpu")
-
-    def compile_all(parallel: bool) -> list:
-        monkeypatch.setattr(kernel, "device_caches", defaultdict(kernel.create_binder))   # no in-memory hits
-        with parallel_compiles() if parallel else contextlib.nullcontext():
-            compiled = [fwd_launch.launch(q, k, v, out, lse, block_mask, mask, None, 0.125, c, warmup=True) for c in configs]
-        assert all(hasattr(c, "result") for c in compiled) == parallel   # futures only from worker threads
-        return [c.result().asm["ptx"] if parallel else c.asm["ptx"] for c in compiled]
-
-    parallel, sequential = compile_all(True), compile_all(False)
-    assert parallel == sequential
-    assert parallel[2] != parallel[0]   # the Pipeline reached its worker thread (disable-lsr changes the PTX)
