@@ -119,20 +119,26 @@ def _dq_writer(dq_desc, dq_smem, dq_full, dq_empty, b, kv_h, group_size, n_block
 
 
 @gluon.jit
+def _modifier_indices(q_rows, kv_idx, q_len, kv_len):
+    """The ``[1, q rows]`` and ``[keys, 1]`` indices the mask and score modifiers see: clamped to the
+    sequences, so a modifier reading a per-query or per-key table never reads past its end."""
+    return gl.minimum(q_rows, q_len - 1)[None, :], gl.minimum(kv_idx, kv_len - 1)[:, None]
+
+
+@gluon.jit
 def _probabilities(s, b, h, q_rows, kv_idx, lse2, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
                    MASK_FN: gl.constexpr, SCORE_FN: gl.constexpr, HAS_SCORE: gl.constexpr, MASKED: gl.constexpr):
     """``P^T`` of a tile from its unscaled ``S^T`` ``[keys, q rows]``; also returns the modified scores
     the score_mod's gradient takes (``s`` itself without a score_mod)."""
-    q_safe = gl.minimum(q_rows, q_len - 1)[None, :]
-    kv_col = kv_idx[:, None]
+    q_safe, kv_safe = _modifier_indices(q_rows, kv_idx, q_len, kv_len)
     if HAS_SCORE:
-        s = SCORE_FN(s * sm_scale, b, h, q_safe, kv_col, score_args)
+        s = SCORE_FN(s * sm_scale, b, h, q_safe, kv_safe, score_args)
         p = gl.exp2(s * LOG2E - lse2[None, :])
     else:
         p = gl.exp2(s * qk_scale - lse2[None, :])
     if MASKED:
-        keep = MASK_FN(b, h, q_safe, gl.minimum(kv_col, kv_len - 1), mask_args)
-        keep = keep & (q_rows < q_len)[None, :] & (kv_col < kv_len)
+        keep = MASK_FN(b, h, q_safe, kv_safe, mask_args)
+        keep = keep & (q_rows < q_len)[None, :] & (kv_idx < kv_len)[:, None]
         p = gl.where(keep, p, 0.0)
     return p, s
 
@@ -171,7 +177,8 @@ def _consumer_steps(dk, dv, i, t_begin, t_end, steps_full, f_ids, p_ids, k_w, v_
         p_op = gl.convert_layout(p.to(dtype), a_layout)
         ds = p * (dp - delta[None, :])   # P and dP^T end here, before the next matmuls take registers
         if HAS_SCORE:
-            ds = SCORE_GRAD_FN(ds, s, b, h, gl.minimum(q_rows, q_len - 1)[None, :], kv_idx[:, None], score_args)
+            q_safe, kv_safe = _modifier_indices(q_rows, kv_idx, q_len, kv_len)
+            ds = SCORE_GRAD_FN(ds, s, b, h, q_safe, kv_safe, score_args)
         ds = ds.to(dtype)
         ds_op = gl.convert_layout(ds, a_layout)
         dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)

@@ -64,7 +64,7 @@ def _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_acc, stride_
     ``dQ = dS K`` goes to ``DQ_ADD`` with the accumulator ``dq_acc`` (all of dQ) and its strides."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    kv_col = kv_idx[:, None]
+    kv_col = tl.minimum(kv_idx, kv_len - 1)[:, None]    # what the modifiers see: no key past the end
     for t in range(0, num_tiles * SUB_M):
         start_m = tl.load(tile_ids + t // SUB_M) * (SUB_M * BLOCK_M) + (t % SUB_M) * BLOCK_M
         q_rows = start_m + offs_m
@@ -94,8 +94,8 @@ def _dkdv_tiles(dk, dv, k, v, q_src, do_src, lse_src, delta_src, dq_acc, stride_
         else:
             p = tl.math.exp2(s * qk_scale - (lse * 1.4426950408889634)[None, :])
         if APPLY_MASK:
-            keep = MASK_FN(b, h, q_safe, tl.minimum(kv_col, kv_len - 1), mask_args)
-            keep = keep & (q_rows < q_len)[None, :] & (kv_col < kv_len)
+            keep = MASK_FN(b, h, q_safe, kv_col, mask_args)
+            keep = keep & (q_rows < q_len)[None, :] & (kv_idx < kv_len)[:, None]
             p = tl.where(keep, p, 0.0)
         dv = tl.dot(p.to(do.dtype), do, dv)
         dp = tl.dot(v, tl.trans(do))                        # dP^T [BLOCK_N, BLOCK_M]

@@ -74,14 +74,17 @@ def _softmax_step(s, m_i, l_i, t, b, h, q_idx, tile_ids, t_begin, kv_len, sm_sca
     if HAS_SCORE or MASKED:
         start_n = gl.load(tile_ids + (t - t_begin)) * BLOCK_N
         kv_idx = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    if MASKED:
+        kv_safe = gl.minimum(kv_idx, kv_len - 1)[None, :]   # modifiers never see keys past the end
+    elif HAS_SCORE:
+        kv_safe = kv_idx[None, :]                           # a full tile ends inside the keys
     if HAS_SCORE:
-        x = SCORE_FN(s * sm_scale, b, h, q_idx[:, None], kv_idx[None, :], score_args)
+        x = SCORE_FN(s * sm_scale, b, h, q_idx[:, None], kv_safe, score_args)
         factor = LOG2E
     else:
         x = s
         factor = qk_scale
     if MASKED:
-        kv_safe = gl.minimum(kv_idx, kv_len - 1)[None, :]
         keep = MASK_FN(b, h, q_idx[:, None], kv_safe, mask_args) & (kv_idx < kv_len)[None, :]
         x = gl.where(keep, x, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(x, 1) * factor)

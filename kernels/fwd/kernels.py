@@ -95,13 +95,16 @@ def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_kd, stride_v
         k, v = load_kv_tile(k_src, v_src, b, kv_h, start_n, kv_idx, kv_len, stride_kn, stride_kd, stride_vn, stride_vd,
                             APPLY_MASK, USE_TMA, BLOCK_N, HEAD_DIM)
         x = tl.dot(q, k)
+        if APPLY_MASK:
+            kv_safe = tl.minimum(kv_idx, kv_len - 1)[None, :]   # modifiers never see keys past the end
+        else:
+            kv_safe = kv_idx[None, :]                           # a full tile ends inside the keys
         if HAS_SCORE:
-            x = SCORE_FN(x * sm_scale, b, h, q_idx, kv_idx[None, :], score_args)
+            x = SCORE_FN(x * sm_scale, b, h, q_idx, kv_safe, score_args)
             factor = 1.4426950408889634
         else:
             factor = qk_scale
         if APPLY_MASK:
-            kv_safe = tl.minimum(kv_idx, kv_len - 1)[None, :]
             keep = MASK_FN(b, h, q_idx, kv_safe, mask_args) & (kv_idx < kv_len)[None, :]
             x = tl.where(keep, x, float("-inf"))
         acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, x, v, factor, APPLY_MASK)

@@ -17,6 +17,7 @@ from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from tritonpatch.kernels.autograd import attention_with_grad
 from attention_cases import MASKS, rel_err
+from index_probe import IndexProbe
 
 pytestmark = pytest.mark.gpu
 SEQ = 1100   # not a multiple of any tile: sequence-end paths
@@ -76,6 +77,18 @@ def test_tma_loads_match_reference(name, head_dim, dq_mode):
     mask_mod = MASKS[name](SEQ, q.device)
     got = backward(q, k, v, dout, dq_mode, head_dim, use_tma=True, mask_mod=mask_mod)
     assert_grads_close(got, reference_grads(q, k, v, dout, mask_mod=mask_mod))
+
+
+@pytest.mark.parametrize("use_tma", [False, True])
+@pytest.mark.parametrize("dq_mode", ["atomic", "separate"])
+def test_score_mod_and_its_gradient_never_see_a_position_past_the_ends(dq_mode, use_tma):
+    """A score_mod (or its gradient) reading a per-key table would read past its end otherwise."""
+    q, k, v, dout = make_inputs(2, 4, 4, SEQ, 64, seed=5)
+    probe = IndexProbe("cuda")
+    with probe.gradient_rule():
+        got = backward(q, k, v, dout, dq_mode, 64, use_tma=use_tma, mask_mod=K.causal(), score_mod=probe.score_mod)
+    assert_grads_close(got, reference_grads(q, k, v, dout, mask_mod=K.causal()))
+    assert probe.seen() == {"score": (SEQ - 1, SEQ - 1), "gradient": (SEQ - 1, SEQ - 1)}
 
 
 @pytest.mark.parametrize("score", ["alibi", "softcap"])

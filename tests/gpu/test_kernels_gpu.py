@@ -9,6 +9,7 @@ import tritonpatch.kernels as K
 from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from attention_cases import MASKS, forward_candidates, rel_err
+from index_probe import IndexProbe
 
 pytestmark = pytest.mark.gpu
 
@@ -25,6 +26,19 @@ def test_masks_match_reference(name, head_dim, use_tma):
     ref, ref_lse = K.reference.attention(q, k, v, mask_mod=mask, return_lse=True)
     assert rel_err(out, ref) <= 1e-2
     torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.parametrize("use_tma", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_score_mod_never_sees_a_position_past_the_ends(head_dim, use_tma):
+    """A score_mod reading a per-key table would read past its end otherwise (1100 queries, 1037 keys)."""
+    device, probe = torch.device("cuda"), IndexProbe("cuda")
+    q = torch.randn(2, 4, 1100, head_dim, device=device, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 4, 1037, head_dim, device=device, dtype=torch.bfloat16) for _ in range(2))
+    config = fwd_configs.FwdConfig(128, 64, 8 if head_dim == 128 else 4, 3, use_tma)
+    out = fwd_forward.attention_forward(q, k, v, mask_mod=K.causal(), score_mod=probe.score_mod, config=config)[0]
+    assert rel_err(out, K.reference.attention(q, k, v, mask_mod=K.causal())) <= 1e-2
+    assert probe.seen()["score"] == (1099, 1036)
 
 
 CANDIDATES, CANDIDATE_IDS = forward_candidates()

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                        "(tests/cpu/test_kernels_bwd.py::test_interpreter_suite)")
 
 import tritonpatch.kernels as K  # noqa: E402
+from index_probe import IndexProbe  # noqa: E402
 from tritonpatch.kernels import block_mask as block_mask_module  # noqa: E402
 from tritonpatch.kernels.bwd import backward as bwd_backward  # noqa: E402
 from tritonpatch.kernels.bwd import configs as bwd_configs  # noqa: E402
@@ -103,6 +104,17 @@ def test_gradients_through_score_mods(score, dq_mode):
     score_mod = K.alibi(K.alibi_slopes(2)) if score == "alibi" else K.softcap(0.7)  # small cap: tanh saturates
     assert_close(kernel_grads(q, k, v, dout, dq_mode=dq_mode, mask_mod=K.causal(), score_mod=score_mod),
                  reference_grads(q, k, v, dout, mask_mod=K.causal(), score_mod=score_mod), torch.float32)
+
+
+@pytest.mark.parametrize("dq_mode", ["atomic", "separate"])
+def test_score_mod_and_its_gradient_never_see_a_position_past_the_ends(dq_mode):
+    # 40 queries, 37 keys: the last tiles of both cross the ends
+    probe = IndexProbe()
+    q, k, v, dout = inputs(1, 2, 2, SEQ, 37, 16, torch.float32, seed=5)
+    with probe.gradient_rule():
+        got = kernel_grads(q, k, v, dout, dq_mode=dq_mode, mask_mod=K.causal(), score_mod=probe.score_mod)
+    assert_close(got, reference_grads(q, k, v, dout, mask_mod=K.causal()), torch.float32)
+    assert probe.seen() == {"score": (SEQ - 1, 36), "gradient": (SEQ - 1, 36)}
 
 
 @pytest.mark.parametrize("dq_mode", ["atomic", "separate"])

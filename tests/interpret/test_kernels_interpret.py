@@ -17,6 +17,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                        "(tests/cpu/test_kernels_api.py::test_interpreter_suite)")
 
 import tritonpatch.kernels as K  # noqa: E402
+from index_probe import IndexProbe  # noqa: E402
 from tritonpatch.kernels.fwd import configs as fwd_configs  # noqa: E402
 from tritonpatch.kernels.fwd import forward as fwd_forward  # noqa: E402
 from tritonpatch.kernels.fwd import kernels as fwd_kernels  # noqa: E402
@@ -97,6 +98,15 @@ def test_score_mods(score):
     q, k, v = qkv(1, 4, 4, 50, 50, 16, torch.float32, seed=3)
     mod = K.alibi(K.alibi_slopes(4)) if score == "alibi" else K.softcap(2.0)
     assert_matches_reference(q, k, v, mask_mod=K.causal(), score_mod=mod, scale=0.7)
+
+
+@pytest.mark.parametrize("name", ["none", "causal"])
+def test_score_mod_never_sees_a_position_past_the_ends(name):
+    # 40 queries, 37 keys: the last tiles of both cross the ends (interpreter tiles are 16 / 32)
+    probe = IndexProbe()
+    q, k, v = qkv(1, 2, 2, 40, 37, 16, torch.float32, seed=5)
+    assert_matches_reference(q, k, v, mask_mod=MASKS[name](37), score_mod=probe.score_mod)
+    assert probe.seen()["score"] == (39, 36)
 
 
 def test_non_contiguous_inputs():
