@@ -10,7 +10,7 @@ from .._runtime.tma import tma_compatible
 from ..block_mask import BlockMask
 from ..masks import MaskMod
 from ..scores import ScoreMod, score_gradient
-from .configs import BwdConfig, choose_dq_mode
+from .configs import BwdConfig, choose_dq_mode, fits
 from .gluon_launch import gluon_problem
 from .launch import Buffers, run
 from .tuner import tune
@@ -87,6 +87,11 @@ def _resolve(q, k, v, out, lse, dout, dlse, mask_mod, score_mod, block_mask, sca
                              f"{t.dtype} {tuple(t.shape)}")
     if block_mask is not None:
         check_block_mask(block_mask, batch, heads, q_len, k.shape[2], what)
+        for kernel_config in (config.dkdv, config.dq) if config is not None else ():
+            if kernel_config is not None and not fits(kernel_config, block_mask):
+                raise ValueError(f"{what}: config {kernel_config.label()} does not fit the block_mask's "
+                                 f"{block_mask.block_m} x {block_mask.block_n} tiles: each tile size must divide "
+                                 "the mask's; pick such a config or config=None to tune")
     if config is not None and config.dq_mode == "atomic" and torch.are_deterministic_algorithms_enabled():
         choose_dq_mode("atomic")   # raises the determinism error
     uses_tma = config is not None and any(c is not None and c.use_tma for c in (config.dkdv, config.dq))

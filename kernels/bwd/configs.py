@@ -111,11 +111,17 @@ def candidate_configs(kernel: str, head_dim: int, device: torch.device) -> list:
     return configs + pipeline_variants(configs[:1])
 
 
+def fits(config: KernelConfig, block_mask: BlockMask) -> bool:
+    """Whether ``config``'s tiles subdivide ``block_mask``'s: the kernels walk each mask tile in
+    ``block_m`` x ``block_n`` pieces and read its class once for all of them."""
+    return block_mask.block_m % config.block_m == 0 and block_mask.block_n % config.block_n == 0
+
+
 def fitting(configs: list, block_mask: BlockMask | None) -> list:
     """Configs whose tiles subdivide the given block mask's tiles (all of them without one)."""
     if block_mask is None:
         return configs
-    fit = [c for c in configs if block_mask.block_m % c.block_m == 0 and block_mask.block_n % c.block_n == 0]
+    fit = [c for c in configs if fits(c, block_mask)]
     if fit:
         return fit
     base = configs[0]

@@ -1,7 +1,7 @@
 """GPU: replayed launches (TRITONPATCH_FAST_LAUNCH, the default) give bitwise the results of full
 launches (TRITONPATCH_FAST_LAUNCH=0), call after call with fresh inputs, forward and backward, for the
-pointer, TMA and warp-specialized forward kernels; a document mask whose ids change in place and an
-input with another alignment are not served by a stale plan.
+pointer, TMA and warp-specialized kernels and (tuned, where the tuner picks them) the Gluon kernels; a
+document mask whose ids change in place and an input with another alignment are not served by a stale plan.
 Run on the device machine: ``pytest -m gpu tests/gpu/test_launch_replay_gpu.py``."""
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ import pytest
 import torch
 
 import tritonpatch.kernels as K
+from tritonpatch.kernels._runtime.launch import LaunchPlans
 from tritonpatch.kernels.fwd import configs as fwd_configs
-from tritonpatch.kernels.bwd import launch as bwd_launch
 from tritonpatch.kernels.fwd import forward as fwd_forward
-from tritonpatch.kernels.fwd import launch as fwd_launch
 from tritonpatch.kernels.fwd import tuner as fwd_tuner
 from attention_cases import MASKS, doc_ids, rel_err
 
@@ -22,17 +21,17 @@ SEQ = 1024
 
 @pytest.fixture
 def count_replays(monkeypatch):
-    """How many launches were replayed (forward and backward plans)."""
+    """How many launches were replayed (the plans of every launcher: Triton-language and Gluon, forward
+    and backward)."""
     counter = {"replays": 0}
-    for module in (fwd_launch, bwd_launch):
-        original = module._PLANS.replay
+    original = LaunchPlans.replay
 
-        def replay(key, tensors, original=original):
-            done = original(key, tensors)
-            counter["replays"] += done
-            return done
+    def replay(plans, key, tensors):
+        done = original(plans, key, tensors)
+        counter["replays"] += done
+        return done
 
-        monkeypatch.setattr(module._PLANS, "replay", replay)
+    monkeypatch.setattr(LaunchPlans, "replay", replay)
     return counter
 
 

@@ -118,6 +118,19 @@ def test_score_mod_and_its_gradient_never_see_a_position_past_the_ends(dq_mode):
 
 
 @pytest.mark.parametrize("dq_mode", ["atomic", "separate"])
+def test_config_whose_tiles_do_not_divide_the_block_mask_is_refused(dq_mode):
+    # 32 x 32 kernel tiles over a 16 x 16 block mask: the dK/dV kernel would visit no tile at all
+    q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=6)
+    block_mask = K.build_block_mask(K.causal(), 1, 2, SEQ, SEQ, block_m=16, block_n=16, device="cpu")
+    out, lse = fwd_forward.attention_forward(q, k, v, mask_mod=K.causal(), block_mask=block_mask)
+    tiles = bwd_configs.KernelConfig(32, 32, 4, 1)
+    config = bwd_configs.BwdConfig(dq_mode, tiles, tiles if dq_mode == "separate" else None)
+    with pytest.raises(ValueError, match=r"BM32-BN32-w4-s1 does not fit the block_mask's 16 x 16 tiles"):
+        bwd_backward.attention_backward(q, k, v, out, lse, dout, mask_mod=K.causal(), block_mask=block_mask,
+                                        dq_mode=dq_mode, config=config)
+
+
+@pytest.mark.parametrize("dq_mode", ["atomic", "separate"])
 def test_gqa_reduces_dk_dv_over_shared_heads(dq_mode):
     q, k, v, dout = inputs(2, 6, 2, SEQ, SEQ, 16, torch.float32, seed=1)
     assert_close(kernel_grads(q, k, v, dout, dq_mode=dq_mode, mask_mod=K.causal(), enable_gqa=True),
