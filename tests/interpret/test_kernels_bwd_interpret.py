@@ -107,14 +107,22 @@ def test_gradients_through_score_mods(score, dq_mode):
 
 
 @pytest.mark.parametrize("dq_mode", ["atomic", "separate"])
-def test_score_mod_and_its_gradient_never_see_a_position_past_the_ends(dq_mode):
-    # 40 queries, 37 keys: the last tiles of both cross the ends
+@pytest.mark.parametrize("shape, mask_tiles", [((1, 2, 2, SEQ, 37), None), ((2, 4, 2, 23, SEQ), (32, 32))],
+                         ids=["40x37", "gqa-23x40-mask-tiles-32"])
+def test_score_mod_and_its_gradient_never_see_a_position_past_the_ends(shape, mask_tiles, dq_mode):
+    # the last tiles of both sequences cross the ends and are visited (every row sees the last keys but
+    # three); 32 x 32 mask tiles are walked in two pieces each
+    batch, heads, kv_heads, q_len, kv_len = shape
     probe = IndexProbe()
-    q, k, v, dout = inputs(1, 2, 2, SEQ, 37, 16, torch.float32, seed=5)
+    q, k, v, dout = inputs(batch, heads, kv_heads, q_len, kv_len, 16, torch.float32, seed=5)
+    options = dict(mask_mod=K.prefix_lm(kv_len - 3), enable_gqa=heads != kv_heads)
+    block_mask = None if mask_tiles is None else K.build_block_mask(
+        options["mask_mod"], batch, heads, q_len, kv_len, block_m=mask_tiles[0], block_n=mask_tiles[1], device="cpu")
     with probe.gradient_rule():
-        got = kernel_grads(q, k, v, dout, dq_mode=dq_mode, mask_mod=K.causal(), score_mod=probe.score_mod)
-    assert_close(got, reference_grads(q, k, v, dout, mask_mod=K.causal()), torch.float32)
-    assert probe.seen() == {"score": (SEQ - 1, 36), "gradient": (SEQ - 1, 36)}
+        got = kernel_grads(q, k, v, dout, dq_mode=dq_mode, score_mod=probe.score_mod, block_mask=block_mask,
+                           **options)
+    assert_close(got, reference_grads(q, k, v, dout, **options), torch.float32)
+    assert probe.seen() == {"score": (q_len - 1, kv_len - 1), "gradient": (q_len - 1, kv_len - 1)}
 
 
 @pytest.mark.parametrize("dq_mode", ["atomic", "separate"])

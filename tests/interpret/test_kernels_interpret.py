@@ -100,13 +100,20 @@ def test_score_mods(score):
     assert_matches_reference(q, k, v, mask_mod=K.causal(), score_mod=mod, scale=0.7)
 
 
-@pytest.mark.parametrize("name", ["none", "causal"])
-def test_score_mod_never_sees_a_position_past_the_ends(name):
-    # 40 queries, 37 keys: the last tiles of both cross the ends (interpreter tiles are 16 / 32)
+@pytest.mark.parametrize("shape", [(1, 2, 2, 40, 37), (2, 4, 2, 23, 40)], ids=["40x37", "gqa-23x40"])
+@pytest.mark.parametrize("name", ["none", "causal", "prefix_lm"])
+def test_score_mod_never_sees_a_position_past_the_ends(name, shape):
+    # the last tiles of both sequences cross the ends (interpreter tiles are 16 / 32)
+    batch, heads, kv_heads, q_len, kv_len = shape
     probe = IndexProbe()
-    q, k, v = qkv(1, 2, 2, 40, 37, 16, torch.float32, seed=5)
-    assert_matches_reference(q, k, v, mask_mod=MASKS[name](37), score_mod=probe.score_mod)
-    assert probe.seen()["score"] == (39, 36)
+    q, k, v = qkv(batch, heads, kv_heads, q_len, kv_len, 16, torch.float32, seed=5)
+    mask_mod = {"none": None, "causal": K.causal(), "prefix_lm": K.prefix_lm(kv_len - 3)}[name]
+    assert_matches_reference(q, k, v, mask_mod=mask_mod, score_mod=probe.score_mod, enable_gqa=heads != kv_heads)
+    last_key = min(kv_len, q_len) - 1 if name == "causal" else kv_len - 1   # the last key any row may see
+    q_seen, kv_seen = probe.seen()["score"]
+    assert q_seen == q_len - 1 and last_key <= kv_seen <= kv_len - 1
+    if name != "causal":   # (causal: the tile of the last key reached may end before the keys do)
+        assert kv_seen == kv_len - 1
 
 
 def test_non_contiguous_inputs():
