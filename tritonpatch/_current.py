@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 from . import _llvm_registry as llvm_registry
+from ._fork_safety import renew_in_child
 from .errors import PipelineError
 from .pipeline import EMPTY, Pipeline, pipeline_from_environ
 
@@ -40,6 +41,7 @@ def environment_pipeline() -> Pipeline:
 # --- the process-wide layer (tritonpatch.llvm.set_option) ---------------------------------------
 
 _process_lock = threading.Lock()
+renew_in_child(globals(), _environment_lock=threading.Lock, _process_lock=threading.Lock)
 _process_layer: Pipeline = EMPTY
 _base_memo: tuple = (object(), None, EMPTY)  # (environment, process layer, their merge); stale at first
 
@@ -175,13 +177,3 @@ def compile_pipeline() -> Pipeline:
         return record[1]
     return current_pipeline()
 
-
-def _reset_locks_in_child() -> None:
-    """A fork while another thread held one of these locks must not leave the child deadlocked (the
-    attention tuners compile in forked workers)."""
-    global _environment_lock, _process_lock
-    _environment_lock = threading.Lock()
-    _process_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_reset_locks_in_child)

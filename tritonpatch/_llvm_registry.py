@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-import os
 import threading
 from collections import Counter
 from typing import Any, Mapping
 
+from ._fork_safety import renew_in_child
 from ._llvm_gate import gate
 from ._llvm_values import SETTABLE_TYPES, LLVMOption, as_argument, not_settable_reason, typed_value, unsafe_rule
 from .errors import NativeUnavailableError, OptionTypeError, UnknownOptionError, UnsafeOptionError
@@ -39,16 +39,8 @@ __all__ = [
 
 
 _lock = threading.RLock()
+renew_in_child(globals(), _lock=threading.RLock)
 _registry_instance = None
-
-
-def _reset_lock_in_child() -> None:
-    """A fork while another thread held the lock must not leave the child deadlocked."""
-    global _lock
-    _lock = threading.RLock()
-
-
-os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
 def native_registry():

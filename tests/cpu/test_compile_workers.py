@@ -91,14 +91,20 @@ def test_output_buffered_here_is_not_written_again_by_the_workers(tmp_path, monk
 
 
 def test_a_worker_forked_while_another_thread_holds_tritonpatchs_locks_can_take_them(tmp_path):
-    """tritonpatch's Pipeline locks are reset in a forked child: a worker forked while a thread of the
-    parent holds them (a compile elsewhere) does not deadlock on its first compile."""
-    from tritonpatch import _current
+    """tritonpatch's module-level locks (Pipeline layers, LLVM registry, pass reports) are renewed in a
+    forked child: a worker forked while a thread of the parent holds them (a compile elsewhere) does not
+    deadlock on its first compile."""
+    from tritonpatch import _current, _llvm_registry
+    from tritonpatch.passes import report
 
+    locks = [(_current, "_process_lock"), (_current, "_environment_lock"), (_llvm_registry, "_lock"),
+             (report, "_EVERY_THREAD_LOCK")]
     held, release = threading.Event(), threading.Event()
 
     def hold():
-        with _current._process_lock, _current._environment_lock:
+        with contextlib.ExitStack() as stack:
+            for module, name in locks:
+                stack.enter_context(getattr(module, name))
             held.set()
             release.wait()
 
@@ -107,8 +113,9 @@ def test_a_worker_forked_while_another_thread_holds_tritonpatchs_locks_can_take_
     held.wait()
 
     def take_locks():
-        if not (_current._process_lock.acquire(timeout=5) and _current._environment_lock.acquire(timeout=5)):
-            raise TimeoutError("a lock held by a thread of the parent")
+        for module, name in locks:
+            if not getattr(module, name).acquire(timeout=5):
+                raise TimeoutError(f"{module.__name__}.{name}: held by a thread of the parent")
         (tmp_path / "took").touch()
 
     try:

@@ -104,7 +104,9 @@ def test_no_module_level_import_cycle():
 
 def test_the_registry_imports_nothing_above_it():
     top, nested = imports("tritonpatch._llvm_registry")
-    assert internal(top) == {"tritonpatch._llvm_gate", "tritonpatch._llvm_values", "tritonpatch.errors"}
+    assert internal(top) == {"tritonpatch._fork_safety", "tritonpatch._llvm_gate", "tritonpatch._llvm_values",
+                             "tritonpatch.errors"}
+    assert internal(imports("tritonpatch._fork_safety")[0]) == set()
     assert {target for _, target in nested} == {"tritonpatch._native", "tritonpatch._triton_compat", "triton"}
     assert internal(imports("tritonpatch._llvm_gate")[0]) == set()
     assert internal(imports("tritonpatch._llvm_values")[0]) == {"tritonpatch.env", "tritonpatch.errors"}

@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Iterator
+
+from .._fork_safety import renew_in_child
 
 logger = logging.getLogger("tritonpatch.passes")
 
@@ -34,16 +35,7 @@ class PassReport:
 _COLLECTORS: contextvars.ContextVar[tuple[list, ...]] = contextvars.ContextVar("tritonpatch_pass_reports", default=())
 _EVERY_THREAD: list[list] = []          # collectors of every thread's reports (collect_reports(every_thread=True))
 _EVERY_THREAD_LOCK = threading.Lock()
-
-
-def _reset_lock_in_child() -> None:
-    """A fork while another thread held the lock must not leave the child deadlocked (the attention
-    tuners compile in forked workers)."""
-    global _EVERY_THREAD_LOCK
-    _EVERY_THREAD_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_reset_lock_in_child)
+renew_in_child(globals(), _EVERY_THREAD_LOCK=threading.Lock)
 _NOTES: contextvars.ContextVar[list | None] = contextvars.ContextVar("tritonpatch_pass_notes", default=None)
 
 
