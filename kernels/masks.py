@@ -281,7 +281,7 @@ def document(doc_ids: torch.Tensor) -> MaskMod:
             raise ValueError(f"document(doc_ids): doc_ids has shape {tuple(ids.shape)}, the attention of B = {batch}, "
                              f"Sq = Skv = {q_len} needs one id per position: shape {expected}")
 
-    return _leaf_mask("document", _document_dev, torch_fn, (ids, batch_stride), _document_rule(ids),
+    return _leaf_mask("document", _document_dev, torch_fn, (ids, batch_stride), _document_rule,
                       batch_dependent=batched, check=argument_check("document(doc_ids)", (ids,), fits))
 
 
@@ -301,22 +301,20 @@ def _tile_min_max(table: torch.Tensor, lo: torch.Tensor):
     return mins, maxs
 
 
-def _document_rule(ids: torch.Tensor):
+def _document_rule(q_lo, q_hi, kv_lo, kv_hi, ids_arg, stride):
     """Tile rule from per-position document ids: all-true iff both ranges lie in one document;
-    any-true unless the ranges of ids do not overlap (exact for sorted ids, sound for any)."""
-    table = ids if ids.dim() == 2 else ids[None]
-
-    def rule(q_lo, q_hi, kv_lo, kv_hi, ids_arg, stride):
-        # q_lo/q_hi: [NQ, 1]; kv_lo/kv_hi: [1, NKV]  -> results [Bm, NQ, NKV]
-        qmin, qmax = _tile_min_max(table, q_lo[:, 0])
-        kmin, kmax = _tile_min_max(table, kv_lo[0])
-        qmin, qmax = qmin[:, :, None], qmax[:, :, None]
-        kmin, kmax = kmin[:, None, :], kmax[:, None, :]
-        all_true = (qmin == qmax) & (kmin == kmax) & (qmin == kmin)
-        any_true = (qmin <= kmax) & (kmin <= qmax)
-        return all_true, any_true
-
-    return rule
+    any-true unless the ranges of ids do not overlap (exact for sorted ids, sound for any). Reads the
+    ids the kernel reads (``ids_arg``, the mask's argument now), never a view taken earlier: after
+    ``ids.set_(...)`` such a view would still show the old ids.
+    q_lo/q_hi: [NQ, 1]; kv_lo/kv_hi: [1, NKV]  -> results [Bm, NQ, NKV]"""
+    table = ids_arg if ids_arg.dim() == 2 else ids_arg[None]
+    qmin, qmax = _tile_min_max(table, q_lo[:, 0])
+    kmin, kmax = _tile_min_max(table, kv_lo[0])
+    qmin, qmax = qmin[:, :, None], qmax[:, :, None]
+    kmin, kmax = kmin[:, None, :], kmax[:, None, :]
+    all_true = (qmin == qmax) & (kmin == kmax) & (qmin == kmin)
+    any_true = (qmin <= kmax) & (kmin <= qmax)
+    return all_true, any_true
 
 
 def key_padding(valid: torch.Tensor) -> MaskMod:

@@ -73,6 +73,20 @@ def test_every_mask_matches_reference(name, dtype):
     assert_matches_reference(q, k, v, mask_mod=MASKS[name](seq))
 
 
+@pytest.mark.parametrize("shape", [(64,), (1, 64)], ids=["ids-1d", "ids-2d"])
+def test_document_ids_given_new_storage_are_not_served_a_stale_block_mask(shape):
+    # set_ swaps the tensor's storage: the tile rule must read the new ids, as the kernel does
+    q, k, v = qkv(1, 2, 2, 64, 64, 16, torch.float32, seed=6)
+    ids = (torch.arange(64) // 32).reshape(shape).to(torch.int32)
+    mask_mod = K.document(ids)
+    assert_matches_reference(q, k, v, mask_mod=mask_mod)
+    with torch.no_grad():
+        ids.set_((torch.arange(64) // 16).reshape(shape).to(torch.int32))
+    out, _ = assert_matches_reference(q, k, v, mask_mod=mask_mod)
+    fresh = K.document((torch.arange(64) // 16).reshape(shape).to(torch.int32))
+    torch.testing.assert_close(out, K.reference.attention(q, k, v, mask_mod=fresh), atol=1e-4, rtol=1e-4)
+
+
 def test_key_padding_per_batch_row_and_a_query_without_keys():
     """A padding per batch row; in row 1 the first keys are padding (left padding), so its first
     queries attend to nothing: zeros, lse -inf, as the reference."""
