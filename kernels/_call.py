@@ -31,9 +31,13 @@ def call_key(tensors: tuple, mask_mod, score_mod, block_mask, *options):
                       None if block_mask is None else block_mask.launch_key(), *options)
 
 
-def checked_modifiers(q, k, v, mask_mod, score_mod, enable_gqa: bool, what: str) -> MaskMod:
+def checked_modifiers(q, k, v, mask_mod, score_mod, block_mask, enable_gqa: bool, what: str) -> MaskMod:
     """Check the inputs and the modifiers of a call (``what`` names it in errors) and return the mask
-    it runs (``allow_all()`` for None)."""
+    it runs (``allow_all()`` for None). A ``block_mask`` needs its ``mask_mod``: the kernels evaluate the
+    mask in the tiles it lists as partial, and without one they would run those tiles unmasked."""
+    if block_mask is not None and mask_mod is None:
+        raise ValueError(f"{what}: block_mask given without mask_mod; pass the mask_mod it was built from (the "
+                         "kernels apply it in the block mask's partial tiles), or allow_all() to run them unmasked")
     if mask_mod is not None and not isinstance(mask_mod, MaskMod):
         raise TypeError(f"{what}: mask_mod must come from tritonpatch.kernels masks (causal(), prefix_lm(), ..., "
                         "custom_mask())")
@@ -49,8 +53,15 @@ def checked_modifiers(q, k, v, mask_mod, score_mod, enable_gqa: bool, what: str)
 
 
 def softmax_scale(scale, head_dim: int) -> float:
-    """The score scale of a call: ``1/sqrt(D)`` unless given."""
-    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    """The score scale of a call: ``1/sqrt(D)`` unless given; a positive finite number (the kernels keep
+    masked scores at -inf before scaling, which a zero or negative scale would turn into NaN or +inf)."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    value = float(scale)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"attention: scale must be a positive finite number, got {scale!r}; fold a sign or a "
+                         "zero into q instead (q * scale with scale=1.0)")
+    return value
 
 
 class BlockMasks:

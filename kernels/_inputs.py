@@ -21,10 +21,12 @@ def validate_inputs(q, k, v, enable_gqa: bool) -> None:
             raise ValueError(f"attention: {name} must be [B, H, S, D], got shape {tuple(t.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    allowed = (torch.float16, torch.bfloat16) + ((torch.float32,) if q.device.type == "cpu" else ())
+    # CPU tensors run in Triton's interpreter, whose bfloat16 dot is wrong (numpy has no bfloat16)
+    allowed = (torch.float16, torch.float32) if q.device.type == "cpu" else (torch.float16, torch.bfloat16)
     if q.dtype not in allowed:
         raise TypeError(f"attention: dtype {q.dtype} is not supported on {q.device.type}; use float16 or "
-                        "bfloat16 (float32 only in the interpreter), or tritonpatch.kernels.reference")
+                        "bfloat16 on the GPU, float16 or float32 in the interpreter (CPU), or "
+                        "tritonpatch.kernels.reference")
     if not (q.device == k.device == v.device):
         raise ValueError(f"attention: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     batch, heads, _, head_dim = q.shape

@@ -31,6 +31,7 @@ class AttentionFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @torch.autograd.function.once_differentiable   # a double backward raises instead of dropping its terms
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         mask_mod, score_mod, block_mask = ctx.modifiers

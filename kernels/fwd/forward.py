@@ -50,12 +50,12 @@ def forward_call_key(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa
 def _resolve(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, config, key=None):
     """Check a forward call and settle what it runs: ``(config, block mask, mask_mod, scale)``.
     ``key``: the call's replay key (the tuner times replayed launches)."""
-    mask_mod = checked_modifiers(q, k, v, mask_mod, score_mod, enable_gqa, "attention")
+    mask_mod = checked_modifiers(q, k, v, mask_mod, score_mod, block_mask, enable_gqa, "attention")
     batch, heads, q_len, head_dim = q.shape
     if block_mask is not None:
         check_block_mask(block_mask, batch, heads, q_len, k.shape[2], "attention")
-    check_device(q, "attention")
     scale = softmax_scale(scale, head_dim)
+    check_device(q, "attention")
     masks_for = BlockMasks(block_mask, mask_mod, q, k)
     if config is None:
         config = tune(q, k, v, mask_mod, score_mod, block_mask, scale, masks_for, key)

@@ -31,6 +31,14 @@ def t(*shape, dtype=torch.float16):
     ((t(1, 4, 8, 16), t(1, 2, 8, 16), t(1, 2, 8, 16)), {}, ValueError, "enable_gqa=True"),
     ((t(1, 4, 8, 16), t(1, 3, 8, 16), t(1, 3, 8, 16)), {"enable_gqa": True}, ValueError, "multiple of Hkv"),
     ((t(1, 2, 8, 16),) * 3, {"mask_mod": lambda b, h, q, kv: q >= kv}, TypeError, "mask_mod must come from"),
+    # the interpreter's bfloat16 dot is wrong; a zero, negative or non-finite scale turns masked scores into NaN
+    ((t(1, 2, 8, 16, dtype=torch.bfloat16),) * 3, {}, TypeError, "bfloat16 is not supported on cpu"),
+    *[((t(1, 2, 8, 16),) * 3, {"mask_mod": K.causal(), "scale": scale}, ValueError,
+       "scale must be a positive finite number") for scale in (0.0, -0.25, float("nan"), float("inf"))],
+    # without its mask_mod a block mask's partial tiles would run unmasked
+    ((t(1, 2, 8, 16),) * 3, {"block_mask": K.build_block_mask(K.causal(), 1, 2, 8, 8, block_m=16, block_n=16,
+                                                              device="cpu")},
+     ValueError, "block_mask given without mask_mod"),
     # modifier tensors that do not fit the call: the kernels would read past their ends
     ((t(1, 2, 8, 16),) * 3, {"mask_mod": K.and_masks(K.causal(), K.document(torch.zeros(6, dtype=torch.int32)))},
      ValueError, r"document\(doc_ids\): doc_ids has shape \(6,\), the attention of B = 1, Sq = Skv = 8 needs one "

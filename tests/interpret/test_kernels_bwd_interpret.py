@@ -125,6 +125,15 @@ def test_score_mod_and_its_gradient_never_see_a_position_past_the_ends(shape, ma
     assert probe.seen() == {"score": (q_len - 1, kv_len - 1), "gradient": (q_len - 1, kv_len - 1)}
 
 
+def test_double_backward_raises_instead_of_dropping_its_terms():
+    q, k, v, _ = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=7)
+    q.requires_grad_()
+    out = K.attention(q, k, v, mask_mod=K.causal())
+    (dq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        dq.sum().backward()
+
+
 @pytest.mark.parametrize("dq_mode", ["atomic", "separate"])
 def test_config_whose_tiles_do_not_divide_the_block_mask_is_refused(dq_mode):
     # 32 x 32 kernel tiles over a 16 x 16 block mask: the dK/dV kernel would visit no tile at all
