@@ -25,7 +25,9 @@ class AttentionFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, dq_mode):
         out, lse = attention_forward(q, k, v, mask_mod=mask_mod, score_mod=score_mod, block_mask=block_mask,
                                      scale=scale, enable_gqa=enable_gqa)
-        ctx.save_for_backward(q, k, v, out, lse)
+        # The modifiers' and the block mask's tensors are saved too, so that torch raises in backward when
+        # one was written in place after the forward (the gradients would be of another mask or bias).
+        ctx.save_for_backward(q, k, v, out, lse, *_argument_tensors(mask_mod, score_mod, block_mask))
         ctx.modifiers = (mask_mod, score_mod, block_mask)
         ctx.options = (scale, enable_gqa, dq_mode)
         return out, lse
@@ -33,7 +35,7 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable   # a double backward raises instead of dropping its terms
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse = ctx.saved_tensors[:5]
         mask_mod, score_mod, block_mask = ctx.modifiers
         scale, enable_gqa, dq_mode = ctx.options
         if dout is None:
@@ -41,6 +43,16 @@ class AttentionFunction(torch.autograd.Function):
         dq, dk, dv = attention_backward(q, k, v, out, lse, dout, dlse=dlse, mask_mod=mask_mod, score_mod=score_mod,
                                         block_mask=block_mask, scale=scale, enable_gqa=enable_gqa, dq_mode=dq_mode)
         return dq, dk, dv, None, None, None, None, None, None
+
+
+def _argument_tensors(mask_mod, score_mod, block_mask) -> list:
+    """The tensors the kernels read besides q, k, v: modifier arguments and block-mask indices (inference
+    tensors left out: autograd cannot save them)."""
+    values = [*(mask_mod.args if mask_mod is not None else ()), *(score_mod.args if score_mod is not None else ())]
+    if block_mask is not None:
+        values += [block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
+                   block_mask.full_kv_indices]
+    return [t for t in values if isinstance(t, torch.Tensor) and not t.is_inference()]
 
 
 def attention_with_grad(q, k, v, *, mask_mod=None, score_mod=None, block_mask=None, scale=None, enable_gqa=False,

@@ -110,6 +110,9 @@ def build_block_mask(mask_mod: MaskMod, batch: int, heads: int, q_len: int, kv_l
                         ("block_m", block_m), ("block_n", block_n)):
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"build_block_mask: {name} must be a positive int, got {value!r}")
+    for name, value in (("block_m", block_m), ("block_n", block_n)):
+        if value & (value - 1):
+            raise ValueError(f"build_block_mask: {name} must be a power of two (the kernels' tiles are), got {value}")
     device = normalized_device(device)
     mask_mod.check_problem(batch, heads, q_len, kv_len, device)
     mask_batch = batch if mask_mod.batch_dependent else 1
@@ -210,6 +213,9 @@ def from_flex_block_mask(flex_mask) -> BlockMask:
     Its partial tiles still need a mask on the device: pass one of ours as ``mask_mod`` to
     :func:`tritonpatch.kernels.attention` alongside it. Cached per Flex mask tensors (by object and
     version, ``_identity.TensorIdentity``), so a mask passed on every call is converted once."""
+    if not all(hasattr(flex_mask, name) for name in ("kv_num_blocks", "kv_indices", "BLOCK_SIZE", "seq_lengths")):
+        raise TypeError(f"block_mask must be a tritonpatch.kernels BlockMask (build_block_mask()) or a FlexAttention "
+                        f"BlockMask (create_block_mask()), got {type(flex_mask).__name__}")
     tensors = (flex_mask.kv_num_blocks, flex_mask.kv_indices, flex_mask.full_kv_num_blocks,
                flex_mask.full_kv_indices)
     key = (tuple(argument_key(t) for t in tensors), tuple(flex_mask.BLOCK_SIZE), tuple(flex_mask.seq_lengths))

@@ -163,6 +163,14 @@ class BwdConfig:
         if not isinstance(self.dq_add, DqAdd):
             raise TypeError(f"BwdConfig: dq_add must be a DqAdd (tritonpatch.kernels.bwd.dq_adds), got "
                             f"{type(self.dq_add).__name__}")
+        if self.dq_mode not in ("atomic", "separate"):
+            raise ValueError(f"BwdConfig: dq_mode must be 'atomic' or 'separate', got {self.dq_mode!r}")
+        if not isinstance(self.dkdv, KernelConfig) or (self.dq is not None and not isinstance(self.dq, KernelConfig)):
+            raise TypeError("BwdConfig: dkdv and dq must be KernelConfig objects")
+        if (self.dq_mode == "separate") != (self.dq is not None):
+            raise ValueError(f"BwdConfig: dq_mode {self.dq_mode!r} "
+                             + ("needs the dQ kernel's config (dq=KernelConfig(...))" if self.dq is None
+                                else "computes dQ in the dK/dV kernel: leave dq=None"))
 
     def label(self) -> str:
         dq = f" dq[{self.dq.label()}]" if self.dq is not None else ""

@@ -39,6 +39,8 @@ def t(*shape, dtype=torch.float16):
     ((t(1, 2, 8, 16),) * 3, {"block_mask": K.build_block_mask(K.causal(), 1, 2, 8, 8, block_m=16, block_n=16,
                                                               device="cpu")},
      ValueError, "block_mask given without mask_mod"),
+    ((t(1, 2, 8, 16),) * 3, {"mask_mod": K.causal(), "block_mask": 42}, TypeError,
+     "block_mask must be a tritonpatch.kernels BlockMask"),
     # modifier tensors that do not fit the call: the kernels would read past their ends
     ((t(1, 2, 8, 16),) * 3, {"mask_mod": K.and_masks(K.causal(), K.document(torch.zeros(6, dtype=torch.int32)))},
      ValueError, r"document\(doc_ids\): doc_ids has shape \(6,\), the attention of B = 1, Sq = Skv = 8 needs one "

@@ -125,6 +125,21 @@ def test_score_mod_and_its_gradient_never_see_a_position_past_the_ends(shape, ma
     assert probe.seen() == {"score": (q_len - 1, kv_len - 1), "gradient": (q_len - 1, kv_len - 1)}
 
 
+@pytest.mark.parametrize("written", ["doc_ids", "slopes", "block_mask"])
+def test_a_modifier_tensor_written_between_forward_and_backward_raises(written):
+    # the backward would differentiate another mask or bias than the forward used
+    q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=8)
+    ids, slopes = doc_ids(SEQ), K.alibi_slopes(2)
+    mask_mod, score_mod = K.document(ids), K.alibi(slopes)
+    block_mask = K.build_block_mask(mask_mod, 1, 2, SEQ, SEQ, block_m=16, block_n=16, device="cpu")
+    q.requires_grad_()
+    out = K.attention(q, k, v, mask_mod=mask_mod, score_mod=score_mod, block_mask=block_mask)
+    with torch.no_grad():
+        {"doc_ids": ids, "slopes": slopes, "block_mask": block_mask.kv_num_blocks}[written].add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward(dout)
+
+
 def test_double_backward_raises_instead_of_dropping_its_terms():
     q, k, v, _ = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=7)
     q.requires_grad_()
