@@ -36,8 +36,8 @@ class TensorIdentity:
     nothing: its entry only misses until the LRU drops it), plus the tensor's version counter,
     which torch bumps on every in-place write (``add_``, ``copy_``, index assignment), and its
     address, shape, strides, dtype and device (in-place ``set_``/``resize_``/``as_strided_``).
-    Writes that bypass the version counter (through ``.numpy()``, DLPack, or another kernel's raw
-    pointer) are not seen: make a new modifier after such a write. The key keeps nothing alive.
+    Writes that bypass the version counter (through ``.data``, ``.numpy()``, DLPack, or another kernel's
+    raw pointer) are not seen: make a new modifier after such a write. The key keeps nothing alive.
     O(1) host work, no device synchronization.
 
     An inference tensor (made under ``torch.inference_mode()``) has no version counter, and inside
