@@ -110,9 +110,6 @@ def build_block_mask(mask_mod: MaskMod, batch: int, heads: int, q_len: int, kv_l
                         ("block_m", block_m), ("block_n", block_n)):
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"build_block_mask: {name} must be a positive int, got {value!r}")
-    for name, value in (("block_m", block_m), ("block_n", block_n)):
-        if value & (value - 1):
-            raise ValueError(f"build_block_mask: {name} must be a power of two (the kernels' tiles are), got {value}")
     device = normalized_device(device)
     mask_mod.check_problem(batch, heads, q_len, kv_len, device)
     mask_batch = batch if mask_mod.batch_dependent else 1

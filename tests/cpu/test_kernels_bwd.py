@@ -178,11 +178,6 @@ def test_inconsistent_backward_configs_are_refused_when_made(make, error, messag
         make(bwd_configs.KernelConfig(32, 32, 4, 1))
 
 
-def test_block_mask_tiles_must_be_powers_of_two():
-    with pytest.raises(ValueError, match="block_m must be a power of two"):
-        K.build_block_mask(K.causal(), 1, 2, 64, 64, block_m=48, block_n=16, device="cpu")
-
-
 def test_tma_config_on_unaligned_rows_is_rejected():
     q = torch.zeros(1, 2, 8, 17, dtype=torch.float16, device="meta")[..., :16]   # 34-byte row stride
     k, v = (torch.zeros(1, 2, 8, 16, dtype=torch.float16, device="meta") for _ in range(2))
