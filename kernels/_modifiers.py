@@ -6,6 +6,7 @@ A wrapper is generated once per structure (the leaves' functions and argument co
 ``sliding_window(256)`` and ``sliding_window(1024)`` share one compiled kernel."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import linecache
 import weakref
@@ -36,6 +37,44 @@ def lookup_modifier(key: str):
     except KeyError:
         raise LookupError(f"modifier {key} no longer exists; keep mask/score objects alive while graphs that "
                           "use them run") from None
+
+
+def tensor_arguments(*modifiers) -> list:
+    """The tensor arguments of ``modifiers`` (None entries skipped), in order: what the custom ops take
+    besides the modifiers' keys, so that a compiled graph orders them like any other input (a write to
+    ``slopes`` earlier in the graph reaches the op) and autograd saves them for the backward."""
+    return [a for m in modifiers if m is not None for a in m.args if isinstance(a, torch.Tensor)]
+
+
+def with_tensor_arguments(modifiers: tuple, tensors: list) -> tuple:
+    """``modifiers`` with their tensor arguments replaced, in order, by ``tensors`` (the values a custom
+    op received; :func:`tensor_arguments` gave the layout). A modifier whose tensors are these objects,
+    or aliases of the same memory, is returned as it is (the caches keep their hits); otherwise a copy holding the received
+    tensors: inside a compiled graph they can be the values after an in-graph write, which the kernels
+    must read, not the tensors the modifier was made with."""
+    expected = len(tensor_arguments(*modifiers))
+    if len(tensors) != expected:
+        raise ValueError(f"a tritonpatch custom op received {len(tensors)} modifier tensors, its modifiers have "
+                         f"{expected}; pass tensor_arguments(mask_mod, score_mod)")
+    received = iter(tensors)
+    bound = []
+    for modifier in modifiers:
+        if modifier is None:
+            bound.append(None)
+            continue
+        args = tuple(next(received) if isinstance(a, torch.Tensor) else a for a in modifier.args)
+        same = all(_same_memory(new, old) for new, old in zip(args, modifier.args))
+        bound.append(modifier if same else dataclasses.replace(modifier, args=args))
+    return tuple(bound)
+
+
+def _same_memory(new, old) -> bool:
+    """Whether the kernels would read the same bytes through ``new`` as through ``old``: the same object, or an
+    alias of the same memory laid out alike (compiled graphs hand ops detached aliases of their inputs)."""
+    if new is old or not isinstance(new, torch.Tensor):
+        return new is old
+    return (new.data_ptr() == old.data_ptr() and new.dtype == old.dtype and new.device == old.device
+            and new.shape == old.shape and new.stride() == old.stride())
 
 
 def has_custom_leaf(structure) -> bool:

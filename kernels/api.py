@@ -6,10 +6,10 @@ from typing import Optional
 
 import torch
 
-from .autograd import attention_with_grad, register_custom_op_autograd
+from .autograd import attention_with_grad, refuse_argument_gradients, register_custom_op_autograd
 from .block_mask import BlockMask, block_mask_from_tensors, block_mask_to_tensors, from_flex_block_mask
 from .fwd import attention_forward
-from ._modifiers import lookup_modifier
+from ._modifiers import lookup_modifier, tensor_arguments, with_tensor_arguments
 from .masks import MaskMod
 from .scores import ScoreMod, score_gradient
 
@@ -37,11 +37,12 @@ def attention(q, k, v, *, mask_mod: MaskMod | None = None, score_mod: ScoreMod |
     if block_mask is not None and not isinstance(block_mask, BlockMask):
         block_mask = from_flex_block_mask(block_mask)
     if torch.compiler.is_compiling():
+        refuse_argument_gradients(mask_mod, score_mod)   # the same call-time errors as eager mode
         if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v)):
-            score_gradient(score_mod)  # the same call-time error as eager mode
+            score_gradient(score_mod)
         out, lse = torch.ops.tritonpatch.attention_fwd(
             q, k, v, *block_mask_to_tensors(block_mask), "" if mask_mod is None else mask_mod.op_key,
-            "" if score_mod is None else score_mod.op_key, scale, enable_gqa)
+            "" if score_mod is None else score_mod.op_key, tensor_arguments(mask_mod, score_mod), scale, enable_gqa)
     else:
         out, lse = attention_with_grad(q, k, v, mask_mod=mask_mod, score_mod=score_mod, block_mask=block_mask,
                                        scale=scale, enable_gqa=enable_gqa, return_lse=True, dq_mode=dq_mode)
@@ -50,23 +51,27 @@ def attention(q, k, v, *, mask_mod: MaskMod | None = None, score_mod: ScoreMod |
 
 # ---------------------------------------------------------------------------------------------
 # torch.library custom op. Graph inputs are tensors and plain values: the block mask travels as its
-# index tensors, the modifiers (Python objects with device functions) by their registry key.
+# index tensors, the modifiers (Python objects with device functions) by their registry key plus their
+# tensor arguments, which the op binds in place of the ones the modifiers hold (with_tensor_arguments).
 # ---------------------------------------------------------------------------------------------
 
 @torch.library.custom_op("tritonpatch::attention_fwd", mutates_args=())
 def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_num_blocks: Optional[torch.Tensor],
                       kv_indices: Optional[torch.Tensor], full_kv_num_blocks: Optional[torch.Tensor],
                       full_kv_indices: Optional[torch.Tensor], block_geometry: list[int], mask_key: str,
-                      score_key: str, scale: Optional[float], enable_gqa: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                      score_key: str, modifier_tensors: list[torch.Tensor], scale: Optional[float],
+                      enable_gqa: bool) -> tuple[torch.Tensor, torch.Tensor]:
     block_mask = block_mask_from_tensors(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
                                          block_geometry)
-    return attention_forward(q, k, v, mask_mod=lookup_modifier(mask_key), score_mod=lookup_modifier(score_key),
-                             block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+    mask_mod, score_mod = with_tensor_arguments((lookup_modifier(mask_key), lookup_modifier(score_key)),
+                                                modifier_tensors)
+    return attention_forward(q, k, v, mask_mod=mask_mod, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                             enable_gqa=enable_gqa)
 
 
 @_attention_fwd_op.register_fake
 def _attention_fwd_fake(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_geometry,
-                        mask_key, score_key, scale, enable_gqa):
+                        mask_key, score_key, modifier_tensors, scale, enable_gqa):
     # the layout attention_forward allocates its output in, whatever q's strides
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32))

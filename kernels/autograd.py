@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from ._modifiers import lookup_modifier
+from ._modifiers import lookup_modifier, with_tensor_arguments
 from .block_mask import BlockMask, block_mask_from_tensors, from_flex_block_mask
 from .bwd import attention_backward, choose_dq_mode
 from .fwd import attention_forward
@@ -55,6 +55,22 @@ def _argument_tensors(mask_mod, score_mod, block_mask) -> list:
     return [t for t in values if isinstance(t, torch.Tensor) and not t.is_inference()]
 
 
+def refuse_argument_gradients(mask_mod, score_mod) -> None:
+    """Raise when grad mode is on and a modifier's tensor argument requires grad (``alibi`` slopes made
+    a learnable parameter): the backward computes gradients for q, k and v only, so such a tensor would
+    be left with ``.grad`` None and the training would not notice."""
+    if not torch.is_grad_enabled():
+        return
+    for modifier in (mask_mod, score_mod):
+        for arg in getattr(modifier, "args", ()):
+            if isinstance(arg, torch.Tensor) and arg.requires_grad:
+                raise NotImplementedError(
+                    f"attention: a tensor argument of {modifier.name!r} requires grad, but the backward computes "
+                    "gradients for q, k and v only (none for modifier arguments such as alibi slopes); make the "
+                    "modifier from a detached tensor (e.g. alibi(slopes.detach())), or use a reference "
+                    "implementation where that gradient is needed")
+
+
 def attention_with_grad(q, k, v, *, mask_mod=None, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
                         return_lse=False, dq_mode: str = "auto"):
     """:func:`tritonpatch.kernels.attention` with a backward. ``dq_mode``: ``"atomic"`` (dQ by fp32
@@ -63,6 +79,7 @@ def attention_with_grad(q, k, v, *, mask_mod=None, score_mod=None, block_mask=No
     makes ``"auto"`` mean ``"separate"``."""
     if block_mask is not None and not isinstance(block_mask, BlockMask):
         block_mask = from_flex_block_mask(block_mask)
+    refuse_argument_gradients(mask_mod, score_mod)
     needs_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
     if needs_grad:
         score_gradient(score_mod)                      # clear error now, not in backward
@@ -84,43 +101,51 @@ def _attention_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: to
                       dout: torch.Tensor, dlse: Optional[torch.Tensor], kv_num_blocks: Optional[torch.Tensor],
                       kv_indices: Optional[torch.Tensor], full_kv_num_blocks: Optional[torch.Tensor],
                       full_kv_indices: Optional[torch.Tensor], block_geometry: list[int], mask_key: str,
-                      score_key: str, scale: Optional[float], enable_gqa: bool,
+                      score_key: str, modifier_tensors: list[torch.Tensor], scale: Optional[float], enable_gqa: bool,
                       dq_mode: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     block_mask = block_mask_from_tensors(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
                                           block_geometry)
-    return attention_backward(q, k, v, out, lse, dout, dlse=dlse, mask_mod=lookup_modifier(mask_key),
-                              score_mod=lookup_modifier(score_key), block_mask=block_mask, scale=scale,
-                              enable_gqa=enable_gqa, dq_mode=dq_mode)
+    mask_mod, score_mod = with_tensor_arguments((lookup_modifier(mask_key), lookup_modifier(score_key)),
+                                                modifier_tensors)
+    return attention_backward(q, k, v, out, lse, dout, dlse=dlse, mask_mod=mask_mod, score_mod=score_mod,
+                              block_mask=block_mask, scale=scale, enable_gqa=enable_gqa, dq_mode=dq_mode)
 
 
 @_attention_bwd_op.register_fake
 def _attention_bwd_fake(q, k, v, out, lse, dout, dlse, kv_num_blocks, kv_indices, full_kv_num_blocks,
-                        full_kv_indices, block_geometry, mask_key, score_key, scale, enable_gqa, dq_mode):
+                        full_kv_indices, block_geometry, mask_key, score_key, modifier_tensors, scale, enable_gqa,
+                        dq_mode):
     contiguous = torch.contiguous_format   # the layout the backward allocates its gradients in
     return (torch.empty_like(q, memory_format=contiguous), torch.empty_like(k, memory_format=contiguous),
             torch.empty_like(v, memory_format=contiguous))
 
 
 _FWD_OP_ARGS = ("q", "k", "v", "kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
-                "block_geometry", "mask_key", "score_key", "scale", "enable_gqa")
+                "block_geometry", "mask_key", "score_key", "modifier_tensors", "scale", "enable_gqa")
 
 
 def _setup_context(ctx, inputs, output):
     named = dict(zip(_FWD_OP_ARGS, inputs))
     out, lse = output
+    # the modifiers' tensors are saved like the block mask's: a write to one before backward raises
     ctx.save_for_backward(named["q"], named["k"], named["v"], out, lse, named["kv_num_blocks"],
-                          named["kv_indices"], named["full_kv_num_blocks"], named["full_kv_indices"])
+                          named["kv_indices"], named["full_kv_num_blocks"], named["full_kv_indices"],
+                          *named["modifier_tensors"])
     ctx.plain = (named["block_geometry"], named["mask_key"], named["score_key"], named["scale"], named["enable_gqa"])
 
 
 def _fwd_op_backward(ctx, dout, dlse):
-    q, k, v, out, lse, *mask_tensors = ctx.saved_tensors
+    q, k, v, out, lse, *rest = ctx.saved_tensors
+    mask_tensors, modifier_tensors = rest[:4], rest[4:]
     block_geometry, mask_key, score_key, scale, enable_gqa = ctx.plain
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv = torch.ops.tritonpatch.attention_bwd(q, k, v, out, lse, dout, dlse, *mask_tensors, block_geometry,
-                                                     mask_key, score_key, scale, enable_gqa, "auto")
-    return (dq, dk, dv) + (None,) * (len(_FWD_OP_ARGS) - 3)
+                                                     mask_key, score_key, list(modifier_tensors), scale, enable_gqa,
+                                                     "auto")
+    no_grads = {name: None for name in _FWD_OP_ARGS[3:]}
+    no_grads["modifier_tensors"] = [None] * len(modifier_tensors)   # the structure of the op's inputs
+    return (dq, dk, dv, *no_grads.values())
 
 
 def register_custom_op_autograd() -> None:

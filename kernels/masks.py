@@ -332,15 +332,15 @@ def key_padding(valid: torch.Tensor) -> MaskMod:
     table = (valid != 0).to(torch.int32).contiguous()
     batched = table.dim() == 2
     batch_stride = table.shape[-1] if batched else 0
-    rows = table if batched else table[None]
 
     def torch_fn(b, h, q, kv, valid_arg, stride):
         keep = valid_arg.bool() if valid_arg.dim() == 2 else valid_arg.bool()[None]
         return keep[b if valid_arg.dim() == 2 else torch.zeros_like(b), kv] & (q >= 0)
 
     def rule(q_lo, q_hi, kv_lo, kv_hi, valid_arg, stride):
-        # every key of a tile a token: all-true; any key a token: any-true (for every query tile)
-        kmin, kmax = _tile_min_max(rows, kv_lo[0])
+        # every key of a tile a token: all-true; any key a token: any-true (for every query tile); reads the
+        # table the kernel reads (the mask's argument), like _document_rule
+        kmin, kmax = _tile_min_max(valid_arg if valid_arg.dim() == 2 else valid_arg[None], kv_lo[0])
         all_true, any_true = kmin[:, None, :] == 1, kmax[:, None, :] == 1
         return all_true.expand(-1, q_lo.shape[0], -1), any_true.expand(-1, q_lo.shape[0], -1)
 

@@ -79,6 +79,13 @@ def test_custom_op_is_registered_with_a_fake_impl():
     assert "mask_key" in str(op._schema) and "block_geometry" in str(op._schema)
 
 
+def test_custom_op_refuses_modifier_tensors_that_do_not_match_its_modifiers():
+    mask = K.document(torch.zeros(8, dtype=torch.int32))
+    with pytest.raises(ValueError, match="received 0 modifier tensors, its modifiers have 1"):
+        torch.ops.tritonpatch.attention_fwd(t(1, 2, 8, 16), t(1, 2, 8, 16), t(1, 2, 8, 16), None, None, None, None,
+                                            [0, 0, 0, 0], mask.op_key, "", [], None, False)
+
+
 def test_modifier_keys_resolve_while_alive():
     mask = K.sliding_window(3)
     assert K.lookup_modifier(mask.op_key) is mask

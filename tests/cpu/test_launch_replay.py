@@ -284,10 +284,12 @@ def test_custom_op_calls_replay(fake_cuda):
     q, k, v, _ = qkv(0)
     mask = K.and_masks(K.causal(), K.document(torch.tensor([0] * 20 + [1] * 44, dtype=torch.int32)))
     built = K.build_block_mask(mask, 1, 2, 64, 64, block_m=32, block_n=16, device="cpu")
+    from tritonpatch.kernels._modifiers import tensor_arguments
     from tritonpatch.kernels.block_mask import block_mask_to_tensors
 
     for _ in range(2):
-        torch.ops.tritonpatch.attention_fwd(q, k, v, *block_mask_to_tensors(built), mask.op_key, "", None, False)
+        torch.ops.tritonpatch.attention_fwd(q, k, v, *block_mask_to_tensors(built), mask.op_key, "",
+                                            tensor_arguments(mask), None, False)
     assert [entry[0] for entry in fake_cuda] == ["launch", "would replay", "launch"]
 
 

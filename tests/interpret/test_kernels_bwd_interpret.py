@@ -125,19 +125,65 @@ def test_score_mod_and_its_gradient_never_see_a_position_past_the_ends(shape, ma
     assert probe.seen() == {"score": (q_len - 1, kv_len - 1), "gradient": (q_len - 1, kv_len - 1)}
 
 
+def maybe_compiled(fn, compiled: bool):
+    """``fn`` as it is, or through torch.compile (the custom ops' path)."""
+    return torch.compile(fn, backend="aot_eager", fullgraph=True) if compiled else fn
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("written", ["doc_ids", "slopes", "block_mask"])
-def test_a_modifier_tensor_written_between_forward_and_backward_raises(written):
+def test_a_modifier_tensor_written_between_forward_and_backward_raises(written, compiled):
     # the backward would differentiate another mask or bias than the forward used
     q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=8)
     ids, slopes = doc_ids(SEQ), K.alibi_slopes(2)
     mask_mod, score_mod = K.document(ids), K.alibi(slopes)
     block_mask = K.build_block_mask(mask_mod, 1, 2, SEQ, SEQ, block_m=16, block_n=16, device="cpu")
     q.requires_grad_()
-    out = K.attention(q, k, v, mask_mod=mask_mod, score_mod=score_mod, block_mask=block_mask)
+    attend = maybe_compiled(lambda a, b, c: K.attention(a, b, c, mask_mod=mask_mod, score_mod=score_mod,
+                                                        block_mask=block_mask), compiled)
+    out = attend(q, k, v)
     with torch.no_grad():
         {"doc_ids": ids, "slopes": slopes, "block_mask": block_mask.kv_num_blocks}[written].add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.backward(dout)
+
+
+@pytest.mark.parametrize("written", ["doc_ids", "slopes"])
+def test_a_write_inside_a_compiled_graph_reaches_the_kernels(written):
+    """A modifier tensor written earlier in a compiled graph: the custom ops take the modifiers' tensors as
+    inputs, so the kernels read the written values, forward and backward (they read the values from before the
+    write when the ops found the tensors through the modifier objects alone)."""
+    q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=12)
+    ids, slopes = doc_ids(SEQ), K.alibi_slopes(2)
+    mask_mod, score_mod = K.document(ids), K.alibi(slopes)
+
+    def attend(a, b, c):
+        if written == "doc_ids":
+            ids[: SEQ // 2] = 7                              # one document in the first half
+        else:
+            slopes.mul_(-3.0)
+        return K.attention(a, b, c, mask_mod=mask_mod, score_mod=score_mod)
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = maybe_compiled(attend, True)(*leaves)
+    out.backward(dout)
+    after = dict(mask_mod=K.document(ids.clone()), score_mod=K.alibi(slopes.clone()))
+    torch.testing.assert_close(out.detach(), K.reference.attention(q, k, v, **after), rtol=1e-4, atol=1e-4)
+    assert_close([t.grad for t in leaves], reference_grads(q, k, v, dout, **after), torch.float32)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_modifier_tensor_that_requires_grad_is_refused(compiled):
+    """The backward computes no gradient for alibi slopes: a learnable slopes tensor would keep .grad None."""
+    q, k, v, _ = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=13)
+    slopes = torch.nn.Parameter(K.alibi_slopes(2))
+    score_mod = K.alibi(slopes)
+    attend = maybe_compiled(lambda a, b, c: K.attention(a, b, c, score_mod=score_mod), compiled)
+    with pytest.raises(Exception, match="requires grad.*alibi\\(slopes.detach\\(\\)\\)"):
+        attend(q.requires_grad_(), k, v)
+    with torch.no_grad():                                    # nothing to differentiate: runs
+        attend(q, k, v)
+    assert slopes.grad is None
 
 
 def test_double_backward_raises_instead_of_dropping_its_terms():
@@ -249,7 +295,7 @@ def test_custom_op_backward_and_torch_compile():
     want = reference_grads(q, k, v, dout, mask_mod=mask_mod)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     out, _ = torch.ops.tritonpatch.attention_fwd(*leaves, None, None, None, None, [0, 0, 0, 0], mask_mod.op_key,
-                                                 "", None, False)
+                                                 "", [], None, False)
     out.backward(dout)
     assert_close([t.grad for t in leaves], want, torch.float32)
 

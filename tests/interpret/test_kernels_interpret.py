@@ -87,6 +87,18 @@ def test_document_ids_given_new_storage_are_not_served_a_stale_block_mask(shape)
     torch.testing.assert_close(out, K.reference.attention(q, k, v, mask_mod=fresh), atol=1e-4, rtol=1e-4)
 
 
+def test_key_padding_table_given_new_storage_is_not_served_a_stale_block_mask():
+    # the mask's own table (its argument) given new storage: the tile rule reads it, as the kernel does
+    q, k, v = qkv(1, 2, 2, 64, 64, 16, torch.float32, seed=6)
+    mask_mod = K.key_padding(torch.arange(64) < 60)
+    assert_matches_reference(q, k, v, mask_mod=mask_mod)
+    with torch.no_grad():
+        mask_mod.args[0].set_((torch.arange(64) < 20).to(torch.int32))
+    out, _ = assert_matches_reference(q, k, v, mask_mod=mask_mod)
+    fresh = K.key_padding(torch.arange(64) < 20)
+    torch.testing.assert_close(out, K.reference.attention(q, k, v, mask_mod=fresh), atol=1e-4, rtol=1e-4)
+
+
 def test_key_padding_per_batch_row_and_a_query_without_keys():
     """A padding per batch row; in row 1 the first keys are padding (left padding), so its first
     queries attend to nothing: zeros, lse -inf, as the reference."""
@@ -198,7 +210,7 @@ def test_fake_impl_gives_shapes_for_tracing():
     with FakeTensorMode():
         q = torch.empty(2, 4, 33, 16)
         k = torch.empty(2, 2, 50, 16)
-        out, lse = torch.ops.tritonpatch.attention_fwd(q, k, k, None, None, None, None, [0, 0, 0, 0], "", "",
+        out, lse = torch.ops.tritonpatch.attention_fwd(q, k, k, None, None, None, None, [0, 0, 0, 0], "", "", [],
                                                        None, True)
     assert out.shape == (2, 4, 33, 16) and lse.shape == (2, 4, 33) and lse.dtype == torch.float32
 
