@@ -59,8 +59,8 @@ def softmax_scale(scale, head_dim: int) -> float:
         return 1.0 / math.sqrt(head_dim)
     value = float(scale)
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"attention: scale must be a positive finite number, got {scale!r}; fold a sign or a "
-                         "zero into q instead (q * scale with scale=1.0)")
+        raise ValueError(f"attention: scale must be a positive finite number, got {scale!r}; to scale scores by a zero or "
+                         "negative factor, multiply q by it and pass scale=1.0")
     return value
 
 

@@ -30,6 +30,8 @@ def validate_inputs(q, k, v, enable_gqa: bool) -> None:
     if not (q.device == k.device == v.device):
         raise ValueError(f"attention: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     batch, heads, _, head_dim = q.shape
+    if batch == 0 or heads == 0:
+        raise ValueError(f"attention: q has shape {tuple(q.shape)}; B and H must be positive")
     if k.shape != v.shape:
         raise ValueError(f"attention: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     if k.shape[0] != batch or k.shape[3] != head_dim:

@@ -120,6 +120,26 @@ def check_problem(modifier, batch: int, heads: int, q_len: int, kv_len: int, dev
         modifier.check(batch, heads, q_len, kv_len, device)
 
 
+# The tensor dtypes a modifier's device function may read (the pointer types the kernels' signatures take).
+TENSOR_ARGUMENT_DTYPES = (torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32)
+
+
+def checked_arguments(label: str, args) -> tuple:
+    """``args`` as a tuple once every entry is something a kernel can take as a runtime argument: an
+    int, a float, a bool, or a tensor of :data:`TENSOR_ARGUMENT_DTYPES` (a TypeError naming the entry
+    otherwise; a list would reach the compiler's cache keys, a float64 tensor the score arithmetic)."""
+    args = tuple(args)
+    for position, arg in enumerate(args):
+        if isinstance(arg, torch.Tensor):
+            if arg.dtype not in TENSOR_ARGUMENT_DTYPES:
+                raise TypeError(f"{label}: args[{position}] is {described(arg)}; tensor arguments must be int32, "
+                                f"int64, float16, bfloat16 or float32 (convert it, e.g. .float() or .int())")
+        elif not isinstance(arg, (int, float)):
+            raise TypeError(f"{label}: args[{position}] is {described(arg)}; runtime arguments are ints, floats, "
+                            "bools or tensors (put a list or tuple of values in a tensor)")
+    return args
+
+
 def argument_check(label: str, args: tuple, specific: Optional[Callable] = None) -> Callable:
     """A leaf modifier's ``check``: every tensor argument on the attention's device (the kernels
     read it there), then ``specific(batch, heads, q_len, kv_len)`` for what the leaf's rule needs."""

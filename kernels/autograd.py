@@ -13,7 +13,7 @@ import torch
 
 from ._modifiers import lookup_modifier, with_tensor_arguments
 from .block_mask import BlockMask, block_mask_from_tensors, from_flex_block_mask
-from .bwd import attention_backward, choose_dq_mode
+from .bwd import attention_backward, check_dq_mode, choose_dq_mode
 from .fwd import attention_forward
 from .scores import score_gradient
 
@@ -80,6 +80,7 @@ def attention_with_grad(q, k, v, *, mask_mod=None, score_mod=None, block_mask=No
     if block_mask is not None and not isinstance(block_mask, BlockMask):
         block_mask = from_flex_block_mask(block_mask)
     refuse_argument_gradients(mask_mod, score_mod)
+    check_dq_mode(dq_mode)                             # also when nothing needs grad: a typo fails at once
     needs_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
     if needs_grad:
         score_gradient(score_mod)                      # clear error now, not in backward

@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 
 from ._identity import argument_key
-from ._modifiers import argument_check, call_expr, described, generate, has_custom_leaf, register
+from ._modifiers import (argument_check, call_expr, checked_arguments, described, generate, has_custom_leaf,
+                         register)
 from ._modifiers import check_problem as modifier_check_problem
 
 
@@ -121,10 +122,10 @@ def custom_mask(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | 
     ``shift_invariant`` when it depends on ``q_idx - kv_idx`` only (it lets D=128 attention run on
     the warp-specialized Hopper kernel)."""
     name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
+    args = checked_arguments(f"custom_mask {name!r}", args)
     structure = ("mask-leaf", "custom", id(device_fn), len(args))
     wrapper = generate(structure, [device_fn], call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
                        "b, h, q_idx, kv_idx, args")
-    args = tuple(args)
     return MaskMod(name, wrapper, torch_fn, args, tile_rule, batch_dependent, head_dependent, structure,
                    shift_invariant, argument_check(f"custom_mask {name!r}", args))
 

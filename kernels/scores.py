@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._modifiers import argument_check, call_expr, described, generate, register
+from ._modifiers import argument_check, call_expr, checked_arguments, described, generate, register
 from ._modifiers import check_problem as modifier_check_problem
 
 
@@ -63,7 +63,7 @@ def custom_score(device_fn, torch_fn: Callable, args: tuple = (), *, name: str |
     """A score modifier from ``device_fn(score, b, h, q_idx, kv_idx, *args)`` (``@triton.jit``, fp32
     score tile in, new score out) and the same rule in torch."""
     name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
-    args = tuple(args)
+    args = checked_arguments(f"custom_score {name!r}", args)
     return _score_mod(device_fn, torch_fn, args, name, False, argument_check(f"custom_score {name!r}", args))
 
 
@@ -102,7 +102,7 @@ def alibi_slopes(num_heads: int, device=None) -> torch.Tensor:
 
 def softcap(cap: float) -> ScoreMod:
     """Tanh soft-capping (Gemma 2): ``cap * tanh(score / cap)``."""
-    if not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap <= 0:
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap <= 0:
         raise ValueError(f"softcap(cap) needs a positive finite number, got {cap!r}")
     return _score_mod(_softcap_dev, lambda score, b, h, q, kv, c: c * torch.tanh(score / c), (float(cap),),
                       "softcap", from_factory=True)

@@ -5,10 +5,10 @@ backward run, compile-only description), ``tuner``, and ``backward`` (the entry 
 from __future__ import annotations
 
 from .backward import attention_backward
-from .configs import BwdConfig, KernelConfig, choose_dq_mode
+from .configs import BwdConfig, KernelConfig, check_dq_mode, choose_dq_mode
 from .dq_adds import ATOMIC_ADD, RED_ADD, TMA_ADD, DqAdd
 from .launch import compile_spec
 from .tuner import tuned_config, tuned_configs
 
-__all__ = ["attention_backward", "BwdConfig", "KernelConfig", "choose_dq_mode", "DqAdd", "ATOMIC_ADD", "RED_ADD",
+__all__ = ["attention_backward", "BwdConfig", "KernelConfig", "check_dq_mode", "choose_dq_mode", "DqAdd", "ATOMIC_ADD", "RED_ADD",
            "TMA_ADD", "compile_spec", "tuned_config", "tuned_configs"]

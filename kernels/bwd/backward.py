@@ -74,6 +74,8 @@ def _resolve(q, k, v, out, lse, dout, dlse, mask_mod, score_mod, block_mask, sca
     ``masks_for(kernel_config)`` keeps the block masks it builds. ``key``: the call's replay key (the
     tuner times replayed launches, as the forward's)."""
     what = "attention backward"
+    if config is not None and not isinstance(config, BwdConfig):
+        raise TypeError(f"{what}: config must be a BwdConfig or None (tuned), got {type(config).__name__}")
     mask_mod = checked_modifiers(q, k, v, mask_mod, score_mod, block_mask, enable_gqa, what)
     score_gradient(score_mod)   # rejects a score_mod without a gradient rule before any work
     batch, heads, q_len, head_dim = q.shape

@@ -132,14 +132,19 @@ def fitting(configs: list, block_mask: BlockMask | None) -> list:
 DQ_MODES = ("auto", "atomic", "separate")
 
 
+def check_dq_mode(dq_mode) -> None:
+    """A ValueError naming the choices when ``dq_mode`` is not one of :data:`DQ_MODES`."""
+    if dq_mode not in DQ_MODES:
+        raise ValueError(f"attention backward: dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
+
+
 def choose_dq_mode(dq_mode: str) -> str:
     """Validate ``dq_mode`` and apply torch's determinism switch: with
     ``torch.use_deterministic_algorithms(True)`` ``"auto"`` becomes ``"separate"`` and an explicit
     ``"atomic"`` is an error. ``"auto"`` otherwise stays ``"auto"``: the tuner times both modes on
     the first call per shape and keeps the faster (on H200, D=64 causal, they were within 2% of
     each other from N=4096 up: docs/benchmarks/attention_bwd.md)."""
-    if dq_mode not in DQ_MODES:
-        raise ValueError(f"attention backward: dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
+    check_dq_mode(dq_mode)
     if torch.are_deterministic_algorithms_enabled():
         if dq_mode == "atomic":
             raise RuntimeError("attention backward: dq_mode='atomic' accumulates dQ with floating-point atomics "

@@ -50,6 +50,8 @@ def forward_call_key(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa
 def _resolve(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, config, key=None):
     """Check a forward call and settle what it runs: ``(config, block mask, mask_mod, scale)``.
     ``key``: the call's replay key (the tuner times replayed launches)."""
+    if config is not None and not isinstance(config, FwdConfig):
+        raise TypeError(f"attention: config must be a FwdConfig or None (tuned), got {type(config).__name__}")
     mask_mod = checked_modifiers(q, k, v, mask_mod, score_mod, block_mask, enable_gqa, "attention")
     batch, heads, q_len, head_dim = q.shape
     if block_mask is not None:

@@ -38,10 +38,22 @@ def tuning_candidates(q, k, v, mask_mod: MaskMod, score_mod, block_mask, tma_ok:
         if gluon_problem(q, k, v, mask_mod, score_mod) is None:
             candidates += gluon_candidates(q.shape[-1])
     if block_mask is not None:
-        candidates = [c for c in candidates if (c.block_m, c.block_n) == (block_mask.block_m, block_mask.block_n)]
-        if not candidates:
-            candidates = [FwdConfig(block_mask.block_m, block_mask.block_n, 8 if q.shape[-1] >= 128 else 4, 2)]
+        tiles = (block_mask.block_m, block_mask.block_n)
+        matching = [c for c in candidates if (c.block_m, c.block_n) == tiles]
+        if matching:
+            return matching
+        if not all(_power_of_two(size) for size in tiles):
+            tuned = ", ".join(f"{m}x{n}" for m, n in sorted({(c.block_m, c.block_n) for c in candidates}))
+            raise ValueError(f"attention: block_mask has {tiles[0]}x{tiles[1]} tiles; the forward runs one tile of "
+                             f"the block mask per program, and its Triton-language kernel needs tiles whose sides "
+                             f"are powers of two. Build the block mask with such tiles (tuned for this call: "
+                             f"{tuned}; block_m=128, block_n=64 is build_block_mask's default)")
+        candidates = [FwdConfig(*tiles, 8 if q.shape[-1] >= 128 else 4, 2)]
     return candidates
+
+
+def _power_of_two(size: int) -> bool:
+    return size > 0 and size & (size - 1) == 0
 
 
 def tune(q, k, v, mask_mod, score_mod, block_mask, scale, masks_for, plan_key=None) -> FwdConfig:

@@ -56,6 +56,11 @@ def t(*shape, dtype=torch.float16):
      r"alibi\(slopes\): slopes has shape \(2,\), the attention has H = 4 query heads and needs one slope per head"),
     ((t(1, 2, 8, 16),) * 3, {"mask_mod": K.document(torch.zeros(8, dtype=torch.int32, device="meta"))}, ValueError,
      r"document\(doc_ids\): a tensor argument is on meta, the attention runs on cpu"),
+    # empty batch or heads (named as the attention's inputs, not by the block-mask builder it reached)
+    ((t(0, 2, 8, 16),) * 3, {"mask_mod": K.causal()}, ValueError, r"q has shape \(0, 2, 8, 16\); B and H must be"),
+    ((t(1, 0, 8, 16),) * 3, {}, ValueError, r"q has shape \(1, 0, 8, 16\); B and H must be positive"),
+    # a misspelt dq_mode fails at once, also when nothing requires grad
+    ((t(1, 2, 8, 16),) * 3, {"dq_mode": "atomc"}, ValueError, "dq_mode must be one of"),
 ])
 def test_input_errors(args, kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -77,6 +82,35 @@ def test_block_mask_for_other_lengths_is_rejected():
 def test_custom_op_is_registered_with_a_fake_impl():
     op = torch.ops.tritonpatch.attention_fwd.default
     assert "mask_key" in str(op._schema) and "block_geometry" in str(op._schema)
+
+
+def test_a_config_of_another_type_is_refused_by_name():
+    with pytest.raises(TypeError, match="config must be a FwdConfig or None"):
+        K.attention_forward(t(1, 2, 8, 16), t(1, 2, 8, 16), t(1, 2, 8, 16), config="BM64-BN64")
+    with pytest.raises(TypeError, match="config must be a BwdConfig or None"):
+        K.attention_backward(*(t(1, 2, 8, 16),) * 3, t(1, 2, 8, 16), torch.zeros(1, 2, 8), t(1, 2, 8, 16),
+                             config=K.FwdConfig(16, 16, 4, 1))
+
+
+def _keep_all(b, h, q_idx, kv_idx, *args):
+    return q_idx >= 0
+
+
+@pytest.mark.parametrize("make", [K.custom_mask, lambda fn, torch_fn, args: K.custom_score(fn, torch_fn, args)])
+@pytest.mark.parametrize("arg, message", [
+    ([1, 2], r"args\[0\] is a list; runtime arguments are ints, floats, bools or tensors"),
+    (torch.ones(2, dtype=torch.float64), r"args\[0\] is a torch.float64 tensor of shape \(2,\); tensor arguments "
+                                         "must be int32, int64, float16, bfloat16 or float32"),
+])
+def test_custom_modifier_arguments_the_kernels_cannot_take_are_refused(make, arg, message):
+    # a list failed as "unhashable type"; a float64 tensor inside the kernel (an interpreter assertion)
+    with pytest.raises(TypeError, match=message):
+        make(_keep_all, _keep_all, (arg,))
+
+
+def test_softcap_refuses_a_bool():
+    with pytest.raises(ValueError, match="positive finite number, got True"):
+        K.softcap(True)
 
 
 def test_custom_op_refuses_modifier_tensors_that_do_not_match_its_modifiers():

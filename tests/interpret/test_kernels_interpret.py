@@ -87,6 +87,16 @@ def test_document_ids_given_new_storage_are_not_served_a_stale_block_mask(shape)
     torch.testing.assert_close(out, K.reference.attention(q, k, v, mask_mod=fresh), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("tiles", [(48, 64), (64, 48)])
+def test_block_mask_tiles_the_forward_cannot_run_are_refused_by_name(tiles):
+    # the Triton-language forward runs the block mask's tiles; a side that is not a power of two failed
+    # inside Triton ("arange's range must be a power of 2")
+    q, k, v = qkv(1, 2, 2, 96, 96, 16, torch.float32)
+    block_mask = K.build_block_mask(K.causal(), 1, 2, 96, 96, block_m=tiles[0], block_n=tiles[1], device="cpu")
+    with pytest.raises(ValueError, match=f"{tiles[0]}x{tiles[1]} tiles.*powers of two"):
+        K.attention(q, k, v, mask_mod=K.causal(), block_mask=block_mask)
+
+
 def test_key_padding_table_given_new_storage_is_not_served_a_stale_block_mask():
     # the mask's own table (its argument) given new storage: the tile rule reads it, as the kernel does
     q, k, v = qkv(1, 2, 2, 64, 64, 16, torch.float32, seed=6)
