@@ -23,8 +23,12 @@ _key_counter = itertools.count()
 
 
 def register(modifier) -> None:
+    """Give a new MaskMod/ScoreMod its registry key (``op_key``) and record which of its arguments the
+    custom ops take as inputs (``op_tensors``, :func:`tensor_arguments`). Both are read while torch.compile
+    traces a call, so they are set here, when the modifier is made outside the compiled function."""
     key = f"{type(modifier).__name__}-{next(_key_counter)}"
     object.__setattr__(modifier, "op_key", key)
+    object.__setattr__(modifier, "op_tensors", tuple(_bound(a) for a in modifier.args))
     _live_modifiers[key] = modifier
 
 
@@ -40,32 +44,40 @@ def lookup_modifier(key: str):
 
 
 def tensor_arguments(*modifiers) -> list:
-    """The tensor arguments of ``modifiers`` (None entries skipped), in order: what the custom ops take
-    besides the modifiers' keys, so that a compiled graph orders them like any other input (a write to
-    ``slopes`` earlier in the graph reaches the op) and autograd saves them for the backward."""
-    return [a for m in modifiers if m is not None for a in m.args if isinstance(a, torch.Tensor)]
+    """The tensor arguments of ``modifiers`` (None entries skipped; inference tensors left out, see
+    :func:`_bound`), in order: what the custom ops take besides the modifiers' keys, so that a compiled
+    graph orders them like any other input (a write to ``slopes`` earlier in the graph reaches the op) and
+    autograd saves them for the backward."""
+    return [a for m in modifiers if m is not None for a, bound in zip(m.args, m.op_tensors) if bound]
 
 
 def with_tensor_arguments(modifiers: tuple, tensors: list) -> tuple:
     """``modifiers`` with their tensor arguments replaced, in order, by ``tensors`` (the values a custom
     op received; :func:`tensor_arguments` gave the layout). A modifier whose tensors are these objects,
-    or aliases of the same memory, is returned as it is (the caches keep their hits); otherwise a copy holding the received
-    tensors: inside a compiled graph they can be the values after an in-graph write, which the kernels
-    must read, not the tensors the modifier was made with."""
+    or aliases of the same memory, is returned as it is (the caches keep their hits); otherwise a copy
+    holding the received tensors: inside a compiled graph they can be the values after an in-graph write,
+    which the kernels must read, not the tensors the modifier was made with."""
     expected = len(tensor_arguments(*modifiers))
     if len(tensors) != expected:
         raise ValueError(f"a tritonpatch custom op received {len(tensors)} modifier tensors, its modifiers have "
                          f"{expected}; pass tensor_arguments(mask_mod, score_mod)")
     received = iter(tensors)
-    bound = []
+    result = []
     for modifier in modifiers:
         if modifier is None:
-            bound.append(None)
+            result.append(None)
             continue
-        args = tuple(next(received) if isinstance(a, torch.Tensor) else a for a in modifier.args)
+        args = tuple(next(received) if taken else a for a, taken in zip(modifier.args, modifier.op_tensors))
         same = all(_same_memory(new, old) for new, old in zip(args, modifier.args))
-        bound.append(modifier if same else dataclasses.replace(modifier, args=args))
-    return tuple(bound)
+        result.append(modifier if same else dataclasses.replace(modifier, args=args))
+    return tuple(result)
+
+
+def _bound(arg) -> bool:
+    """Whether the custom ops take ``arg`` as an input: tensors, except inference tensors (which cannot be
+    written in place outside inference mode, so no graph can change them, and which autograd refuses to
+    save for the backward of a training graph)."""
+    return isinstance(arg, torch.Tensor) and not arg.is_inference()
 
 
 def _same_memory(new, old) -> bool:

@@ -50,6 +50,7 @@ class MaskMod:
     #                                 called with both indices shifted by the same amount
     check: Optional[Callable] = field(default=None, repr=False)   # see check_problem
     op_key: str = field(default="", init=False, repr=False)
+    op_tensors: tuple = field(default=(), init=False, repr=False)   # see _modifiers.register
 
     def __post_init__(self):
         register(self)

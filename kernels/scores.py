@@ -32,6 +32,7 @@ class ScoreMod:
     from_factory: bool = False   # made by alibi() / softcap(): its code is known by name
     check: Optional[Callable] = field(default=None, repr=False)   # see check_problem
     op_key: str = field(default="", init=False, repr=False)
+    op_tensors: tuple = field(default=(), init=False, repr=False)   # see _modifiers.register
 
     def __post_init__(self):
         register(self)

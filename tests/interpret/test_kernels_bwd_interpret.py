@@ -173,6 +173,21 @@ def test_a_write_inside_a_compiled_graph_reaches_the_kernels(written):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_modifier_tensors_made_in_inference_mode_train(compiled):
+    """Inference tensors cannot be saved for backward (autograd refuses them) nor written outside inference
+    mode: the custom ops do not take them as inputs, and the graph trains with them."""
+    q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=14)
+    with torch.inference_mode():
+        ids, slopes = doc_ids(SEQ), K.alibi_slopes(2)
+    options = dict(mask_mod=K.document(ids), score_mod=K.alibi(slopes))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    maybe_compiled(lambda a, b, c: K.attention(a, b, c, **options), compiled)(*leaves).backward(dout)
+    with torch.inference_mode(False):
+        want = reference_grads(q, k, v, dout, mask_mod=K.document(ids.clone()), score_mod=K.alibi(slopes.clone()))
+    assert_close([t.grad for t in leaves], want, torch.float32)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_a_modifier_tensor_that_requires_grad_is_refused(compiled):
     """The backward computes no gradient for alibi slopes: a learnable slopes tensor would keep .grad None."""
     q, k, v, _ = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=13)
