@@ -73,6 +73,19 @@ def with_tensor_arguments(modifiers: tuple, tensors: list) -> tuple:
     return tuple(result)
 
 
+def uncached(modifier):
+    """``modifier`` over fresh aliases of its tensor arguments (the same memory, new tensor objects), so
+    that no cache entry keyed by those tensors (:class:`._identity.TensorIdentity`) serves it, and none it
+    leaves serves a later call. For the forward custom op, which classifies a mask's tiles from the
+    contents of its tensors: code compiled by inductor writes a graph input in place without bumping its
+    version counter (torch bumps it once, before the graph runs), so inside a compiled graph an unchanged
+    identity does not mean unchanged contents. Inference tensors are kept (nothing in a graph writes them)."""
+    if modifier is None or not any(modifier.op_tensors):
+        return modifier
+    args = tuple(a.detach() if taken else a for a, taken in zip(modifier.args, modifier.op_tensors))
+    return dataclasses.replace(modifier, args=args)
+
+
 def _bound(arg) -> bool:
     """Whether the custom ops take ``arg`` as an input: tensors, except inference tensors (which cannot be
     written in place outside inference mode, so no graph can change them, and which autograd refuses to
@@ -138,14 +151,19 @@ TENSOR_ARGUMENT_DTYPES = (torch.int32, torch.int64, torch.float16, torch.bfloat1
 
 def checked_arguments(label: str, args) -> tuple:
     """``args`` as a tuple once every entry is something a kernel can take as a runtime argument: an
-    int, a float, a bool, or a tensor of :data:`TENSOR_ARGUMENT_DTYPES` (a TypeError naming the entry
-    otherwise; a list would reach the compiler's cache keys, a float64 tensor the score arithmetic)."""
+    int, a float, a bool, or a contiguous tensor of :data:`TENSOR_ARGUMENT_DTYPES` (an error naming the
+    entry otherwise; a list would reach the compiler's cache keys, a float64 tensor the score arithmetic,
+    a strided view the device function, which indexes it as if contiguous)."""
     args = tuple(args)
     for position, arg in enumerate(args):
         if isinstance(arg, torch.Tensor):
             if arg.dtype not in TENSOR_ARGUMENT_DTYPES:
                 raise TypeError(f"{label}: args[{position}] is {described(arg)}; tensor arguments must be int32, "
                                 f"int64, float16, bfloat16 or float32 (convert it, e.g. .float() or .int())")
+            if not arg.is_contiguous():
+                raise ValueError(f"{label}: args[{position}] is not contiguous (strides {arg.stride()}); the device "
+                                 "function reads a tensor argument through a plain pointer, as if contiguous: pass "
+                                 "tensor.contiguous() (a copy: later writes to the original do not reach it)")
         elif not isinstance(arg, (int, float)):
             raise TypeError(f"{label}: args[{position}] is {described(arg)}; runtime arguments are ints, floats, "
                             "bools or tensors (put a list or tuple of values in a tensor)")

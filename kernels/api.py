@@ -9,7 +9,7 @@ import torch
 from .autograd import attention_with_grad, refuse_argument_gradients, register_custom_op_autograd
 from .block_mask import BlockMask, block_mask_from_tensors, block_mask_to_tensors, from_flex_block_mask
 from .fwd import attention_forward
-from ._modifiers import lookup_modifier, tensor_arguments, with_tensor_arguments
+from ._modifiers import lookup_modifier, tensor_arguments, uncached, with_tensor_arguments
 from .masks import MaskMod
 from .scores import ScoreMod, score_gradient
 
@@ -65,6 +65,8 @@ def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_num_
                                          block_geometry)
     mask_mod, score_mod = with_tensor_arguments((lookup_modifier(mask_key), lookup_modifier(score_key)),
                                                 modifier_tensors)
+    if block_mask is None:
+        mask_mod = uncached(mask_mod)   # its tiles are classified from its tensors' contents on every call
     return attention_forward(q, k, v, mask_mod=mask_mod, score_mod=score_mod, block_mask=block_mask, scale=scale,
                              enable_gqa=enable_gqa)
 

@@ -108,6 +108,14 @@ def test_custom_modifier_arguments_the_kernels_cannot_take_are_refused(make, arg
         make(_keep_all, _keep_all, (arg,))
 
 
+@pytest.mark.parametrize("make", [K.custom_mask, lambda fn, torch_fn, args: K.custom_score(fn, torch_fn, args)])
+def test_custom_modifier_tensor_views_that_are_not_contiguous_are_refused(make):
+    # the device function indexes its tensor as if contiguous: a column view gave wrong attention silently
+    column = torch.arange(16, dtype=torch.int32).reshape(8, 2)[:, 1]
+    with pytest.raises(ValueError, match=r"args\[0\] is not contiguous \(strides \(2,\)\).*tensor.contiguous\(\)"):
+        make(_keep_all, _keep_all, (column,))
+
+
 def test_softcap_refuses_a_bool():
     with pytest.raises(ValueError, match="positive finite number, got True"):
         K.softcap(True)

@@ -172,6 +172,29 @@ def test_a_write_inside_a_compiled_graph_reaches_the_kernels(written):
     assert_close([t.grad for t in leaves], reference_grads(q, k, v, dout, **after), torch.float32)
 
 
+def test_inductor_writes_inside_a_graph_do_not_leave_a_stale_block_mask():
+    """Inductor writes a graph input in place without bumping its version (torch bumps it once, before the
+    graph): a block mask classified by the first call and cached under (ids, version) served the second call
+    in the graph and every call after it, with the ids from before the write (attending across documents)."""
+    seq = 32
+    q, k, v, _ = inputs(1, 2, 2, seq, seq, 16, torch.float32, seed=15)
+    ids = torch.zeros(seq, dtype=torch.int32)                     # one document: every tile full
+    mask_mod = K.document(ids)
+
+    def step(a, b, c):
+        first = K.attention(a, b, c, mask_mod=mask_mod)
+        ids[seq // 2:] = 1                                       # two documents: off-diagonal tiles empty
+        return first, K.attention(a, b, c, mask_mod=mask_mod)
+
+    with torch.no_grad():
+        first, second = torch.compile(step, backend="inductor", fullgraph=True)(q, k, v)
+        after = K.attention(q, k, v, mask_mod=mask_mod)           # eager, after the graph
+    one, two = torch.zeros(seq, dtype=torch.int32), torch.arange(seq, dtype=torch.int32) // (seq // 2)
+    for got, ids_then in ((first, one), (second, two), (after, two)):
+        torch.testing.assert_close(got, K.reference.attention(q, k, v, mask_mod=K.document(ids_then)),
+                                   rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_modifier_tensors_made_in_inference_mode_train(compiled):
     """Inference tensors cannot be saved for backward (autograd refuses them) nor written outside inference
