@@ -1,7 +1,8 @@
 """Hugging Face models with ``attn_implementation="tritonpatch"`` against the same weights under
 transformers' ``"sdpa"`` and ``"eager"`` implementations, on CPU in Triton's interpreter: logits and
 gradients, causal (Llama, GQA), sliding window (Mistral), packed sequences (also against each
-sequence run on its own), softcapping (Gemma 2), and the SDPA fallback for a padded batch.
+sequence run on its own), softcapping (Gemma 2), attention sinks (GPT-OSS), static caches, the SDPA
+fallback for a padded batch, and the errors for models the mask description does not fit.
 
 Run by ``tests/cpu/test_integrations_transformers.py::test_interpreter_suite`` in its own
 ``TRITON_INTERPRET=1`` process. Tiny random-initialised models built from configs: no downloads.
@@ -214,3 +215,98 @@ def test_generate_prefills_on_the_kernels_and_decodes_on_sdpa(monkeypatch, caplo
     assert any("decoding with a KV cache" in r.getMessage() for r in caplog.records)
     with torch.no_grad():
         assert torch.equal(tokens, built["sdpa"].eval().generate(prompt, max_new_tokens=4, do_sample=False))
+
+
+def test_gpt_oss_attention_sinks_match_eager(monkeypatch):
+    """GPT-OSS passes its per-head attention sinks as ``s_aux``: the kernels' output is scaled by
+    sigmoid(lse - sink) (the softmax over the scores and the sink); they were dropped silently before."""
+    config = dict(SMALL, intermediate_size=64, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                  sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    base = transformers.GptOssConfig(**config)
+    eager = transformers.GptOssForCausalLM._from_config(copy.deepcopy(base), attn_implementation="eager")
+    ours = transformers.GptOssForCausalLM._from_config(copy.deepcopy(base), attn_implementation=NAME)
+    ours.load_state_dict(eager.state_dict())
+    with torch.no_grad():
+        for model in (eager, ours):
+            for layer in model.model.layers:
+                layer.self_attn.sinks.copy_(torch.linspace(-1.0, 2.0, 4))   # sinks that matter
+    tokens = ids(2, 24)
+    calls = KernelCalls(monkeypatch)
+    got = logits_and_grads(ours, tokens)
+    assert len(calls.masks) == 2
+    assert_close(got, logits_and_grads(eager, tokens))
+    assert "model.layers.0.self_attn.sinks" in got[1]                          # the sinks train
+
+
+def test_per_query_sinks_and_their_fallback_match_the_softmax_over_scores_and_sink():
+    """``sinks=`` of shape [B, H, Sq, 1] (per query): the kernel path and the eager fallback (a padded
+    row without keys) against a softmax over the scores with the sink as one more column."""
+    gen = torch.Generator().manual_seed(3)
+    query, key, value = (torch.randn(2, 4, 12, 16, generator=gen) for _ in range(3))
+    sinks = torch.randn(2, 4, 12, 1, generator=gen)
+    module = torch.nn.Module()
+    causal = K.causal()
+    scores = (query @ key.transpose(2, 3)) * 0.25
+    scores = scores.masked_fill(~causal(*tp_attention.mask_reading.index_grid(2, torch.arange(12), 12, "cpu")),
+                                float("-inf"))
+    weights = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1]
+    expected = (weights @ value).transpose(1, 2)
+    mask = tp_attention.KernelMask(causal, 12, 12)
+    out, _ = tp_attention.attention_forward(module, query, key, value, mask, scaling=0.25, sinks=sinks)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    dense = tp_attention._dense(causal, query, key)
+    out, _ = tp_attention.attention_forward(module, query, key, value, dense, scaling=0.25, sinks=sinks)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_sparse_attention_indices_are_refused():
+    # DeepSeek-V3.2 / GLM pass top-k key indices: neither the kernels nor SDPA would apply them
+    query = torch.randn(1, 2, 8, 16)
+    with pytest.raises(NotImplementedError, match="indices=.*attn_implementation='eager' or 'sdpa'"):
+        tp_attention.attention_forward(torch.nn.Module(), query, query, query, None,
+                                       indices=torch.zeros(1, 8, 2, dtype=torch.int32))
+
+
+def test_a_bidirectional_model_with_a_static_cache_masks_the_empty_slots():
+    """The 2D mask is all ones, but transformers pads it with False to the cache length: the empty
+    slots of a static cache are padding (a bidirectional model would attend to them otherwise)."""
+    built = models(transformers.LlamaConfig, transformers.LlamaForCausalLM, ("eager", NAME), is_causal=False)
+    tokens = ids(2, 12)
+    ones = torch.ones(2, 12, dtype=torch.long)
+    with torch.no_grad():
+        logits = {impl: model.eval()(tokens, attention_mask=ones, use_cache=True,
+                                     past_key_values=transformers.StaticCache(config=model.config, max_cache_len=32)
+                                     ).logits for impl, model in built.items()}
+    torch.testing.assert_close(logits[NAME], logits["eager"], rtol=1e-4, atol=1e-4)
+
+
+def test_generate_with_a_static_cache_passes_its_prepared_masks_back():
+    """generate() prepares a static cache's masks ahead and passes them back to the model: the mask
+    function returns them as they are (transformers read .ndim on them before)."""
+    built = models(transformers.LlamaConfig, transformers.LlamaForCausalLM, ("eager", NAME))
+    prompt = ids(1, 12)
+    with torch.no_grad():
+        tokens = {impl: model.eval().generate(prompt, max_new_tokens=4, do_sample=False, cache_implementation="static")
+                  for impl, model in built.items()}
+    assert torch.equal(tokens[NAME], tokens["eager"])
+
+
+def test_a_model_that_uses_its_mask_as_a_tensor_gets_the_fix_named():
+    """Bloom adds its ALiBi bias to the mask: it cannot take the kernels' mask description."""
+    config = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4)
+    model = transformers.BloomForCausalLM._from_config(config, attn_implementation=NAME).eval()
+    with pytest.raises(TypeError, match="as a tensor.*attn_implementation='sdpa'"), torch.no_grad():
+        model(ids(1, 8))
+
+
+def test_bfloat16_on_cpu_runs_sdpa_with_a_warning(monkeypatch, caplog):
+    # the interpreter's bfloat16 dot is wrong, so the kernels refuse bfloat16 there: the layer falls back
+    monkeypatch.setattr(tp_attention, "_warned", set())
+    built = models(transformers.LlamaConfig, transformers.LlamaForCausalLM)
+    tokens = ids(1, 16)
+    with caplog.at_level(logging.WARNING, logger="tritonpatch"), torch.no_grad():
+        ours = built[NAME].to(torch.bfloat16).eval()(tokens).logits
+        expected = built["sdpa"].to(torch.bfloat16).eval()(tokens).logits
+    assert any("dtype torch.bfloat16 on cpu" in r.getMessage() for r in caplog.records)
+    assert torch.equal(ours, expected)
