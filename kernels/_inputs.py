@@ -46,8 +46,18 @@ def validate_inputs(q, k, v, enable_gqa: bool) -> None:
         raise ValueError("attention: sequence lengths must be positive")
 
 
-def check_block_mask(block_mask: BlockMask, batch: int, heads: int, q_len: int, kv_len: int, what: str) -> None:
-    """A ValueError when ``block_mask`` was built for another problem than ``[batch, heads, q_len, kv_len]``."""
+def check_block_mask(block_mask: BlockMask, mask_mod, batch: int, heads: int, q_len: int, kv_len: int,
+                     what: str) -> None:
+    """A ValueError when ``block_mask`` was built for another problem than ``[batch, heads, q_len, kv_len]``,
+    or by :func:`.block_mask.build_block_mask` from a mask of ``mask_mod``'s structure with other arguments
+    or whose tensors were written since (its tile classes would then not be ``mask_mod``'s: full tiles run
+    without the mask, empty ones are skipped)."""
+    built_from = block_mask.built_from
+    if built_from is not None and built_from[0] == mask_mod.structure and built_from != mask_mod.cache_key():
+        raise ValueError(f"{what}: block_mask was built from {mask_mod.name} with other arguments, or before one of "
+                         "its tensors was written in place (doc_ids.copy_(...)); its tile classes do not describe "
+                         "this mask. Build it again after changing the mask (build_block_mask), or leave "
+                         "block_mask out: the attention builds and caches it")
     bm, hm = block_mask.kv_indices.shape[:2]
     if (block_mask.q_len, block_mask.kv_len) != (q_len, kv_len):
         raise ValueError(f"{what}: block_mask was built for (Sq, Skv) = ({block_mask.q_len}, {block_mask.kv_len}), "

@@ -14,7 +14,7 @@ by address, so a new ``doc_ids`` tensor at a freed one's address is classified a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 import triton
@@ -43,6 +43,9 @@ class BlockMask:
     block_n: int
     q_len: int
     kv_len: int
+    # the mask's cache_key() when build_block_mask classified it (None otherwise): lets a call tell a block
+    # mask built from this mask's structure with other arguments, or before its tensors were written
+    built_from: tuple | None = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple:
@@ -123,7 +126,7 @@ def build_block_mask(mask_mod: MaskMod, batch: int, heads: int, q_len: int, kv_l
         classes = _classify_by_rule(mask_mod, mask_batch, mask_heads, q_len, kv_len, block_m, block_n, device)
     else:
         classes = _classify_by_kernel(mask_mod, mask_batch, mask_heads, q_len, kv_len, block_m, block_n, device)
-    result = block_mask_from_classes(classes, block_m, block_n, q_len, kv_len)
+    result = replace(block_mask_from_classes(classes, block_m, block_n, q_len, kv_len), built_from=key[0])
     _cache.put(key, result)
     return result
 

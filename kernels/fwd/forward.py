@@ -55,7 +55,7 @@ def _resolve(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, config
     mask_mod = checked_modifiers(q, k, v, mask_mod, score_mod, block_mask, enable_gqa, "attention")
     batch, heads, q_len, head_dim = q.shape
     if block_mask is not None:
-        check_block_mask(block_mask, batch, heads, q_len, k.shape[2], "attention")
+        check_block_mask(block_mask, mask_mod, batch, heads, q_len, k.shape[2], "attention")
     scale = softmax_scale(scale, head_dim)
     check_device(q, "attention")
     masks_for = BlockMasks(block_mask, mask_mod, q, k)

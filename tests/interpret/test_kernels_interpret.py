@@ -97,6 +97,26 @@ def test_block_mask_tiles_the_forward_cannot_run_are_refused_by_name(tiles):
         K.attention(q, k, v, mask_mod=K.causal(), block_mask=block_mask)
 
 
+def test_a_block_mask_built_before_its_mask_changed_is_refused():
+    # a packed-sequence loop that writes doc_ids in place each step and keeps one block mask: its full tiles
+    # (one document) would run without the mask over the new ids, attending across documents
+    q, k, v = qkv(1, 2, 2, 64, 64, 16, torch.float32, seed=7)
+    ids = torch.zeros(64, dtype=torch.int32)
+    mask_mod = K.document(ids)
+    block_mask = K.build_block_mask(mask_mod, 1, 2, 64, 64, block_m=32, block_n=16, device="cpu")
+    torch.testing.assert_close(K.attention(q, k, v, mask_mod=mask_mod, block_mask=block_mask),
+                               K.reference.attention(q, k, v, mask_mod=mask_mod), atol=1e-4, rtol=1e-4)
+    ids[32:] = 1
+    with pytest.raises(ValueError, match="block_mask was built from document with other arguments, or before"):
+        K.attention(q, k, v, mask_mod=mask_mod, block_mask=block_mask)
+    rebuilt = K.build_block_mask(mask_mod, 1, 2, 64, 64, block_m=32, block_n=16, device="cpu")
+    torch.testing.assert_close(K.attention(q, k, v, mask_mod=mask_mod, block_mask=rebuilt),
+                               K.reference.attention(q, k, v, mask_mod=mask_mod), atol=1e-4, rtol=1e-4)
+    wide = K.build_block_mask(K.sliding_window(40), 1, 2, 64, 64, block_m=32, block_n=16, device="cpu")
+    with pytest.raises(ValueError, match="built from sliding_window with other arguments"):
+        K.attention(q, k, v, mask_mod=K.sliding_window(8), block_mask=wide)
+
+
 def test_key_padding_table_given_new_storage_is_not_served_a_stale_block_mask():
     # the mask's own table (its argument) given new storage: the tile rule reads it, as the kernel does
     q, k, v = qkv(1, 2, 2, 64, 64, 16, torch.float32, seed=6)
