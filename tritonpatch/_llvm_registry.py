@@ -238,33 +238,53 @@ def apply_options(settings: Mapping[str, Any]) -> list:
     :func:`restore_options`. Low level, for code that does not compile: a compile in any thread
     until the restore is neither scoped nor keyed (it sees these values and is cached under plain
     keys). To compile with options use :func:`llvm_options` or ``tritonpatch.options(llvm=...)``."""
+    saved: list = []
+    apply_options_into(settings, saved)
+    return saved
+
+
+def apply_options_into(settings: Mapping[str, Any], saved: list) -> None:
+    """:func:`apply_options`, appending each option's saved state to ``saved`` before setting it, so that
+    ``saved`` covers every change made so far at any moment (a fork in the middle: the child restores what
+    the parent had changed). On an error the changes are undone and ``saved`` is as it was."""
     with _lock:
         reg = native_registry()
         planned = []
         for name, value in settings.items():
             opt = _to_option(_raw(name))
             planned.append((opt, _normalize(opt, value)))
-        saved: list = []
+        start = len(saved)
         try:
             for opt, value in planned:
                 saved.append(reg.snapshot(opt.name))
                 _set(opt, value)
         except BaseException:
-            restore_options(saved)
+            restored = saved[start:]
+            del saved[start:]
+            _restore_popping(reg, restored)
             raise
-        return saved
 
 
 def restore_options(saved: list) -> None:
     """Restore states saved by :func:`apply_options` (or the native ``snapshot``), newest first.
     Low level, like :func:`apply_options`: compiles in between are neither scoped nor keyed."""
+    restore_options_from(list(saved))
+
+
+def restore_options_from(saved: list) -> None:
+    """:func:`restore_options`, removing each state from ``saved`` once it is restored (newest first), so
+    that ``saved`` always holds what is still to restore (a fork in the middle: the child restores the rest)."""
     with _lock:
-        reg = native_registry()
-        errors = []
-        for state in reversed(saved):
-            try:
-                reg.restore(state)
-            except RuntimeError as exc:  # keep restoring the others, then report
-                errors.append(str(exc))
-        if errors:
-            raise RuntimeError("could not restore LLVM options exactly: " + "; ".join(errors))
+        _restore_popping(native_registry(), saved)
+
+
+def _restore_popping(reg, saved: list) -> None:
+    errors = []
+    while saved:
+        try:
+            reg.restore(saved[-1])
+        except RuntimeError as exc:  # keep restoring the others, then report
+            errors.append(str(exc))
+        saved.pop()
+    if errors:
+        raise RuntimeError("could not restore LLVM options exactly: " + "; ".join(errors))

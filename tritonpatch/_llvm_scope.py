@@ -47,7 +47,14 @@ class LLVMOptionScope:
             _ensure_registry()  # before holding: opening the registry takes the gate exclusively
 
         def apply() -> None:
-            self._saved = _snapshot(triton_names) + _apply(settings)
+            # into self._saved as it goes: a fork in the middle finds every change made so far there
+            self._saved.extend(_snapshot(triton_names))
+            try:
+                if settings:
+                    registry.apply_options_into(dict(settings), self._saved)
+            except BaseException:
+                self._saved.clear()   # apply_options_into undid its changes; the snapshots changed nothing
+                raise
 
         self._gate.hold((settings, triton_names), apply)
 
@@ -56,9 +63,9 @@ class LLVMOptionScope:
         self._gate.release(self._restore)
 
     def _restore(self) -> None:
-        saved, self._saved = self._saved, []
-        if saved:
-            registry.restore_options(saved)
+        # popped from self._saved as each is restored: a fork in the middle finds the rest there
+        if self._saved:
+            registry.restore_options_from(self._saved)
 
     def reset_after_fork(self) -> None:
         """In a forked child only the forking thread lives on: holders in other threads never
@@ -84,12 +91,6 @@ def _ensure_registry() -> None:
         registry.native_registry()
     except NativeUnavailableError:
         pass  # _snapshot says what that means; _apply raises it
-
-
-def _apply(settings: tuple) -> list:
-    if not settings:
-        return []
-    return registry.apply_options(dict(settings))
 
 
 def _snapshot(names: tuple[str, ...]) -> list:

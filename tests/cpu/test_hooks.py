@@ -421,6 +421,60 @@ def test_fork_while_another_thread_holds_options():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("moment", ["apply", "restore"])
+def test_fork_in_the_middle_of_applying_or_restoring_options(monkeypatch, moment):
+    """A fork while the scope is applying (or restoring) a set of options, between two options: the child
+    restores what the parent had changed so far. The scope used to record its saved states only after
+    applying them all (and drop them before restoring), so such a child kept disable-lsr set."""
+    from tritonpatch import _llvm_registry
+
+    settings = tritonpatch.Pipeline(disable_lsr=True, llvm={"unroll-threshold": 17}).llvm
+    native = _llvm_registry.native_registry()
+    calls, children = [], []
+
+    def lsr_disabled() -> bool:   # read natively: the registry's lock is held around these calls
+        return native.option("disable-lsr")["value"] is True
+
+    def fork_and_check():
+        children.append(None)   # before the fork: the child's own restore must not fork again
+        pid = os.fork()
+        if pid == 0:  # child: report through the exit status only
+            os._exit(0 if tllvm.get_option("disable-lsr").value is False else 1)
+        children[-1] = pid
+
+    def set_then_maybe_fork(opt, value):
+        real_set(opt, value)
+        calls.append(opt.name)
+        if moment == "apply" and len(calls) == 1 and lsr_disabled():
+            fork_and_check()
+
+    real_set = _llvm_registry._set
+    monkeypatch.setattr(_llvm_registry, "_set", set_then_maybe_fork)
+    real_restore = native.restore
+
+    class RestoringRegistry:
+        def __getattr__(self, name):
+            return getattr(native, name)
+
+        def restore(self, state):
+            real_restore(state)
+            if moment == "restore" and not children and lsr_disabled():
+                fork_and_check()   # unroll-threshold restored, disable-lsr not yet
+
+    scope.enter(settings, ())
+    try:
+        if moment == "restore":
+            monkeypatch.setattr(_llvm_registry, "native_registry", lambda: RestoringRegistry())
+    finally:
+        scope.exit()
+    monkeypatch.undo()
+    assert len(children) == 1, (moment, calls)
+    _, status = os.waitpid(children[0], 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert tllvm.get_option("disable-lsr").value is False
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_fork_while_other_threads_hold_options_and_the_llvm_lock():
     """The child restores the options a parent thread had applied even when a third thread held
     the registry's lock (``tritonpatch._llvm_registry``) at fork time. In a fresh process where the
