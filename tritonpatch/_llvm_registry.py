@@ -56,6 +56,12 @@ def native_registry():
         raise RuntimeError("tritonpatch: LLVM's option registry cannot be opened from inside a compile's "
                            "llir/ptx stage (the stage holds the LLVM option scope); open it before "
                            "compiling, e.g. with tritonpatch.llvm.available()")
+    try:  # Triton first, outside the gate: under TRITONPATCH_AUTOLOAD its import installs tritonpatch, which
+        from . import _triton_compat  # noqa: F401 - may open this registry itself (and needs the gate)
+    except ImportError:
+        pass   # _open_registry says what is missing
+    if _registry_instance is not None:
+        return _registry_instance
     with gate.exclusive(unless=lambda: _registry_instance is not None):
         if _registry_instance is None:
             _registry_instance = _open_registry()

@@ -241,6 +241,38 @@ def test_autoload_subprocess(tmp_path):
     assert not malformed["hooked"] and malformed["ptx"] == reference["default"]
 
 
+_TRITONPATCH_FIRST = textwrap.dedent("""
+    import site, sys
+    if sys.argv[1]:
+        site.addsitedir(sys.argv[1])
+    {first}
+    import triton
+    import tritonpatch.hooks
+    print(tritonpatch.hooks.installed() and triton.knobs.runtime.add_stages_inspection_hook is not None)
+""")
+
+
+@native
+@pytest.mark.parametrize("first", ["import tritonpatch.llvm as llvm; llvm.get_option('disable-lsr')",
+                                   "import tritonpatch.targets", "import tritonpatch.kernels"])
+def test_autoload_installs_when_a_tritonpatch_module_imports_triton_first(tmp_path, first):
+    """A program that uses tritonpatch before importing Triton: the tritonpatch module's own `import triton`
+    triggered the install while that module was half imported ("partially initialized module
+    'tritonpatch._triton_compat'", or the registry's gate held), autoload was disabled and every compile
+    ran unpatched. The install now waits until tritonpatch's modules are whole, outside the gate."""
+    site_dir = ""
+    if not _pth_installed():
+        site_dir = str(tmp_path / "site")
+        os.makedirs(site_dir)
+        shutil.copy(os.path.join(ROOT, "tritonpatch_autoload.pth"), site_dir)
+    result = subprocess.run([sys.executable, "-c", _TRITONPATCH_FIRST.format(first=first), site_dir],
+                            capture_output=True, text=True, timeout=300,
+                            env=child_environment({"TRITONPATCH_AUTOLOAD": "1", "TRITONPATCH_DISABLE_LSR": "1"}))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "tritonpatch warning" not in result.stderr, result.stderr[-2000:]
+    assert result.stdout.strip() == "True", (result.stdout, result.stderr[-2000:])
+
+
 _AUTOLOAD_PROBE = textwrap.dedent("""
     import site, sys
     if sys.argv[1]:
