@@ -341,7 +341,7 @@ def install() -> None:
         _configure_logging()
         hook = _StagesHook(compat.get_stages_hook())
         compat.set_stages_hook(hook)
-        compat.patch_cache_keys(memory_tag=current_cache_tag, disk_tag=keyed_cache_tag)
+        compat.patch_cache_keys(memory_tag=current_cache_tag, disk_tag=_disk_cache_tag)
         compat.link_redis_knobs()
         _hook = hook
         logger.debug("installed (triton %s.%s, environment %r)", *compat.TRITON_VERSION, environment_pipeline())
@@ -365,3 +365,40 @@ def uninstall() -> None:
 
 def installed() -> bool:
     return _hook is not None
+
+
+def ensure_outermost() -> None:
+    """Make tritonpatch's stages hook the one Triton calls again, if the slot was changed since the install:
+    ``knobs.runtime.scope()`` puts back what it found on exit (None, or a hook of ours from before), and
+    other code may set its own hook or None. A compile would then run without the Pipeline's settings,
+    and on 3.6 still be stored under the Pipeline's disk key, where a later hooked process asking for
+    those settings would be served it. A foreign hook found in the slot is chained below ours (and the
+    hook of ours it may chain to is deactivated, so nothing is applied twice); one of ours is reactivated."""
+    global _hook
+    from . import _triton_compat as compat
+
+    if _hook is None or compat.get_stages_hook() is _hook:
+        return
+    with _install_lock:
+        current = compat.get_stages_hook()
+        if _hook is None or current is _hook:
+            return
+        _hook.active = False
+        if isinstance(current, _StagesHook):
+            hook = current
+        else:
+            hook = _StagesHook(current)
+            compat.set_stages_hook(hook)
+        hook.active = True
+        _hook = hook
+        logger.debug("the stages hook was replaced after the install (found %r): tritonpatch's is outermost again",
+                     current)
+
+
+def _disk_cache_tag() -> str:
+    """The Pipeline tag of the 3.6 disk key (:func:`_current.keyed_cache_tag`), checking first that the
+    compile about to run goes through tritonpatch's stages hook (:func:`ensure_outermost`)."""
+    tag = keyed_cache_tag()
+    if tag:
+        ensure_outermost()
+    return tag

@@ -17,9 +17,12 @@ __all__ = ["options", "use_pipeline", "ensure_installed"]
 
 
 def ensure_installed() -> None:
-    """Install tritonpatch into Triton unless done (runs on every block entry: keep it cheap)."""
+    """Install tritonpatch into Triton unless done, and keep its stages hook the one Triton calls (runs on
+    every block entry: keep it cheap)."""
     if not hooks.installed():
         hooks.install()
+    else:
+        hooks.ensure_outermost()
 
 
 class use_pipeline:

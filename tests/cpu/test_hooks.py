@@ -376,7 +376,9 @@ def test_environment_pipeline_applies(reference, monkeypatch):
 
 
 def test_hook_installed_on_top_of_ours_survives_uninstall(reference):
-    """A hook chained after ours keeps working after uninstall(); ours then adds nothing."""
+    """A hook set over ours that chains to it: ours goes back on top at the next block (the one it chains to
+    stops adding anything, so nothing is applied twice); after uninstall() the later hook is in the slot and
+    keeps working, and ours adds nothing."""
     ours = knobs.runtime.add_stages_inspection_hook
 
     def later(*args):
@@ -384,11 +386,39 @@ def test_hook_installed_on_top_of_ours_survives_uninstall(reference):
 
     knobs.runtime.add_stages_inspection_hook = later
     with tritonpatch.options(**LSR) as pipeline:
-        assert later() == (pipeline.cache_tag, pipeline.cache_tag)
+        assert knobs.runtime.add_stages_inspection_hook() == (pipeline.cache_tag, pipeline.cache_tag)
+        assert later() == ("", "")
+        assert compile_kernel().asm["ptx"] == reference["lsr"]
         tritonpatch.uninstall()
         assert knobs.runtime.add_stages_inspection_hook is later
         assert later() == ("", "")
         assert compile_kernel().asm["ptx"] == reference["default"]
+
+
+def test_a_stages_hook_removed_after_the_install_is_put_back(reference):
+    """Installed inside ``knobs.runtime.scope()`` (or the slot set to None later): the next compile asking for
+    disable-lsr compiled plain, and on 3.6 was stored under the disable-lsr disk key."""
+    tritonpatch.uninstall()
+    with knobs.runtime.scope():
+        with tritonpatch.options(**LSR):
+            assert compile_kernel().asm["ptx"] == reference["lsr"]
+    assert knobs.runtime.add_stages_inspection_hook is None                # the knobs scope put None back
+    assert ptx(**LSR) == reference["lsr"]
+    knobs.runtime.add_stages_inspection_hook = None
+    assert ptx(**LSR) == reference["lsr"] and ptx() == reference["default"]
+
+
+def test_a_foreign_stages_hook_set_after_the_install_is_chained_below_ours(reference):
+    calls = []
+
+    def foreign(*args):   # replaces ours without chaining to it
+        calls.append(len(args))
+        return ("", "") if not args else None
+
+    knobs.runtime.add_stages_inspection_hook = foreign
+    assert ptx(**LSR) == reference["lsr"]
+    assert 5 in calls                                     # the foreign hook still sees every compile
+    assert ptx() == reference["default"]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
