@@ -100,13 +100,29 @@ class options:
 
     def __exit__(self, *exc_info) -> None:
         stack = _open_blocks.get()
-        owner, block = stack[-1]
-        if owner is not self:
-            raise RuntimeError("tritonpatch.options blocks must be exited in the reverse order of entry")
-        _open_blocks.set(stack[:-1])
+        if stack and stack[-1][0] is self:
+            _open_blocks.set(stack[:-1])
+            stack[-1][1].__exit__(*exc_info)
+            return
+        # Exited out of order: generators suspended inside blocks share their caller's context and are
+        # closed in any order. Restore what was in effect before this block, closing the blocks entered
+        # after it too (their exits then do nothing), so that no block's settings stay in effect for good.
+        position = next((i for i, (entered, _) in enumerate(stack) if entered is self), None)
+        if position is None:
+            return   # closed already by an earlier out-of-order exit
+        _open_blocks.set(stack[:position])
+        block = stack[position][1]
         block.__exit__(*exc_info)
+        raise RuntimeError("tritonpatch.options blocks must be exited in the reverse order of entry (a "
+                           "generator that yields inside a block lends it to the code iterating it); the settings "
+                           "from before this block are back in effect, and the blocks entered after it are closed")
 
     def __call__(self, func):
+        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            raise TypeError(f"tritonpatch.options cannot decorate the generator function {func.__qualname__}: its "
+                            "body runs while it is iterated, in the iterating code's context, not in the call; "
+                            "put `with tritonpatch.options(...):` around the compiles inside it, without yielding "
+                            "inside the block")
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
             async def async_wrapper(*args, **kwargs):

@@ -156,6 +156,37 @@ def test_options_as_decorator_sync_and_async():
 
 
 @native
+def test_generators_closed_out_of_order_leave_no_settings_behind():
+    """Two generators suspended inside blocks, closed in the order they started: the first close raises (the
+    blocks were exited out of order) and used to restore nothing, so the second block's settings stayed in
+    effect for good once both were closed."""
+    def compiling(settings):
+        with options(**settings):
+            yield current_pipeline()
+
+    first, second = compiling({"disable_lsr": True}), compiling({"llvm": {"unroll-count": 2}})
+    next(first), next(second)
+    with pytest.raises(RuntimeError, match="reverse order of entry.*from before this block are back in effect"):
+        first.close()
+    assert current_pipeline().is_empty
+    second.close()
+    assert current_pipeline().is_empty
+
+
+def test_options_refuses_to_decorate_a_generator_function():
+    # the body runs while the generator is iterated, outside the decorated call: it got no settings at all
+    with pytest.raises(TypeError, match="cannot decorate the generator function .*without yielding"):
+        @options(disable_lsr=True)
+        def compiling():
+            yield current_pipeline()
+
+    with pytest.raises(TypeError, match="cannot decorate the generator function"):
+        @options(disable_lsr=True)
+        async def streaming():
+            yield current_pipeline()
+
+
+@native
 def test_one_options_object_reentered():
     block = options(disable_lsr=True)
     with block:
