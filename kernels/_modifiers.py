@@ -170,6 +170,19 @@ def checked_arguments(label: str, args) -> tuple:
     return args
 
 
+def check_signature(label: str, device_fn, fixed: tuple, args: tuple) -> None:
+    """A TypeError naming the expected parameters when the ``@triton.jit`` ``device_fn`` does not take
+    ``fixed`` plus one parameter per runtime argument (it failed inside the kernel's compile otherwise)."""
+    names = getattr(device_fn, "arg_names", None)
+    if names is None:
+        return
+    expected = len(fixed) + len(args)
+    if len(names) != expected:
+        wanted = ", ".join(fixed + tuple(f"arg{i}" for i in range(len(args))))
+        raise TypeError(f"{label}: the device function takes {len(names)} parameters ({', '.join(names)}); with "
+                        f"{len(args)} runtime argument(s) it must take {expected}: ({wanted})")
+
+
 def argument_check(label: str, args: tuple, specific: Optional[Callable] = None) -> Callable:
     """A leaf modifier's ``check``: every tensor argument on the attention's device (the kernels
     read it there), then ``specific(batch, heads, q_len, kv_len)`` for what the leaf's rule needs."""

@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 
 from ._identity import argument_key
-from ._modifiers import (argument_check, call_expr, checked_arguments, described, generate, has_custom_leaf,
-                         register)
+from ._modifiers import (argument_check, call_expr, check_signature, checked_arguments, described, generate,
+                         has_custom_leaf, register)
 from ._modifiers import check_problem as modifier_check_problem
 
 
@@ -124,6 +124,7 @@ def custom_mask(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | 
     the warp-specialized Hopper kernel)."""
     name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
     args = checked_arguments(f"custom_mask {name!r}", args)
+    check_signature(f"custom_mask {name!r}", device_fn, ("b", "h", "q_idx", "kv_idx"), args)
     structure = ("mask-leaf", "custom", id(device_fn), len(args))
     wrapper = generate(structure, [device_fn], call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
                        "b, h, q_idx, kv_idx, args")

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._modifiers import argument_check, call_expr, checked_arguments, described, generate, register
+from ._modifiers import argument_check, call_expr, check_signature, checked_arguments, described, generate, register
 from ._modifiers import check_problem as modifier_check_problem
 
 
@@ -65,6 +65,7 @@ def custom_score(device_fn, torch_fn: Callable, args: tuple = (), *, name: str |
     score tile in, new score out) and the same rule in torch."""
     name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
     args = checked_arguments(f"custom_score {name!r}", args)
+    check_signature(f"custom_score {name!r}", device_fn, ("score", "b", "h", "q_idx", "kv_idx"), args)
     return _score_mod(device_fn, torch_fn, args, name, False, argument_check(f"custom_score {name!r}", args))
 
 

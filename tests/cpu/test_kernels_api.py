@@ -5,6 +5,7 @@ import os
 
 import pytest
 import torch
+import triton
 
 import tritonpatch.kernels as K
 from attention_cases import run_interpreter_suite
@@ -114,6 +115,20 @@ def test_custom_modifier_tensor_views_that_are_not_contiguous_are_refused(make):
     column = torch.arange(16, dtype=torch.int32).reshape(8, 2)[:, 1]
     with pytest.raises(ValueError, match=r"args\[0\] is not contiguous \(strides \(2,\)\).*tensor.contiguous\(\)"):
         make(_keep_all, _keep_all, (column,))
+
+
+@triton.jit
+def _two_parameters(q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def test_custom_modifier_device_functions_of_the_wrong_arity_are_refused():
+    # it failed inside the kernel's compile: "takes 2 positional arguments but 4 were given"
+    with pytest.raises(TypeError, match=r"takes 2 parameters \(q_idx, kv_idx\).*must take 5: "
+                                        r"\(b, h, q_idx, kv_idx, arg0\)"):
+        K.custom_mask(_two_parameters, lambda b, h, q, kv, n: q >= kv, (3,))
+    with pytest.raises(TypeError, match=r"must take 5: \(score, b, h, q_idx, kv_idx\)"):
+        K.custom_score(_two_parameters, lambda s, b, h, q, kv: s)
 
 
 def test_softcap_refuses_a_bool():
