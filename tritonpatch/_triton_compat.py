@@ -217,6 +217,16 @@ def disable_llvm_opt_names() -> tuple[str, ...]:
     return tuple(name for name in (part.strip() for part in value.split(",")) if name)
 
 
+def forced_llvm_flags() -> tuple[str, ...]:
+    """The LLVM options Triton's ptx stage sets to true itself (the flags of ``translate_to_asm``), after
+    tritonpatch applied a Pipeline's: 3.6-3.8 pass ``nvptx-mad-wide-opt``, 3.9 also ``nvptx-short-ptr``
+    (``get_llvm_flags``)."""
+    from triton.backends.nvidia import compiler as nvidia
+
+    flags = getattr(nvidia, "get_llvm_flags", None)
+    return tuple(flags()) if flags is not None else ("nvptx-mad-wide-opt",)
+
+
 # --- remote cache -------------------------------------------------------------------------------
 
 def link_redis_knobs() -> None:

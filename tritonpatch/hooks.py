@@ -96,7 +96,7 @@ def _wrap_stages(backend, stages: dict, options, language, pipeline: Pipeline, s
         raise PipelineError(f"tritonpatch pipelines support the NVIDIA backend only; this compile has the "
                             f"stages {list(stages)} and the Pipeline {pipeline!r}")
     triton_names = compat.disable_llvm_opt_names()
-    _warn_if_triton_overrides(pipeline, triton_names)
+    _warn_if_triton_overrides(pipeline, triton_names, compat.forced_llvm_flags())
     log = _log_compile(pipeline) if logger.isEnabledFor(logging.INFO) else None
     stages["llir"] = _with_llvm_options(stages["llir"], pipeline.llvm, triton_names)
     stages["ptx"] = _with_llvm_options(stages["ptx"], pipeline.llvm, triton_names, after=log)
@@ -144,20 +144,25 @@ def _warn_on_ignored_register_cap(cubin_stage: Callable, flags: tuple[str, ...])
 _warned_overrides: set = set()
 
 
-def _warn_if_triton_overrides(pipeline: Pipeline, triton_names: tuple[str, ...]) -> None:
-    """``DISABLE_LLVM_OPT=a,b`` makes Triton set ``a`` and ``b`` to true inside its llir/ptx stages,
-    after the scope applied the Pipeline's options: say so (once per set of options) when the
-    Pipeline asks for another value of one of them."""
-    overridden = tuple((name, value) for name, value in pipeline.llvm if name in triton_names and value is not True)
+def _warn_if_triton_overrides(pipeline: Pipeline, triton_names: tuple[str, ...], forced: tuple[str, ...]) -> None:
+    """Triton sets some LLVM options to true inside its llir/ptx stages, after the scope applied the
+    Pipeline's: those ``DISABLE_LLVM_OPT=a,b`` names, and the flags its ptx stage always passes (``forced``,
+    e.g. ``nvptx-mad-wide-opt``). Say so (once per set of options) when the Pipeline asks for another value
+    of one of them: that value has no effect."""
+    overridden = tuple((name, value) for name, value in pipeline.llvm
+                       if name in triton_names + forced and value is not True)
     if not overridden or (overridden, triton_names) in _warned_overrides:
         return
     _warned_overrides.add((overridden, triton_names))
     asked = ", ".join(f"{name}={value!r}" for name, value in overridden)
-    warnings.warn(f"tritonpatch: DISABLE_LLVM_OPT={','.join(triton_names)} overrides {asked} of the Pipeline: "
-                  f"Triton sets the options it names to true inside its llir/ptx stages, after tritonpatch applied "
-                  f"the Pipeline's, so these kernels compile with {', '.join(f'{n}=True' for n, _ in overridden)}. "
-                  "Unset DISABLE_LLVM_OPT (or leave these options out of it) to get the Pipeline's values",
-                  RuntimeWarning, stacklevel=2)
+    by_variable = [name for name, _ in overridden if name in triton_names]
+    fix = (f"unset DISABLE_LLVM_OPT (or leave {', '.join(by_variable)} out of it)" if by_variable else
+           "leave these options out of the Pipeline")
+    warnings.warn(f"tritonpatch: Triton overrides {asked} of the Pipeline: it sets "
+                  f"{', '.join(name for name, _ in overridden)} to true inside its llir/ptx stages (the flags of its "
+                  f"ptx stage{', DISABLE_LLVM_OPT=' + ','.join(triton_names) if triton_names else ''}), after "
+                  f"tritonpatch applied the Pipeline's, so these kernels compile with "
+                  f"{', '.join(f'{n}=True' for n, _ in overridden)}; {fix}", RuntimeWarning, stacklevel=2)
 
 
 _PASS_STAGES = ("ttir", "ttgir")

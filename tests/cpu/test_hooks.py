@@ -557,5 +557,13 @@ def test_disable_llvm_opt_overriding_the_pipeline_warns_once(reference, monkeypa
         ptx(disable_lsr=True)
     messages = [str(w.message) for w in caught if "DISABLE_LLVM_OPT" in str(w.message)]
     assert len(messages) == 1, messages
-    assert "overrides disable-lsr=False" in messages[0] and "Unset DISABLE_LLVM_OPT" in messages[0]
+    assert "overrides disable-lsr=False" in messages[0] and "unset DISABLE_LLVM_OPT" in messages[0]
     assert first == third == reference["triton_lsr"] and second != first  # what Triton's switch gives
+
+
+def test_an_option_triton_sets_in_its_ptx_stage_warns(reference, monkeypatch):
+    """Triton's ptx stage passes nvptx-mad-wide-opt=true itself, after the Pipeline's options: a Pipeline
+    value for it had its own cache key and no effect, without a word."""
+    monkeypatch.setattr(hooks, "_warned_overrides", set())
+    with pytest.warns(RuntimeWarning, match="overrides nvptx-mad-wide-opt=False.*leave these options out"):
+        assert ptx(llvm={"nvptx-mad-wide-opt": False}) == reference["default"]
