@@ -76,6 +76,9 @@ class _Block:
 _open_blocks: contextvars.ContextVar[tuple] = contextvars.ContextVar("tritonpatch_open_blocks", default=())
 
 
+_PIPELINE_KEYWORDS = frozenset(inspect.signature(Pipeline.__init__).parameters) - {"self"}
+
+
 class options:
     """Compile the kernels of a block (or of every call of a decorated function) with these settings.
 
@@ -89,6 +92,11 @@ class options:
     """
 
     def __init__(self, **settings: Any):
+        unknown = sorted(set(settings) - _PIPELINE_KEYWORDS)
+        if unknown:
+            raise TypeError(f"tritonpatch.options got unknown keyword(s) {unknown}; the keywords are "
+                            f"{', '.join(sorted(_PIPELINE_KEYWORDS))} (an LLVM option goes in llvm= by its name, "
+                            "e.g. llvm={'disable-lsr': True})")
         self.layer = Pipeline(**settings)
         self._merged: dict = {}
 

@@ -173,6 +173,12 @@ def test_generators_closed_out_of_order_leave_no_settings_behind():
     assert current_pipeline().is_empty
 
 
+def test_options_names_its_keywords_for_an_unknown_one():
+    with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['lsr'\]; the keywords are disable_lsr, llvm, "
+                                        r"passes, ptxas"):
+        options(lsr=True)
+
+
 def test_options_refuses_to_decorate_a_generator_function():
     # the body runs while the generator is iterated, outside the decorated call: it got no settings at all
     with pytest.raises(TypeError, match="cannot decorate the generator function .*without yielding"):
