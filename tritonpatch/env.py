@@ -239,6 +239,28 @@ def fast_launch(environ: Mapping[str, str] | None = None) -> bool:
     return parse_bool(FAST_LAUNCH, environ)
 
 
+VARIABLES = (DISABLE_LSR, LLVM_OPTIONS, PASSES, PTXAS_OPTIONS, LOG, STRICT, AUTOLOAD, COMPILE_THREADS, TUNING_CACHE,
+             FAST_LAUNCH)
+_TEST_PREFIX = "TRITONPATCH_TEST_"   # reserved for the test suite's own switches
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line per set ``TRITONPATCH_*`` variable that tritonpatch does not read (a misspelling would
+    otherwise leave the program unpatched without a word), with the closest known name."""
+    import difflib
+
+    environ = os.environ if environ is None else environ
+    lines = []
+    for name in sorted(environ):
+        if name.startswith("TRITONPATCH_") and name not in VARIABLES and not name.startswith(_TEST_PREFIX):
+            prefix = len("TRITONPATCH_")   # compared without the prefix they all share
+            close = difflib.get_close_matches(name[prefix:], [known[prefix:] for known in VARIABLES], n=1)
+            hint = (f"; did you mean TRITONPATCH_{close[0]}?" if close else
+                    f"; the variables are {', '.join(VARIABLES)}")
+            lines.append(f"{name} is not a tritonpatch variable and is ignored{hint}")
+    return lines
+
+
 def check_environment(environ: Mapping[str, str] | None = None) -> None:
     """Parse every ``TRITONPATCH_*`` variable now; the first malformed one raises
     :class:`PipelineError`. (LLVM option names and pass names are checked against Triton's LLVM and

@@ -343,6 +343,8 @@ def install() -> None:
         compat.check_supported()
         environment_pipeline()
         env.strict()
+        for line in env.unknown_variables():
+            warnings.warn(f"tritonpatch: {line}", RuntimeWarning, stacklevel=2)
         _configure_logging()
         hook = _StagesHook(compat.get_stages_hook())
         compat.set_stages_hook(hook)

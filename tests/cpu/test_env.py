@@ -354,3 +354,15 @@ def test_the_autoload_pth_reads_the_same_false_words():
     (words,) = [ast.literal_eval(node) for node in tuples if all(isinstance(e, ast.Constant) for e in node.elts)]
     assert set(words) == {"", *env.FALSE_WORDS}
     assert ".strip().lower()" in line  # as bool_word reads them
+
+
+def test_misspelt_variables_are_named_with_the_closest_one():
+    # TRITONPATCH_PASS=... left the program unpatched without a word
+    lines = env.unknown_variables({"TRITONPATCH_PASS": "skip-masked-blocks", "TRITONPATCH_DISABLE_LRS": "1",
+                                   "TRITONPATCH_PASSES": "hoist-masks", "TRITONPATCH_TEST_REDIS": "1",
+                                   "TRITONPATCH_WHATEVER": "x", "OTHER": "1"})
+    assert lines == ["TRITONPATCH_DISABLE_LRS is not a tritonpatch variable and is ignored; did you mean "
+                     "TRITONPATCH_DISABLE_LSR?",
+                     "TRITONPATCH_PASS is not a tritonpatch variable and is ignored; did you mean TRITONPATCH_PASSES?",
+                     "TRITONPATCH_WHATEVER is not a tritonpatch variable and is ignored; the variables are "
+                     + ", ".join(env.VARIABLES)]
