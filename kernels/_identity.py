@@ -26,6 +26,13 @@ def argument_key(arg):
     return ("scalar", type(arg), repr(arg) if isinstance(arg, float) else arg)
 
 
+def arguments_changed(before: tuple, now: tuple) -> bool:
+    """Whether argument keys (:func:`argument_key`) taken at two moments show a change. An inference
+    tensor's keys never compare equal, so nothing can tell whether it changed: it counts as unchanged."""
+    return any(old != new for old, new in zip(before, now)
+               if not (isinstance(old, TensorIdentity) and old.of_inference_tensor))
+
+
 class TensorIdentity:
     """A tensor in a cache key: equal only to the key of the *same live tensor object*, unchanged.
 
@@ -52,6 +59,11 @@ class TensorIdentity:
         version = object() if tensor.is_inference() else tensor._version
         self._state = (version, tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
         self._hash = hash((id(tensor), self._state[0], self._state[1]))   # the rest is compared on lookup
+
+    @property
+    def of_inference_tensor(self) -> bool:
+        """Whether the key is of an inference tensor: no version counter, so it equals no other key."""
+        return not isinstance(self._state[0], int)
 
     def __hash__(self) -> int:
         return self._hash

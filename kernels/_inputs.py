@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ._identity import arguments_changed
 from .block_mask import BlockMask
 
 LOG2E = 1.4426950408889634
@@ -53,7 +54,8 @@ def check_block_mask(block_mask: BlockMask, mask_mod, batch: int, heads: int, q_
     or whose tensors were written since (its tile classes would then not be ``mask_mod``'s: full tiles run
     without the mask, empty ones are skipped)."""
     built_from = block_mask.built_from
-    if built_from is not None and built_from[0] == mask_mod.structure and built_from != mask_mod.cache_key():
+    if built_from is not None and built_from[0] == mask_mod.structure and \
+            arguments_changed(built_from[1], mask_mod.cache_key()[1]):
         raise ValueError(f"{what}: block_mask was built from {mask_mod.name} with other arguments, or before one of "
                          "its tensors was written in place (doc_ids.copy_(...)); its tile classes do not describe "
                          "this mask. Build it again after changing the mask (build_block_mask), or leave "
