@@ -83,8 +83,14 @@ def check_kernel_arguments(fn, signature: Mapping[str, Any], constexprs: Mapping
 
     if not isinstance(fn, JITFunction):
         wrapped = getattr(fn, "fn", None)
-        hint = (" (a triton.autotune/heuristics wrapper: name the @triton.jit function inside and give "
-                "one config's values)") if wrapped is not None else ""
+        if type(fn).__name__ == "InterpretedFunction":   # @triton.jit under TRITON_INTERPRET=1
+            hint = (" (TRITON_INTERPRET=1 is set: Triton then runs kernels in its interpreter and compiles "
+                    "nothing; unset it to compile for a GPU target)")
+        elif wrapped is not None:
+            hint = (" (a triton.autotune/heuristics wrapper: name the @triton.jit function inside and give "
+                    "one config's values)")
+        else:
+            hint = ""
         name = getattr(fn, "__name__", None) or quote(fn)
         raise ValueError(f"{name!s} is a {type(fn).__name__}, not a @triton.jit function{hint}")
     sig_where, const_where = where

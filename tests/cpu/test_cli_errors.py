@@ -205,3 +205,11 @@ def test_console_script_error_line():
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert lines[0].startswith("tritonpatch compare: error: --target 'sm_5': expected sm_NN"), result.stderr
+
+
+def test_demo_under_the_interpreter_says_to_unset_it():
+    # TRITON_INTERPRET=1 (which the kernels' CPU docs ask for) made the demo blame an autotune wrapper
+    result = subprocess.run([sys.executable, "-m", "tritonpatch", "demo"], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "TRITON_INTERPRET=1 is set" in result.stderr and "unset it to compile for a GPU target" in result.stderr
