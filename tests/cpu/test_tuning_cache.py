@@ -71,13 +71,18 @@ def _never(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
+@triton.jit
+def _unchanged_score(score, b, h, q_idx, kv_idx):
+    return score
+
+
 def test_only_the_shipped_modifiers_have_portable_keys():
     ids = torch.zeros(8, dtype=torch.int32)
     assert K.and_masks(K.causal(), K.document(ids)).portable_key() == \
         repr(("and", (("mask-leaf", "causal", 0), ("mask-leaf", "document", 2))))
     assert K.or_masks(K.causal(), K.custom_mask(_never, lambda b, h, q, kv: q >= kv)).portable_key() is None
     assert K.softcap(5.0).portable_key() == "softcap/1" and K.alibi(torch.ones(2)).portable_key() == "alibi/1"
-    assert K.custom_score(_never, lambda s, b, h, q, kv: s, name="alibi").portable_key() is None
+    assert K.custom_score(_unchanged_score, lambda s, b, h, q, kv: s, name="alibi").portable_key() is None
 
 
 @pytest.fixture
