@@ -27,10 +27,17 @@ def argument_key(arg):
 
 
 def arguments_changed(before: tuple, now: tuple) -> bool:
-    """Whether argument keys (:func:`argument_key`) taken at two moments show a change. An inference
-    tensor's keys never compare equal, so nothing can tell whether it changed: it counts as unchanged."""
-    return any(old != new for old, new in zip(before, now)
-               if not (isinstance(old, TensorIdentity) and old.of_inference_tensor))
+    """Whether argument keys (:func:`argument_key`) taken at two moments show a change: a scalar of another
+    value, or the same live tensor object written since (its version, address or layout changed). Other
+    tensor objects may hold the same values (``key_padding(valid)`` copies ``valid`` each time), and an
+    inference tensor has no version: neither can be told changed, so they count as unchanged."""
+    for old, new in zip(before, now):
+        if isinstance(old, TensorIdentity) and isinstance(new, TensorIdentity):
+            if old.of_inference_tensor or not old.same_tensor(new):
+                continue
+        if old != new:
+            return True
+    return False
 
 
 class TensorIdentity:
@@ -59,6 +66,11 @@ class TensorIdentity:
         version = object() if tensor.is_inference() else tensor._version
         self._state = (version, tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
         self._hash = hash((id(tensor), self._state[0], self._state[1]))   # the rest is compared on lookup
+
+    def same_tensor(self, other: "TensorIdentity") -> bool:
+        """Whether both keys were taken of one live tensor object (at any version)."""
+        tensor = self._ref()
+        return tensor is not None and tensor is other._ref()
 
     @property
     def of_inference_tensor(self) -> bool:

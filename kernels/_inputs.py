@@ -6,11 +6,13 @@ from __future__ import annotations
 import torch
 
 from ._identity import arguments_changed
+from ._modifiers import TENSOR_ARGUMENT_TYPES
 from .block_mask import BlockMask
 
 LOG2E = 1.4426950408889634
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
-ELEMENT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}   # tensor dtype -> Triton's name
+# tensor dtype -> Triton's name, for q, k, v and the outputs
+ELEMENT = {dtype: name for dtype, name in TENSOR_ARGUMENT_TYPES.items() if dtype.is_floating_point}
 
 
 def validate_inputs(q, k, v, enable_gqa: bool) -> None:
@@ -76,7 +78,7 @@ def contiguous_rows(t: torch.Tensor) -> torch.Tensor:
 def arg_type(arg) -> str:
     """Triton's signature type of a modifier's runtime argument, as a launch would specialize it."""
     if isinstance(arg, torch.Tensor):
-        return "*" + {torch.int32: "i32", torch.int64: "i64", **ELEMENT}[arg.dtype]
+        return "*" + TENSOR_ARGUMENT_TYPES[arg.dtype]
     if isinstance(arg, bool):
         return "i1"
     return "i32" if isinstance(arg, int) else "fp32"

@@ -7,6 +7,7 @@ A wrapper is generated once per structure (the leaves' functions and argument co
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import linecache
 import weakref
@@ -145,19 +146,21 @@ def check_problem(modifier, batch: int, heads: int, q_len: int, kv_len: int, dev
         modifier.check(batch, heads, q_len, kv_len, device)
 
 
-# The tensor dtypes a modifier's device function may read (the pointer types the kernels' signatures take).
-TENSOR_ARGUMENT_DTYPES = (torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32)
+# The tensor dtypes a modifier's device function may read, with Triton's names of their pointer types (the
+# kernels' compile-only signatures: _inputs.arg_type).
+TENSOR_ARGUMENT_TYPES = {torch.int32: "i32", torch.int64: "i64", torch.float16: "fp16", torch.bfloat16: "bf16",
+                         torch.float32: "fp32"}
 
 
 def checked_arguments(label: str, args) -> tuple:
     """``args`` as a tuple once every entry is something a kernel can take as a runtime argument: an
-    int, a float, a bool, or a contiguous tensor of :data:`TENSOR_ARGUMENT_DTYPES` (an error naming the
+    int, a float, a bool, or a contiguous tensor of :data:`TENSOR_ARGUMENT_TYPES` (an error naming the
     entry otherwise; a list would reach the compiler's cache keys, a float64 tensor the score arithmetic,
     a strided view the device function, which indexes it as if contiguous)."""
     args = tuple(args)
     for position, arg in enumerate(args):
         if isinstance(arg, torch.Tensor):
-            if arg.dtype not in TENSOR_ARGUMENT_DTYPES:
+            if arg.dtype not in TENSOR_ARGUMENT_TYPES:
                 raise TypeError(f"{label}: args[{position}] is {described(arg)}; tensor arguments must be int32, "
                                 f"int64, float16, bfloat16 or float32 (convert it, e.g. .float() or .int())")
             if not arg.is_contiguous():
@@ -173,13 +176,16 @@ def checked_arguments(label: str, args) -> tuple:
 def check_signature(label: str, device_fn, fixed: tuple, args: tuple) -> None:
     """A TypeError naming the expected parameters when the ``@triton.jit`` ``device_fn`` does not take
     ``fixed`` plus one parameter per runtime argument (it failed inside the kernel's compile otherwise)."""
-    names = getattr(device_fn, "arg_names", None)
-    if names is None:
+    function = getattr(device_fn, "fn", None)
+    if function is None or getattr(device_fn, "arg_names", None) is None:
         return
+    parameters = list(inspect.signature(function).parameters.values())
+    required = sum(1 for p in parameters if p.default is inspect.Parameter.empty)
     expected = len(fixed) + len(args)
-    if len(names) != expected:
+    if not required <= expected <= len(parameters):
         wanted = ", ".join(fixed + tuple(f"arg{i}" for i in range(len(args))))
-        raise TypeError(f"{label}: the device function takes {len(names)} parameters ({', '.join(names)}); with "
+        names = ", ".join(p.name for p in parameters)
+        raise TypeError(f"{label}: the device function takes {len(parameters)} parameters ({names}); with "
                         f"{len(args)} runtime argument(s) it must take {expected}: ({wanted})")
 
 

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from .autograd import attention_with_grad, refuse_argument_gradients, register_custom_op_autograd
+from .bwd import check_dq_mode
 from .block_mask import BlockMask, block_mask_from_tensors, block_mask_to_tensors, from_flex_block_mask
 from .fwd import attention_forward
 from ._modifiers import lookup_modifier, tensor_arguments, uncached, with_tensor_arguments
@@ -38,11 +39,13 @@ def attention(q, k, v, *, mask_mod: MaskMod | None = None, score_mod: ScoreMod |
         block_mask = from_flex_block_mask(block_mask)
     if torch.compiler.is_compiling():
         refuse_argument_gradients(mask_mod, score_mod)   # the same call-time errors as eager mode
+        check_dq_mode(dq_mode)
         if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v)):
             score_gradient(score_mod)
         out, lse = torch.ops.tritonpatch.attention_fwd(
             q, k, v, *block_mask_to_tensors(block_mask), "" if mask_mod is None else mask_mod.op_key,
-            "" if score_mod is None else score_mod.op_key, tensor_arguments(mask_mod, score_mod), scale, enable_gqa)
+            "" if score_mod is None else score_mod.op_key, tensor_arguments(mask_mod, score_mod), scale, enable_gqa,
+            dq_mode)
     else:
         out, lse = attention_with_grad(q, k, v, mask_mod=mask_mod, score_mod=score_mod, block_mask=block_mask,
                                        scale=scale, enable_gqa=enable_gqa, return_lse=True, dq_mode=dq_mode)
@@ -60,7 +63,7 @@ def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_num_
                       kv_indices: Optional[torch.Tensor], full_kv_num_blocks: Optional[torch.Tensor],
                       full_kv_indices: Optional[torch.Tensor], block_geometry: list[int], mask_key: str,
                       score_key: str, modifier_tensors: list[torch.Tensor], scale: Optional[float],
-                      enable_gqa: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                      enable_gqa: bool, dq_mode: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     block_mask = block_mask_from_tensors(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
                                          block_geometry)
     mask_mod, score_mod = with_tensor_arguments((lookup_modifier(mask_key), lookup_modifier(score_key)),
@@ -73,7 +76,7 @@ def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_num_
 
 @_attention_fwd_op.register_fake
 def _attention_fwd_fake(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, block_geometry,
-                        mask_key, score_key, modifier_tensors, scale, enable_gqa):
+                        mask_key, score_key, modifier_tensors, scale, enable_gqa, dq_mode="auto"):
     # the layout attention_forward allocates its output in, whatever q's strides
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32))

@@ -122,7 +122,7 @@ def _attention_bwd_fake(q, k, v, out, lse, dout, dlse, kv_num_blocks, kv_indices
 
 
 _FWD_OP_ARGS = ("q", "k", "v", "kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
-                "block_geometry", "mask_key", "score_key", "modifier_tensors", "scale", "enable_gqa")
+                "block_geometry", "mask_key", "score_key", "modifier_tensors", "scale", "enable_gqa", "dq_mode")
 
 
 def _setup_context(ctx, inputs, output):
@@ -132,27 +132,28 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(named["q"], named["k"], named["v"], out, lse, named["kv_num_blocks"],
                           named["kv_indices"], named["full_kv_num_blocks"], named["full_kv_indices"],
                           *named["modifier_tensors"])
-    ctx.plain = (named["block_geometry"], named["mask_key"], named["score_key"], named["scale"], named["enable_gqa"])
+    ctx.plain = (named["block_geometry"], named["mask_key"], named["score_key"], named["scale"], named["enable_gqa"],
+                 named.get("dq_mode", "auto"))
 
 
 def _fwd_op_backward(ctx, dout, dlse):
     q, k, v, out, lse, *rest = ctx.saved_tensors
     mask_tensors, modifier_tensors = rest[:4], rest[4:]
-    block_geometry, mask_key, score_key, scale, enable_gqa = ctx.plain
+    block_geometry, mask_key, score_key, scale, enable_gqa, dq_mode = ctx.plain
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv = torch.ops.tritonpatch.attention_bwd(q, k, v, out, lse, dout, dlse, *mask_tensors, block_geometry,
                                                      mask_key, score_key, list(modifier_tensors), scale, enable_gqa,
-                                                     "auto")
-    no_grads = {name: None for name in _FWD_OP_ARGS[3:]}
+                                                     dq_mode)
+    no_grads = {name: None for name in _FWD_OP_ARGS[3:len(ctx.needs_input_grad)]}
     no_grads["modifier_tensors"] = [None] * len(modifier_tensors)   # the structure of the op's inputs
     return (dq, dk, dv, *no_grads.values())
 
 
 def register_custom_op_autograd() -> None:
     """Give ``torch.ops.tritonpatch.attention_fwd`` its backward (idempotent; call after the forward
-    op is defined, i.e. at the end of ``tritonpatch/kernels/api.py``). Inside compiled graphs
-    the dQ mode is ``"auto"``."""
+    op is defined, i.e. at the end of ``tritonpatch/kernels/api.py``). Inside compiled graphs the
+    forward op carries the call's ``dq_mode`` to the backward op."""
     op = torch.ops.tritonpatch.attention_fwd.default
     if getattr(register_custom_op_autograd, "_done", False):
         return

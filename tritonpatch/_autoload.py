@@ -62,8 +62,10 @@ class _LoaderThenInstall:
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
-        self._loader.exec_module(module)
-        self._watcher.imported(module.__name__)
+        try:
+            self._loader.exec_module(module)
+        finally:   # also after a failed import: it must not keep the install waiting for good
+            self._watcher.imported(module.__name__)
 
     def __getattr__(self, name):  # resource readers and the like
         return getattr(self._loader, name)
@@ -94,9 +96,12 @@ class _TritonImportWatcher:
     def imported(self, name: str) -> None:
         """Called after each watched module ran: install once Triton is in and tritonpatch's modules whole."""
         self.triton_imported = self.triton_imported or name == "triton"
-        if not self.triton_imported or _tritonpatch_importing(running=name) or self not in sys.meta_path:
+        if not self.triton_imported or _tritonpatch_importing(running=name):
             return
-        sys.meta_path.remove(self)
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:   # another thread's import got here first and installs
+            return
         _install_quietly()
 
 

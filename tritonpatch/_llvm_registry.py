@@ -265,9 +265,7 @@ def apply_options_into(settings: Mapping[str, Any], saved: list) -> None:
                 saved.append(reg.snapshot(opt.name))
                 _set(opt, value)
         except BaseException:
-            restored = saved[start:]
-            del saved[start:]
-            _restore_popping(reg, restored)
+            _restore_popping(reg, saved, keep=start)
             raise
 
 
@@ -284,9 +282,10 @@ def restore_options_from(saved: list) -> None:
         _restore_popping(native_registry(), saved)
 
 
-def _restore_popping(reg, saved: list) -> None:
+def _restore_popping(reg, saved: list, keep: int = 0) -> None:
+    """Restore and pop the states of ``saved`` after its first ``keep``, newest first."""
     errors = []
-    while saved:
+    while len(saved) > keep:
         try:
             reg.restore(saved[-1])
         except RuntimeError as exc:  # keep restoring the others, then report

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 
 import tritonpatch.kernels as K  # noqa: E402
 from index_probe import IndexProbe  # noqa: E402
+from tritonpatch.kernels import autograd as autograd_module  # noqa: E402
 from tritonpatch.kernels import block_mask as block_mask_module  # noqa: E402
 from tritonpatch.kernels.bwd import backward as bwd_backward  # noqa: E402
 from tritonpatch.kernels.bwd import configs as bwd_configs  # noqa: E402
@@ -170,6 +171,28 @@ def test_a_write_inside_a_compiled_graph_reaches_the_kernels(written):
     after = dict(mask_mod=K.document(ids.clone()), score_mod=K.alibi(slopes.clone()))
     torch.testing.assert_close(out.detach(), K.reference.attention(q, k, v, **after), rtol=1e-4, atol=1e-4)
     assert_close([t.grad for t in leaves], reference_grads(q, k, v, dout, **after), torch.float32)
+
+
+def test_compiled_graphs_keep_the_dq_mode(monkeypatch):
+    """torch.compile's path used "auto" whatever dq_mode the call asked for (a deterministic "separate"
+    among them), and let a misspelt one pass."""
+    seen = []
+    backward = bwd_backward.attention_backward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["dq_mode"])
+        return backward(*args, **kwargs)
+
+    monkeypatch.setattr(autograd_module, "attention_backward", spy)
+    q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=16)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    causal = K.causal()
+    compiled = maybe_compiled(lambda a, b, c: K.attention(a, b, c, mask_mod=causal, dq_mode="separate"), True)
+    compiled(*leaves).backward(dout)
+    assert seen == ["separate"]
+    assert_close([t.grad for t in leaves], reference_grads(q, k, v, dout, mask_mod=K.causal()), torch.float32)
+    with pytest.raises(Exception, match="dq_mode must be one of"):
+        maybe_compiled(lambda a, b, c: K.attention(a, b, c, dq_mode="separat"), True)(*leaves)
 
 
 def test_inductor_writes_inside_a_graph_do_not_leave_a_stale_block_mask():

@@ -112,6 +112,10 @@ def test_a_block_mask_built_before_its_mask_changed_is_refused():
     rebuilt = K.build_block_mask(mask_mod, 1, 2, 64, 64, block_m=32, block_n=16, device="cpu")
     torch.testing.assert_close(K.attention(q, k, v, mask_mod=mask_mod, block_mask=rebuilt),
                                K.reference.attention(q, k, v, mask_mod=mask_mod), atol=1e-4, rtol=1e-4)
+    valid = torch.arange(64) < 50          # key_padding copies its table: another mask object over equal values
+    padded = K.build_block_mask(K.key_padding(valid), 1, 2, 64, 64, block_m=32, block_n=16, device="cpu")
+    torch.testing.assert_close(K.attention(q, k, v, mask_mod=K.key_padding(valid), block_mask=padded),
+                               K.reference.attention(q, k, v, mask_mod=K.key_padding(valid)), atol=1e-4, rtol=1e-4)
     wide = K.build_block_mask(K.sliding_window(40), 1, 2, 64, 64, block_m=32, block_n=16, device="cpu")
     with pytest.raises(ValueError, match="built from sliding_window with other arguments"):
         K.attention(q, k, v, mask_mod=K.sliding_window(8), block_mask=wide)
