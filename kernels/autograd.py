@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from ._modifiers import lookup_modifier, with_tensor_arguments
+from ._modifiers import lookup_modifier, tensor_arguments, with_tensor_arguments
 from .block_mask import BlockMask, block_mask_from_tensors, from_flex_block_mask
 from .bwd import attention_backward, check_dq_mode, choose_dq_mode
 from .fwd import attention_forward
@@ -46,13 +46,11 @@ class AttentionFunction(torch.autograd.Function):
 
 
 def _argument_tensors(mask_mod, score_mod, block_mask) -> list:
-    """The tensors the kernels read besides q, k, v: modifier arguments and block-mask indices (inference
-    tensors left out: autograd cannot save them)."""
-    values = [*(mask_mod.args if mask_mod is not None else ()), *(score_mod.args if score_mod is not None else ())]
-    if block_mask is not None:
-        values += [block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
-                   block_mask.full_kv_indices]
-    return [t for t in values if isinstance(t, torch.Tensor) and not t.is_inference()]
+    """The tensors the kernels read besides q, k, v: the modifiers' tensor arguments (as the custom ops take
+    them) and the block-mask indices (inference tensors left out: autograd cannot save them)."""
+    indices = () if block_mask is None else (block_mask.kv_num_blocks, block_mask.kv_indices,
+                                             block_mask.full_kv_num_blocks, block_mask.full_kv_indices)
+    return tensor_arguments(mask_mod, score_mod) + [t for t in indices if t is not None and not t.is_inference()]
 
 
 def refuse_argument_gradients(mask_mod, score_mod) -> None:
