@@ -28,13 +28,16 @@ def argument_key(arg):
 
 def arguments_changed(before: tuple, now: tuple) -> bool:
     """Whether argument keys (:func:`argument_key`) taken at two moments show a change: a scalar of another
-    value, or the same live tensor object written since (its version, address or layout changed). Other
-    tensor objects may hold the same values (``key_padding(valid)`` copies ``valid`` each time), and an
-    inference tensor has no version: neither can be told changed, so they count as unchanged."""
+    value, or a tensor recorded ``before`` that is still alive and was written since (its version, address
+    or layout changed), whichever tensor object ``now`` holds in its place: a compiled graph may hand the
+    kernels a functionalized copy of a tensor it wrote. Another tensor object over equal values
+    (``key_padding(valid)`` copies ``valid`` each time), a tensor recorded ``before`` that died, and an
+    inference tensor (no version) cannot be told changed, so they count as unchanged."""
     for old, new in zip(before, now):
         if isinstance(old, TensorIdentity) and isinstance(new, TensorIdentity):
-            if old.of_inference_tensor or not old.same_tensor(new):
-                continue
+            if old.written_since():
+                return True
+            continue
         if old != new:
             return True
     return False
@@ -67,10 +70,14 @@ class TensorIdentity:
         self._state = (version, tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
         self._hash = hash((id(tensor), self._state[0], self._state[1]))   # the rest is compared on lookup
 
-    def same_tensor(self, other: "TensorIdentity") -> bool:
-        """Whether both keys were taken of one live tensor object (at any version)."""
+    def written_since(self) -> bool:
+        """Whether the tensor the key was taken of is alive and was written in place (or given new storage or
+        layout) since: False for a dead tensor and for an inference tensor, which no key can tell."""
         tensor = self._ref()
-        return tensor is not None and tensor is other._ref()
+        if tensor is None or self.of_inference_tensor:
+            return False
+        return self._state != (tensor._version, tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype,
+                               tensor.device)
 
     @property
     def of_inference_tensor(self) -> bool:

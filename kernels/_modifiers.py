@@ -17,31 +17,76 @@ import torch
 import triton
 import triton.language as tl
 
+from ._identity import argument_key
 
-# Every live modifier under a string key: the custom op (torch.compile) names modifiers by key.
-_live_modifiers: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
+
+# The custom ops name a modifier by a string key (``op_key``), which torch.compile guards on: modifiers that
+# differ only in the tensors the ops take as inputs share one key, so a graph traced with ``document(ids)``
+# serves ``document(new_ids)`` made at the next step instead of compiling again (a key per object recompiled
+# every step, and torch.compile gave up at its recompile limit). The ops bind the tensors they receive into
+# any live modifier under the key (with_tensor_arguments).
+_shared_keys: dict = {}                                     # op signature (_op_signature) -> key
+_shared_modifiers: "dict[str, weakref.WeakSet]" = {}        # key -> the live modifiers under it
+_own_keys: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()   # key -> its one modifier
+_MAX_SHARED_KEYS = 4096   # then the table starts again: later modifiers get new keys (graphs compile once more)
 _key_counter = itertools.count()
+# Fields left out of the signature: functions that read only the arguments they are given (check, and the
+# factories' torch_fn / tile_rule); the user's functions (``user_functions``) count by identity.
+_FUNCTION_FIELDS = ("torch_fn", "tile_rule", "check", "user_functions")
 
 
 def register(modifier) -> None:
-    """Give a new MaskMod/ScoreMod its registry key (``op_key``) and record which of its arguments the
-    custom ops take as inputs (``op_tensors``, :func:`tensor_arguments`). Both are read while torch.compile
-    traces a call, so they are set here, when the modifier is made outside the compiled function."""
-    key = f"{type(modifier).__name__}-{next(_key_counter)}"
+    """Give a new MaskMod/ScoreMod its key for the custom ops (``op_key``) and record which of its arguments
+    the custom ops take as inputs (``op_tensors``, :func:`tensor_arguments`). Both are read while
+    torch.compile traces a call, so they are set here, when the modifier is made outside the compiled
+    function."""
+    op_tensors = tuple(_bound(a) for a in modifier.args)
+    object.__setattr__(modifier, "op_tensors", op_tensors)
+    signature = _op_signature(modifier, op_tensors)
+    if signature is None:
+        key = f"{type(modifier).__name__}-{next(_key_counter)}"
+        _own_keys[key] = modifier
+    else:
+        key = _shared_keys.get(signature)
+        if key is None:
+            if len(_shared_keys) >= _MAX_SHARED_KEYS:
+                _shared_keys.clear()
+                for dead in [k for k, live in _shared_modifiers.items() if not live]:
+                    del _shared_modifiers[dead]
+            key = _shared_keys[signature] = f"{type(modifier).__name__}-{next(_key_counter)}"
+        _shared_modifiers.setdefault(key, weakref.WeakSet()).add(modifier)
     object.__setattr__(modifier, "op_key", key)
-    object.__setattr__(modifier, "op_tensors", tuple(_bound(a) for a in modifier.args))
-    _live_modifiers[key] = modifier
+
+
+def _op_signature(modifier, op_tensors: tuple) -> tuple | None:
+    """What a custom op needs of ``modifier`` besides the tensors it takes as inputs: its fields (name,
+    structure, device function, flags), its scalar arguments by type and value, the dtypes of its bound
+    tensors, and the identities of the user's functions in it (a ``custom_mask``'s ``torch_fn`` and
+    ``tile_rule`` are not named by its structure; an identity is unique while the modifiers holding the
+    function live, which are the only ones a lookup returns). None when it holds a tensor the ops do not
+    take (an inference tensor): then the modifier has a key of its own."""
+    arguments = []
+    for arg, bound in zip(modifier.args, op_tensors):
+        if isinstance(arg, torch.Tensor) and not bound:
+            return None
+        arguments.append(("tensor", arg.dtype) if bound else argument_key(arg))
+    fields = tuple((f.name, getattr(modifier, f.name)) for f in dataclasses.fields(modifier)
+                   if f.init and f.name != "args" and f.name not in _FUNCTION_FIELDS)
+    return (type(modifier).__name__, fields, tuple(arguments), tuple(id(f) for f in modifier.user_functions))
 
 
 def lookup_modifier(key: str):
-    """The live MaskMod/ScoreMod registered under ``key`` (its ``op_key``); None for ``""``."""
+    """A live MaskMod/ScoreMod registered under ``key`` (its ``op_key``); None for ``""``. Any one serves:
+    modifiers under one key differ only in the tensors a custom op binds in (:func:`with_tensor_arguments`)."""
     if not key:
         return None
-    try:
-        return _live_modifiers[key]
-    except KeyError:
-        raise LookupError(f"modifier {key} no longer exists; keep mask/score objects alive while graphs that "
-                          "use them run") from None
+    modifier = _own_keys.get(key)
+    if modifier is not None:
+        return modifier
+    for modifier in _shared_modifiers.get(key, ()):
+        return modifier
+    raise LookupError(f"modifier {key} no longer exists; keep mask/score objects alive while graphs that "
+                      "use them run")
 
 
 def tensor_arguments(*modifiers) -> list:
@@ -69,7 +114,7 @@ def with_tensor_arguments(modifiers: tuple, tensors: list) -> tuple:
             result.append(None)
             continue
         args = tuple(next(received) if taken else a for a, taken in zip(modifier.args, modifier.op_tensors))
-        same = all(_same_memory(new, old) for new, old in zip(args, modifier.args))
+        same = all(same_memory(new, old) for new, old in zip(args, modifier.args))
         result.append(modifier if same else dataclasses.replace(modifier, args=args))
     return tuple(result)
 
@@ -94,7 +139,7 @@ def _bound(arg) -> bool:
     return isinstance(arg, torch.Tensor) and not arg.is_inference()
 
 
-def _same_memory(new, old) -> bool:
+def same_memory(new, old) -> bool:
     """Whether the kernels would read the same bytes through ``new`` as through ``old``: the same object, or an
     alias of the same memory laid out alike (compiled graphs hand ops detached aliases of their inputs)."""
     if new is old or not isinstance(new, torch.Tensor):
@@ -143,7 +188,7 @@ def check_problem(modifier, batch: int, heads: int, q_len: int, kv_len: int, dev
     tensor argument on another device, ``document`` ids of another length); the kernels would
     read out of bounds otherwise. The ``check_problem`` method of masks and score modifiers."""
     if modifier.check is not None:
-        modifier.check(batch, heads, q_len, kv_len, device)
+        modifier.check(modifier.args, batch, heads, q_len, kv_len, device)
 
 
 # The tensor dtypes a modifier's device function may read, with Triton's names of their pointer types (the
@@ -189,17 +234,20 @@ def check_signature(label: str, device_fn, fixed: tuple, args: tuple) -> None:
                         f"{len(args)} runtime argument(s) it must take {expected}: ({wanted})")
 
 
-def argument_check(label: str, args: tuple, specific: Optional[Callable] = None) -> Callable:
-    """A leaf modifier's ``check``: every tensor argument on the attention's device (the kernels
-    read it there), then ``specific(batch, heads, q_len, kv_len)`` for what the leaf's rule needs."""
-    def check(batch, heads, q_len, kv_len, device):
+def argument_check(label: str, specific: Optional[Callable] = None) -> Callable:
+    """A leaf modifier's ``check(args, batch, heads, q_len, kv_len, device)``: every tensor in ``args`` on
+    the attention's device (the kernels read it there), then ``specific(args, batch, heads, q_len, kv_len)``
+    for what the leaf's rule needs. It reads the arguments it is handed (the modifier's own, or those a custom
+    op received in their place), never tensors captured when the modifier was made, so modifiers that differ
+    only in their tensors can share one (:func:`register`)."""
+    def check(args, batch, heads, q_len, kv_len, device):
         expected = normalized_device(device)
         for arg in args:
             if isinstance(arg, torch.Tensor) and normalized_device(arg.device) != expected:
                 raise ValueError(f"{label}: a tensor argument is on {arg.device}, the attention runs on {expected}; "
                                  f"create it on {expected} (e.g. tensor.to(q.device)) before making the modifier")
         if specific is not None:
-            specific(batch, heads, q_len, kv_len)
+            specific(args, batch, heads, q_len, kv_len)
     return check
 
 

@@ -14,6 +14,7 @@ by address, so a new ``doc_ids`` tensor at a freed one's address is classified a
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -21,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ._identity import argument_key
-from ._modifiers import normalized_device
+from ._modifiers import normalized_device, same_memory
 from ._runtime.launch import LRUCache, check_device
 from .masks import MaskMod
 
@@ -127,8 +128,39 @@ def build_block_mask(mask_mod: MaskMod, batch: int, heads: int, q_len: int, kv_l
     else:
         classes = _classify_by_kernel(mask_mod, mask_batch, mask_heads, q_len, kv_len, block_m, block_n, device)
     result = replace(block_mask_from_classes(classes, block_m, block_n, q_len, kv_len), built_from=key[0])
+    _record_source(result)
     _cache.put(key, result)
     return result
+
+
+# (device, kv_indices.data_ptr()) -> (weak reference to that kv_indices tensor, the build's ``built_from``): lets the custom
+# op, which receives a block mask as its index tensors, find what it was built from (block_mask_from_tensors).
+# An address names a tensor only while the recorded tensor is alive; the entry goes when that tensor does.
+_sources: dict = {}
+
+
+def _record_source(block_mask: BlockMask) -> None:
+    indices = block_mask.kv_indices
+    address = (indices.device, indices.data_ptr())
+
+    def forget(ref, address=address):
+        if _sources.get(address, (None,))[0] is ref:
+            del _sources[address]
+
+    _sources[address] = (weakref.ref(indices, forget), block_mask.built_from)
+
+
+def _recorded_source(kv_indices: torch.Tensor) -> tuple | None:
+    """The ``built_from`` of the block mask whose ``kv_indices`` these are (the same tensor or an alias of
+    its memory, as compiled graphs pass them), None when build_block_mask did not make them."""
+    entry = _sources.get((kv_indices.device, kv_indices.data_ptr()))
+    if entry is None:
+        return None
+    recorded = entry[0]()
+    if recorded is None or not same_memory(kv_indices, recorded):
+        return None
+    return entry[1]
+
 
 
 def _tile_bounds(length: int, block: int, device):
@@ -295,7 +327,10 @@ def block_mask_to_tensors(block_mask: "BlockMask | None") -> tuple:
 
 def block_mask_from_tensors(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
                             block_geometry) -> "BlockMask | None":
-    """Inverse of :func:`block_mask_to_tensors`."""
+    """Inverse of :func:`block_mask_to_tensors`, with the ``built_from`` record of the block mask these
+    tensors came from when :func:`build_block_mask` made them, so that the custom ops refuse a block mask
+    whose mask changed since (``check_block_mask``) as eager calls do."""
     if kv_num_blocks is None:
         return None
-    return BlockMask(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, *block_geometry)
+    return BlockMask(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, *block_geometry,
+                     built_from=_recorded_source(kv_indices))

@@ -49,6 +49,8 @@ class MaskMod:
     shift_invariant: bool = False   # depends on q_idx - kv_idx only (and b, h): the device function may be
     #                                 called with both indices shifted by the same amount
     check: Optional[Callable] = field(default=None, repr=False)   # see check_problem
+    # the user's functions in the mask (custom leaves' torch_fn and tile_rule): they count in its op key
+    user_functions: tuple = field(default=(), repr=False)
     op_key: str = field(default="", init=False, repr=False)
     op_tensors: tuple = field(default=(), init=False, repr=False)   # see _modifiers.register
 
@@ -129,7 +131,7 @@ def custom_mask(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | 
     wrapper = generate(structure, [device_fn], call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
                        "b, h, q_idx, kv_idx, args")
     return MaskMod(name, wrapper, torch_fn, args, tile_rule, batch_dependent, head_dependent, structure,
-                   shift_invariant, argument_check(f"custom_mask {name!r}", args))
+                   shift_invariant, argument_check(f"custom_mask {name!r}"), (torch_fn, tile_rule))
 
 
 def _combine(kind: str, masks: tuple) -> MaskMod:
@@ -161,13 +163,14 @@ def _combine(kind: str, masks: tuple) -> MaskMod:
         rule = _and_rule(masks, spans) if kind == "and" else _or_rule(masks, spans)
     name = f"{kind}_masks(" + ", ".join(m.name for m in masks) + ")"
 
-    def check(*problem):
-        for m in masks:
-            m.check_problem(*problem)
+    def check(flat, *problem):
+        for m, (start, n) in zip(masks, spans):
+            if m.check is not None:
+                m.check(flat[start:start + n], *problem)
 
     return MaskMod(name, device_fn, torch_fn, args, rule,
                    any(m.batch_dependent for m in masks), any(m.head_dependent for m in masks), structure,
-                   all(m.shift_invariant for m in masks), check)
+                   all(m.shift_invariant for m in masks), check, tuple(f for m in masks for f in m.user_functions))
 
 
 def _offsets(masks):
@@ -275,17 +278,18 @@ def document(doc_ids: torch.Tensor) -> MaskMod:
         bb = b if ids_arg.dim() == 2 else torch.zeros_like(b)
         return table[bb, q] == table[bb, kv]
 
-    def fits(batch, heads, q_len, kv_len):
-        expected = f"[{q_len}] or [{batch}, {q_len}]"
-        if q_len != kv_len:
-            raise ValueError(f"document(doc_ids) needs Sq == Skv (queries and keys share one packing); the "
-                             f"attention has Sq = {q_len}, Skv = {kv_len}")
-        if ids.shape[-1] != q_len or (batched and ids.shape[0] != batch):
-            raise ValueError(f"document(doc_ids): doc_ids has shape {tuple(ids.shape)}, the attention of B = {batch}, "
-                             f"Sq = Skv = {q_len} needs one id per position: shape {expected}")
-
     return _leaf_mask("document", _document_dev, torch_fn, (ids, batch_stride), _document_rule,
-                      batch_dependent=batched, check=argument_check("document(doc_ids)", (ids,), fits))
+                      batch_dependent=batched, check=argument_check("document(doc_ids)", _document_fits))
+
+
+def _document_fits(args, batch, heads, q_len, kv_len):
+    ids = args[0]
+    if q_len != kv_len:
+        raise ValueError(f"document(doc_ids) needs Sq == Skv (queries and keys share one packing); the "
+                         f"attention has Sq = {q_len}, Skv = {kv_len}")
+    if ids.shape[-1] != q_len or (ids.dim() == 2 and ids.shape[0] != batch):
+        raise ValueError(f"document(doc_ids): doc_ids has shape {tuple(ids.shape)}, the attention of B = {batch}, "
+                         f"Sq = Skv = {q_len} needs one id per position: shape [{q_len}] or [{batch}, {q_len}]")
 
 
 def _tile_min_max(table: torch.Tensor, lo: torch.Tensor):
@@ -347,14 +351,15 @@ def key_padding(valid: torch.Tensor) -> MaskMod:
         all_true, any_true = kmin[:, None, :] == 1, kmax[:, None, :] == 1
         return all_true.expand(-1, q_lo.shape[0], -1), any_true.expand(-1, q_lo.shape[0], -1)
 
-    def fits(batch, heads, q_len, kv_len):
-        if table.shape[-1] != kv_len or (batched and table.shape[0] != batch):
-            raise ValueError(f"key_padding(valid): valid has shape {tuple(valid.shape)}, the attention of B = "
-                             f"{batch}, Skv = {kv_len} needs one entry per key: shape [{kv_len}] or "
-                             f"[{batch}, {kv_len}]")
-
     return _leaf_mask("key_padding", _key_padding_dev, torch_fn, (table, batch_stride), rule,
-                      batch_dependent=batched, check=argument_check("key_padding(valid)", (table,), fits))
+                      batch_dependent=batched, check=argument_check("key_padding(valid)", _key_padding_fits))
+
+
+def _key_padding_fits(args, batch, heads, q_len, kv_len):
+    table = args[0]   # valid as int32, of valid's shape
+    if table.shape[-1] != kv_len or (table.dim() == 2 and table.shape[0] != batch):
+        raise ValueError(f"key_padding(valid): valid has shape {tuple(table.shape)}, the attention of B = "
+                         f"{batch}, Skv = {kv_len} needs one entry per key: shape [{kv_len}] or [{batch}, {kv_len}]")
 
 
 def and_masks(*masks: MaskMod) -> MaskMod:

@@ -31,6 +31,7 @@ class ScoreMod:
     args: tuple = ()
     from_factory: bool = False   # made by alibi() / softcap(): its code is known by name
     check: Optional[Callable] = field(default=None, repr=False)   # see check_problem
+    user_functions: tuple = field(default=(), repr=False)   # a custom_score's torch_fn: it counts in the op key
     op_key: str = field(default="", init=False, repr=False)
     op_tensors: tuple = field(default=(), init=False, repr=False)   # see _modifiers.register
 
@@ -66,14 +67,14 @@ def custom_score(device_fn, torch_fn: Callable, args: tuple = (), *, name: str |
     name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
     args = checked_arguments(f"custom_score {name!r}", args)
     check_signature(f"custom_score {name!r}", device_fn, ("score", "b", "h", "q_idx", "kv_idx"), args)
-    return _score_mod(device_fn, torch_fn, args, name, False, argument_check(f"custom_score {name!r}", args))
+    return _score_mod(device_fn, torch_fn, args, name, False, argument_check(f"custom_score {name!r}"))
 
 
 def _score_mod(device_fn, torch_fn: Callable, args: tuple, name: str, from_factory: bool,
                check: Optional[Callable] = None) -> ScoreMod:
     wrapper = generate(("score-leaf", "custom", id(device_fn), len(args)), [device_fn],
                        call_expr(0, "score, b, h, q_idx, kv_idx", 0, len(args)), "score, b, h, q_idx, kv_idx, args")
-    return ScoreMod(name, wrapper, torch_fn, tuple(args), from_factory, check)
+    return ScoreMod(name, wrapper, torch_fn, tuple(args), from_factory, check, () if from_factory else (torch_fn,))
 
 
 def alibi(slopes: torch.Tensor) -> ScoreMod:
@@ -87,12 +88,14 @@ def alibi(slopes: torch.Tensor) -> ScoreMod:
     def torch_fn(score, b, h, q, kv, s):
         return score + s[h] * (kv - q).to(score.dtype)
 
-    def fits(batch, heads, q_len, kv_len):
-        if slopes.shape[0] != heads:
-            raise ValueError(f"alibi(slopes): slopes has shape {tuple(slopes.shape)}, the attention has H = {heads} "
-                             f"query heads and needs one slope per head: shape [{heads}] (e.g. alibi_slopes({heads}))")
+    return _score_mod(_alibi_dev, torch_fn, (slopes,), "alibi", True, argument_check("alibi(slopes)", _alibi_fits))
 
-    return _score_mod(_alibi_dev, torch_fn, (slopes,), "alibi", True, argument_check("alibi(slopes)", (slopes,), fits))
+
+def _alibi_fits(args, batch, heads, q_len, kv_len):
+    slopes = args[0]
+    if slopes.shape[0] != heads:
+        raise ValueError(f"alibi(slopes): slopes has shape {tuple(slopes.shape)}, the attention has H = {heads} "
+                         f"query heads and needs one slope per head: shape [{heads}] (e.g. alibi_slopes({heads}))")
 
 
 def alibi_slopes(num_heads: int, device=None) -> torch.Tensor:

@@ -144,7 +144,7 @@ def test_custom_op_refuses_modifier_tensors_that_do_not_match_its_modifiers():
 
 
 def test_modifier_keys_resolve_while_alive():
-    mask = K.sliding_window(3)
+    mask = K.sliding_window(987_651)   # a width no other live mask has
     assert K.lookup_modifier(mask.op_key) is mask
     assert K.lookup_modifier("") is None
     key = mask.op_key
@@ -153,6 +153,43 @@ def test_modifier_keys_resolve_while_alive():
     gc.collect()
     with pytest.raises(LookupError, match="no longer exists"):
         K.lookup_modifier(key)
+
+
+@triton.jit
+def _causal_like(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def _other_rule(q_lo, q_hi, kv_lo, kv_hi):
+    return q_lo >= kv_hi, q_hi >= kv_lo
+
+
+def test_modifiers_that_differ_only_in_the_ops_tensors_share_a_key():
+    """torch.compile guards on the key: a key per object recompiled a training step that makes its mask anew
+    every step (document(ids) of each batch), until the recompile limit stopped it."""
+    ids = [torch.zeros(16, dtype=torch.int32), torch.ones(16, dtype=torch.int32)]
+    assert K.document(ids[0]).op_key == K.document(ids[1]).op_key
+    assert K.document(ids[0]).op_key != K.document(ids[0].long()).op_key             # another dtype
+    assert K.document(ids[0]).op_key != K.document(ids[0][None]).op_key              # batched: other flags
+    assert K.and_masks(K.causal(), K.key_padding(ids[0] == 0)).op_key == \
+        K.and_masks(K.causal(), K.key_padding(ids[1] == 0)).op_key
+    assert K.alibi(torch.ones(2)).op_key == K.alibi(torch.zeros(2)).op_key
+    assert K.sliding_window(3).op_key != K.sliding_window(4).op_key                  # scalars the op does not take
+    assert K.softcap(3.0).op_key != K.softcap(4.0).op_key
+    with torch.inference_mode():                                                      # the ops read the object's own
+        frozen = torch.zeros(16, dtype=torch.int32)
+    assert K.document(frozen).op_key != K.document(frozen).op_key
+    torch_fn = lambda b, h, q, kv: q >= kv                                            # noqa: E731
+    rule = K.causal().tile_rule
+    first = K.custom_mask(_causal_like, torch_fn, tile_rule=rule)
+    assert first.op_key == K.custom_mask(_causal_like, torch_fn, tile_rule=rule).op_key
+    assert first.op_key != K.custom_mask(_causal_like, torch_fn, tile_rule=_other_rule).op_key   # the user's rule
+    assert first.op_key != K.custom_mask(_causal_like, lambda b, h, q, kv: q >= kv, tile_rule=rule).op_key
+    combined = [K.and_masks(K.sliding_window(5), K.custom_mask(_causal_like, torch_fn, tile_rule=rule))
+                for _ in range(2)]                                                    # made anew: functions the same
+    assert combined[0].op_key == combined[1].op_key
+    assert combined[0].op_key != K.and_masks(K.sliding_window(5), K.custom_mask(
+        _causal_like, torch_fn, tile_rule=_other_rule)).op_key
 
 
 def test_mask_objects_evaluate_like_flex_mask_mods():

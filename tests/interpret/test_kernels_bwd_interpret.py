@@ -218,6 +218,72 @@ def test_inductor_writes_inside_a_graph_do_not_leave_a_stale_block_mask():
                                    rtol=1e-4, atol=1e-4)
 
 
+def test_a_training_step_that_makes_its_masks_anew_compiles_once(monkeypatch):
+    """A packed-sequence step makes document(ids) of its batch every step. The custom ops named each modifier
+    object by its own key, which torch.compile guards on: every step compiled again until the recompile limit
+    (8) stopped a fullgraph step. Modifiers that differ only in the tensors the ops take share a key."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    compiles = []
+
+    def counting_backend(graph, example_inputs):
+        compiles.append(graph)
+        return torch._dynamo.lookup_backend("aot_eager")(graph, example_inputs)
+
+    def step(a, b, c, mask_mod):
+        return K.attention(a, b, c, mask_mod=mask_mod)
+
+    compiled = torch.compile(step, backend=counting_backend, fullgraph=True)
+    for seed in range(4):
+        q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=20 + seed)
+        ids = torch.sort(torch.randint(0, 3, (SEQ,), generator=torch.Generator().manual_seed(seed))).values.int()
+        mask_mod = K.and_masks(K.causal(), K.document(ids))
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = compiled(*leaves, mask_mod)
+        out.backward(dout)
+        torch.testing.assert_close(out.detach(), K.reference.attention(q, k, v, mask_mod=mask_mod), rtol=1e-4,
+                                   atol=1e-4)
+        assert_close([t.grad for t in leaves], reference_grads(q, k, v, dout, mask_mod=mask_mod), torch.float32)
+    assert len(compiles) == 1
+
+
+STALE_CASES = [(backend, change) for backend in ("eager", "aot_eager", "inductor")
+               for change in ("other_scalar", "written_between_calls", "written_in_the_graph", "written_after_it")
+               if backend != "inductor" or change.startswith("written")]
+
+
+@pytest.mark.parametrize("backend, change", STALE_CASES, ids=[f"{b}-{c}" for b, c in STALE_CASES])
+def test_a_block_mask_built_before_its_mask_changed_is_refused_in_compiled_graphs(backend, change):
+    """A prebuilt block mask whose mask has other arguments or whose ids were written since: its full tiles would
+    run without the mask (attending across documents). Eager calls refused it; the custom ops of compiled graphs
+    rebuilt the block mask from its index tensors without the build's record and ran it (wrong attention)."""
+    seq = 32
+    q, k, v, _ = inputs(1, 2, 2, seq, seq, 16, torch.float32, seed=17)
+    ids = torch.zeros(seq, dtype=torch.int32)                              # one document: every tile full
+    built_with = K.sliding_window(24) if change == "other_scalar" else K.document(ids)
+    block_mask = K.build_block_mask(built_with, 1, 2, seq, seq, block_m=16, block_n=16, device="cpu")
+    mask_mod = K.sliding_window(4) if change == "other_scalar" else built_with
+
+    def step(a, b, c):
+        if change == "written_in_the_graph":
+            ids[seq // 2:] = 1
+        out = K.attention(a, b, c, mask_mod=mask_mod, block_mask=block_mask)
+        if change == "written_after_it":
+            ids[seq // 2:] = 1
+        return out
+
+    run = step if backend == "eager" else torch.compile(step, backend=backend, fullgraph=True)
+    if change == "written_between_calls":                                  # unchanged: runs, and right
+        torch.testing.assert_close(run(q, k, v), K.reference.attention(q, k, v, mask_mod=mask_mod),
+                                   rtol=1e-4, atol=1e-4)
+        ids[seq // 2:] = 1
+    if change == "written_after_it" and backend == "eager":                # the write follows the call
+        torch.testing.assert_close(run(q, k, v), K.reference.attention(q, k, v, mask_mod=K.document(
+            torch.zeros(seq, dtype=torch.int32))), rtol=1e-4, atol=1e-4)
+        return
+    with pytest.raises(ValueError, match="block_mask was built from .* with other arguments, or before"):
+        run(q, k, v)
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_modifier_tensors_made_in_inference_mode_train(compiled):
     """Inference tensors cannot be saved for backward (autograd refuses them) nor written outside inference

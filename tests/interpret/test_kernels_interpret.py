@@ -107,8 +107,9 @@ def test_a_block_mask_built_before_its_mask_changed_is_refused():
     torch.testing.assert_close(K.attention(q, k, v, mask_mod=mask_mod, block_mask=block_mask),
                                K.reference.attention(q, k, v, mask_mod=mask_mod), atol=1e-4, rtol=1e-4)
     ids[32:] = 1
-    with pytest.raises(ValueError, match="block_mask was built from document with other arguments, or before"):
-        K.attention(q, k, v, mask_mod=mask_mod, block_mask=block_mask)
+    for current in (mask_mod, K.document(ids.clone())):   # the written ids, or a mask over a copy of them
+        with pytest.raises(ValueError, match="block_mask was built from document with other arguments, or before"):
+            K.attention(q, k, v, mask_mod=current, block_mask=block_mask)
     rebuilt = K.build_block_mask(mask_mod, 1, 2, 64, 64, block_m=32, block_n=16, device="cpu")
     torch.testing.assert_close(K.attention(q, k, v, mask_mod=mask_mod, block_mask=rebuilt),
                                K.reference.attention(q, k, v, mask_mod=mask_mod), atol=1e-4, rtol=1e-4)
