@@ -25,55 +25,98 @@ def ensure_installed() -> None:
         hooks.ensure_outermost()
 
 
-class use_pipeline:
+# The blocks open in this context, innermost last, of every kind: `with options()`, a call of an
+# options-decorated function, `with use_pipeline()`. Each exits its own entry; one options object may be
+# entered by several threads or asyncio tasks at once (each has its own context).
+_open_blocks: contextvars.ContextVar[tuple] = contextvars.ContextVar("tritonpatch_open_blocks", default=())
+
+
+class _Entry:
+    """One entry into a block: the values of the three context variables it replaced, restored at its exit.
+
+    Exits come in the reverse order of entries except when a generator suspended inside a block (it shares
+    its caller's context) is closed after blocks its caller entered later, or the caller leaves such a block
+    while the generator is still inside its own. Then the exiting block restores what was in effect before
+    it, closes the blocks entered after it (their exits do nothing) and raises: no block's settings stay in
+    effect for good, and the program learns that its blocks did not nest."""
+
+    __slots__ = ("owner", "saved")
+
+    def __init__(self, owner):
+        self.owner = owner   # the options object whose `with` made the entry; None for the entry itself
+
+    def enter(self, scoped: "_Frame | None", forced: "_Fixed | None") -> None:
+        ensure_installed()
+        self.saved = (_scoped.get(), _forced.get(), _effective.get())
+        _scoped.set(scoped)
+        _forced.set(forced)
+        _effective.set(scoped if forced is None else forced)
+        _open_blocks.set(_open_blocks.get() + (self,))
+
+    def exit(self) -> None:
+        stack = _open_blocks.get()
+        in_order = bool(stack) and stack[-1] is self
+        position = len(stack) - 1 if in_order else next((i for i, e in enumerate(stack) if e is self), None)
+        if position is None:
+            return   # closed already, by an out-of-order exit of a block around it
+        _open_blocks.set(stack[:position])
+        scoped, forced, effective = self.saved
+        _scoped.set(scoped)
+        _forced.set(forced)
+        _effective.set(effective)
+        if not in_order:
+            raise RuntimeError("tritonpatch blocks (options(), use_pipeline(), options-decorated calls) must be "
+                               "exited in the reverse order of entry (a generator that yields inside a block lends "
+                               "it to the code iterating it); the settings from before this block are back in "
+                               "effect, and the blocks entered after it are closed")
+
+
+def _innermost_entry(owner) -> "_Entry | None":
+    for entry in reversed(_open_blocks.get()):
+        if entry.owner is owner:
+            return entry
+    return None
+
+
+class use_pipeline(_Entry):
     """``with use_pipeline(p):`` compiles with exactly ``p``, ignoring ``options()``, ``set_option``
     and the environment (per-kernel pipelines: ``tritonpatch.jit`` enters one around each launch,
     so it is kept light). One object per ``with``."""
 
-    __slots__ = ("pipeline", "fixed", "tokens")
+    __slots__ = ("pipeline", "fixed")
 
     def __init__(self, pipeline: Pipeline):
         if not isinstance(pipeline, Pipeline):
             raise PipelineError(f"use_pipeline() takes a Pipeline, got {pipeline!r}")
+        super().__init__(None)
         self.pipeline = pipeline
         self.fixed = _Fixed(pipeline)
 
     def __enter__(self) -> Pipeline:
-        ensure_installed()
-        self.tokens = (_forced.set(self.fixed), _effective.set(self.fixed))
+        self.enter(_scoped.get(), self.fixed)
         return self.pipeline
 
     def __exit__(self, *exc_info) -> None:
-        forced, effective = self.tokens
-        _effective.reset(effective)
-        _forced.reset(forced)
+        self.exit()
 
 
-class _Block:
-    """One entry into an options() layer: sets its frame, restores the previous one."""
+class _Block(_Entry):
+    """One entry into an options() layer, merged over the enclosing frame (a decorated function's call)."""
 
-    __slots__ = ("layer", "merged", "tokens")
+    __slots__ = ("layer", "merged")
 
     def __init__(self, layer: Pipeline, merged: dict):
+        super().__init__(None)
         self.layer = layer
         self.merged = merged
 
     def __enter__(self) -> Pipeline:
-        ensure_installed()
         frame = _Frame(_scoped.get(), self.layer, self.merged)
-        forced = _forced.get()
-        self.tokens = (_scoped.set(frame), _effective.set(frame if forced is None else forced))
+        self.enter(frame, _forced.get())
         return frame.resolve()
 
     def __exit__(self, *exc_info) -> None:
-        scoped, effective = self.tokens
-        _effective.reset(effective)
-        _scoped.reset(scoped)
-
-
-# The options() blocks entered by `with` in this context, innermost last: one object may be entered
-# by several threads or asyncio tasks at once, and each exits its own entry.
-_open_blocks: contextvars.ContextVar[tuple] = contextvars.ContextVar("tritonpatch_open_blocks", default=())
+        self.exit()
 
 
 _PIPELINE_KEYWORDS = frozenset(inspect.signature(Pipeline.__init__).parameters) - {"self"}
@@ -101,29 +144,14 @@ class options:
         self._merged: dict = {}
 
     def __enter__(self) -> Pipeline:
-        block = _Block(self.layer, self._merged)
-        effective = block.__enter__()
-        _open_blocks.set(_open_blocks.get() + ((self, block),))
-        return effective
+        frame = _Frame(_scoped.get(), self.layer, self._merged)
+        _Entry(self).enter(frame, _forced.get())
+        return frame.resolve()
 
     def __exit__(self, *exc_info) -> None:
-        stack = _open_blocks.get()
-        if stack and stack[-1][0] is self:
-            _open_blocks.set(stack[:-1])
-            stack[-1][1].__exit__(*exc_info)
-            return
-        # Exited out of order: generators suspended inside blocks share their caller's context and are
-        # closed in any order. Restore what was in effect before this block, closing the blocks entered
-        # after it too (their exits then do nothing), so that no block's settings stay in effect for good.
-        position = next((i for i, (entered, _) in enumerate(stack) if entered is self), None)
-        if position is None:
-            return   # closed already by an earlier out-of-order exit
-        _open_blocks.set(stack[:position])
-        block = stack[position][1]
-        block.__exit__(*exc_info)
-        raise RuntimeError("tritonpatch.options blocks must be exited in the reverse order of entry (a "
-                           "generator that yields inside a block lends it to the code iterating it); the settings "
-                           "from before this block are back in effect, and the blocks entered after it are closed")
+        entry = _innermost_entry(self)
+        if entry is not None:   # None: closed already, by an out-of-order exit of a block around it
+            entry.exit()
 
     def __call__(self, func):
         if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):

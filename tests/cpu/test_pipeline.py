@@ -173,6 +173,50 @@ def test_generators_closed_out_of_order_leave_no_settings_behind():
     assert current_pipeline().is_empty
 
 
+@native
+@pytest.mark.parametrize("closed_inside", ["use_pipeline", "decorated call", "options"])
+def test_a_generator_closed_inside_another_kind_of_block_leaves_no_settings_behind(closed_inside):
+    """A generator suspended inside `with options()` and closed inside a use_pipeline() block or an
+    options-decorated call: those blocks kept no record of their entries, so at their exit they put back the
+    generator's block, whose settings then stayed in effect for good."""
+    def compiling():
+        with options(disable_lsr=True):
+            yield current_pipeline()
+
+    @options(llvm={"unroll-count": 2})
+    def decorated(generator):
+        generator.close()
+
+    generator = compiling()
+    next(generator)
+    with pytest.raises(RuntimeError, match="reverse order of entry"):
+        if closed_inside == "use_pipeline":
+            with use_pipeline(Pipeline(llvm={"unroll-count": 3})):
+                generator.close()
+        elif closed_inside == "decorated call":
+            decorated(generator)
+        else:
+            with options(llvm={"unroll-count": 4}):
+                generator.close()
+    assert current_pipeline().is_empty
+
+
+@native
+def test_a_block_left_while_a_generator_is_suspended_inside_its_own_leaves_no_settings_behind():
+    def compiling():
+        with options(disable_lsr=True):
+            yield current_pipeline()
+            yield current_pipeline()
+
+    generator = compiling()
+    with pytest.raises(RuntimeError, match="reverse order of entry"):
+        with use_pipeline(Pipeline(llvm={"unroll-count": 3})):
+            assert next(generator) == Pipeline(llvm={"unroll-count": 3})   # the per-kernel Pipeline wins
+    assert current_pipeline().is_empty
+    generator.close()   # its block was closed with the use_pipeline() block: nothing left to restore
+    assert current_pipeline().is_empty
+
+
 def test_options_names_its_keywords_for_an_unknown_one():
     with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['lsr'\]; the keywords are disable_lsr, llvm, "
                                         r"passes, ptxas"):
