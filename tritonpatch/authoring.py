@@ -72,15 +72,17 @@ class PipelineJITFunction(JITFunction):
         super().__init__(fn, **triton_jit_kwargs)
         self.pipeline = pipeline
 
-    def _compile_scope(self):
+    def pipeline_scope(self):
+        """The block this kernel's compiles run in: ``use_pipeline(pipeline)``, or nothing without one
+        (:func:`tritonpatch.targets.compile_for_target` enters it too)."""
         return contextlib.nullcontext() if self.pipeline is None else use_pipeline(self.pipeline)
 
     def run(self, *args, **kwargs):
-        with self._compile_scope():
+        with self.pipeline_scope():
             return super().run(*args, **kwargs)
 
     def preload(self, specialization_data):
-        with self._compile_scope():
+        with self.pipeline_scope():
             return super().preload(specialization_data)
 
     @property
@@ -90,11 +92,11 @@ class PipelineJITFunction(JITFunction):
 
     def compile_for_target(self, signature: Mapping[str, str], constexprs: Mapping[str, Any] | None = None,
                            target: str = "sm_90", **options):
-        """:func:`tritonpatch.targets.compile_for_target` of this kernel under its Pipeline (no GPU needed)."""
+        """:func:`tritonpatch.targets.compile_for_target` of this kernel, which compiles under its Pipeline
+        (no GPU needed)."""
         from .targets import compile_for_target
 
-        with self._compile_scope():
-            return compile_for_target(self, signature, constexprs, target=target, **options)
+        return compile_for_target(self, signature, constexprs, target=target, **options)
 
     def __repr__(self):
         return f"tritonpatch.jit({self.module}:{self.fn.__qualname__}, pipeline={self.pipeline!r})"

@@ -177,7 +177,10 @@ def compile_for_target(fn, signature: Mapping[str, str], constexprs: Mapping[str
     and return the ``CompiledKernel`` (``.asm`` holds every stage). ``signature`` maps argument names to Triton
     types (``"*fp16"``, ``"i32"``, ``"constexpr"``); ``aligned_pointers`` compiles as a launch with
     16-byte aligned tensors would (:func:`aligned_pointer_attrs`); ``options`` are Triton compile
-    options (``num_warps``, ``num_stages``, ...). Target, arguments and options are checked first."""
+    options (``num_warps``, ``num_stages``, ...). Target, arguments and options are checked first. A
+    ``tritonpatch.jit(pipeline=...)`` kernel compiles under its Pipeline, as its launches do."""
+    import contextlib
+
     import triton
 
     from ._triton_compat import ast_source
@@ -190,7 +193,9 @@ def compile_for_target(fn, signature: Mapping[str, str], constexprs: Mapping[str
     for name in constexprs:
         sig.setdefault(name, "constexpr")
     attrs = aligned_pointer_attrs(fn, sig) if aligned_pointers else None
-    return triton.compile(ast_source(fn, sig, constexprs, attrs), target=gpu_target, options=dict(options))
+    pipeline_scope = getattr(fn, "pipeline_scope", contextlib.nullcontext)   # a tritonpatch.jit kernel's block
+    with pipeline_scope():
+        return triton.compile(ast_source(fn, sig, constexprs, attrs), target=gpu_target, options=dict(options))
 
 
 class CompileOnlyDriver:

@@ -134,6 +134,9 @@ def test_compile_for_target_uses_the_pipeline():
     with raw_llvm_options(RAW[UNROLL]):
         expected = compile_for_target(triton.jit(strided_sum), signature, {"BLOCK": 128}, num_warps=4)
     assert compiled.asm["ptx"] == expected.asm["ptx"]
+    # the module-level function too (it compiled the kernel with whatever Pipeline was in effect)
+    through_module = compile_for_target(kernel, signature, {"BLOCK": 128}, num_warps=4)
+    assert through_module.asm["ptx"] == expected.asm["ptx"]
 
 
 class CompileLog:
