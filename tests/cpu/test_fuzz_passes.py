@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 
 from tritonpatch.fuzz import PIPELINES, REFERENCE, generate, run, summary
+from tritonpatch.fuzz.generate import POINTER_SEEDS
 from tritonpatch.fuzz.__main__ import main
 from tritonpatch.fuzz.checks import static_findings
 from tritonpatch.fuzz.compiling import Compiled, compile_all, compile_case
@@ -326,6 +327,26 @@ def test_the_ci_run_exercises_the_passes(ci_run):
         assert outcomes[name, "applied"] >= 4, outcomes
     assert len(ci_run.cases) == len(CI_SEEDS) * (len(PIPELINES) + 1)
     assert all(case.loops_checked > 0 for case in ci_run.cases if case.pipeline != REFERENCE)
+
+
+def test_carried_pointer_kernels_are_narrowed_and_stay_inside_the_original():
+    """Seeds from POINTER_SEEDS on: K and V read through pointers the loop advances by `step * SK`, a product it
+    computes in the loop; skip-masked-blocks recomputes it before the loop to advance the pointers' first values."""
+    seeds = range(POINTER_SEEDS, POINTER_SEEDS + 8)
+    assert all("carried-pointers" in generate(seed).features and "k_ptrs += " in generate(seed).source
+               for seed in seeds)
+    result = run(seeds, ["skip", "skip+elide"], jobs=2)
+    assert_clean(result)
+    narrowed = [case for case in result.cases for name, counts, kept in case.reports
+                if name == "skip-masked-blocks" and kept and counts.get("loops_narrowed")]
+    assert len(narrowed) >= 4
+
+
+@pytest.mark.gpu
+def test_carried_pointer_kernels_match_the_unpatched_kernel_bit_for_bit():
+    result = run(range(POINTER_SEEDS, POINTER_SEEDS + 48), PIPELINES, gpu=True)
+    assert all(case.compared for case in result.cases if case.pipeline != REFERENCE and case.status != "error")
+    assert_clean(result)
 
 
 @pytest.mark.slow

@@ -525,6 +525,36 @@ def test_seed_elision_keeps_the_floating_point_work():
     assert float_work(full_loops(unmasked)[0])["FFMA"] > float_work(full_loops(split)[0])["FFMA"]   # it can tell
 
 
+def example_kernel(name: str):
+    """A kernel of examples/ (the folder is not a package)."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"tritonpatch_example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, f"{name}_kernel")
+
+
+EXAMPLE_SIGNATURE = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "Out": "*fp16", "stride_qm": "i32", "stride_kn": "i32",
+                     "stride_vn": "i32", "stride_om": "i32", "N_CTX": "i32", "PREFIX": "i32"}
+EXAMPLE_CONSTEXPRS = {"BLOCK_M": 128, "BLOCK_N": 64, "HEAD_DIM": 64}
+
+
+def test_pointers_advanced_by_a_product_the_loop_computes_are_skipped_along():
+    """examples/masked_attention.py advances its K/V pointers by `BLOCK_N * stride_kn`, a product TTIR computes
+    inside the loop: skip-masked-blocks took it for a value the loop changes and refused the loop ("an
+    all-false iteration is not proven to leave the loop state unchanged"). The product is computed again
+    before the loop, where the pointers' first values are advanced by the skipped count."""
+    compiled, reports, caught = compile_with(["skip-masked-blocks"], example_kernel("masked_attention"),
+                                             EXAMPLE_SIGNATURE, EXAMPLE_CONSTEXPRS, num_warps=8, num_stages=1)
+    assert not caught and [r.counts for r in reports] == [{"loops_narrowed": 1}]
+    ttir = Module(compiled.asm["ttir"])
+    (loop,) = [i for i, line in enumerate(ttir.lines) if line.op == "scf.for"]
+    before = [line for line in ttir.lines[:loop] if line.op == "arith.muli" and "%stride_kn" in line.operands]
+    assert before, "the increment's product is computed before the loop"
+
+
 # --- GPU: bit-identity of the rewritten kernels ------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask,negated", GPU_CASES)
@@ -567,6 +597,25 @@ def test_a_loaded_document_mask_and_causal_match_the_unpatched_kernel(passes):
     reference, patched = run([]), run(passes)
     finite = torch.isfinite(reference)
     assert finite.any() and torch.equal(patched[finite], reference[finite])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("passes", [["skip-masked-blocks"], ALL])
+def test_the_example_with_carried_pointers_matches_the_unpatched_kernel(passes):
+    import torch
+    n_ctx, d, prefix = 1024, 64, 300
+    torch.manual_seed(11)
+    q, k, v = (torch.randn(n_ctx, d, device="cuda", dtype=torch.float16) for _ in range(3))
+    kernel = example_kernel("masked_attention")
+
+    def run(active):
+        out = torch.full_like(q, float("nan"))
+        with tritonpatch.options(passes=active):
+            kernel[(n_ctx // 128,)](q, k, v, out, d, d, d, d, n_ctx, prefix, **EXAMPLE_CONSTEXPRS, num_warps=8,
+                                    num_stages=1)
+        return out
+    reference, patched = run([]), run(passes)
+    assert torch.isfinite(reference).all() and torch.equal(patched, reference)   # equal up to the sign of a zero
 
 
 def test_pass_source_joins_the_cache_tag(monkeypatch):

@@ -218,11 +218,10 @@ def test_inductor_writes_inside_a_graph_do_not_leave_a_stale_block_mask():
                                    rtol=1e-4, atol=1e-4)
 
 
-def test_a_training_step_that_makes_its_masks_anew_compiles_once(monkeypatch):
+def test_a_training_step_that_makes_its_masks_anew_compiles_once():
     """A packed-sequence step makes document(ids) of its batch every step. The custom ops named each modifier
     object by its own key, which torch.compile guards on: every step compiled again until the recompile limit
     (8) stopped a fullgraph step. Modifiers that differ only in the tensors the ops take share a key."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     compiles = []
 
     def counting_backend(graph, example_inputs):
@@ -233,7 +232,15 @@ def test_a_training_step_that_makes_its_masks_anew_compiles_once(monkeypatch):
         return K.attention(a, b, c, mask_mod=mask_mod)
 
     compiled = torch.compile(step, backend=counting_backend, fullgraph=True)
-    for seed in range(4):
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=2):
+        train_with_new_masks(compiled)
+    assert len(compiles) == 1
+
+
+def train_with_new_masks(compiled, steps=4):
+    """``steps`` training steps, each with a new causal document mask, checked against the reference."""
+    for seed in range(steps):
         q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=20 + seed)
         ids = torch.sort(torch.randint(0, 3, (SEQ,), generator=torch.Generator().manual_seed(seed))).values.int()
         mask_mod = K.and_masks(K.causal(), K.document(ids))
@@ -243,7 +250,6 @@ def test_a_training_step_that_makes_its_masks_anew_compiles_once(monkeypatch):
         torch.testing.assert_close(out.detach(), K.reference.attention(q, k, v, mask_mod=mask_mod), rtol=1e-4,
                                    atol=1e-4)
         assert_close([t.grad for t in leaves], reference_grads(q, k, v, dout, mask_mod=mask_mod), torch.float32)
-    assert len(compiles) == 1
 
 
 STALE_CASES = [(backend, change) for backend in ("eager", "aot_eager", "inductor")
@@ -256,6 +262,7 @@ def test_a_block_mask_built_before_its_mask_changed_is_refused_in_compiled_graph
     """A prebuilt block mask whose mask has other arguments or whose ids were written since: its full tiles would
     run without the mask (attending across documents). Eager calls refused it; the custom ops of compiled graphs
     rebuilt the block mask from its index tensors without the build's record and ran it (wrong attention)."""
+    torch._dynamo.reset()   # the cases compile one code object: keep them under its recompile limit
     seq = 32
     q, k, v, _ = inputs(1, 2, 2, seq, seq, 16, torch.float32, seed=17)
     ids = torch.zeros(seq, dtype=torch.int32)                              # one document: every tile full

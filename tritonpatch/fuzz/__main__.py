@@ -6,7 +6,7 @@ import shlex
 import sys
 
 from .checks import SAMPLES
-from .generate import CARRIED_SEEDS
+from .generate import CARRIED_SEEDS, POINTER_SEEDS
 from .pipelines import PIPELINES, REFERENCE, pass_names
 from .report import summary, write_log
 from .run import NoKernelSelected, run
@@ -32,6 +32,9 @@ def parse_args(argv=None):
                         help="the kernels of the seeds in FlexAttention's loop shape: the tile position carried "
                              f"through the loop, jumping every JUMP_EVERY iterations (seeds {CARRIED_SEEDS:,} + SEED "
                              "..., the loops the passes version)")
+    parser.add_argument("--carried-pointers", action="store_true",
+                        help="attention-forward kernels that read K and V through pointers carried through the loop, "
+                             f"advanced by a product computed in the loop (seeds {POINTER_SEEDS:,} + SEED ...)")
     parser.add_argument("--gpu", action="store_true",
                         help="also launch every case on the GPU and compare outputs bit for bit (without it: "
                              "compile-only for sm_90, the dry run)")
@@ -44,6 +47,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.kernels < 1 or args.samples < 1:
         parser.error("--kernels and --samples must be at least 1")
+    if args.carried_offsets and args.carried_pointers:
+        parser.error("--carried-offsets and --carried-pointers name two seed ranges; pick one")
     pipelines = args.pipeline or list(PIPELINES)
     for pipeline in pipelines:
         if pipeline == REFERENCE:
@@ -64,7 +69,7 @@ def main(argv=None) -> int:
             print("--gpu needs a CUDA GPU; run without --gpu for the compile-only checks", file=sys.stderr)
             return 2
     try:
-        first = args.seed + (CARRIED_SEEDS if args.carried_offsets else 0)
+        first = args.seed + (CARRIED_SEEDS if args.carried_offsets else POINTER_SEEDS if args.carried_pointers else 0)
         result = run(range(first, first + args.kernels), args.pipelines, features=args.feature, gpu=args.gpu,
                      jobs=args.jobs, samples=args.samples, show=args.show)
     except NoKernelSelected as exc:

@@ -5,8 +5,9 @@ buffers."""
 from __future__ import annotations
 
 from .kernel import Select
-from .pieces import (DTYPES, Draft, carried_columns, choose_effects, declare_masks, effects_after_loop,
-                     effects_before_loop, effects_in_loop, loop_bounds, opaque_move, scale_suffix, select_before)
+from .pieces import (DTYPES, Draft, advance_pointers, carried_columns, carried_pointers, choose_effects, declare_masks,
+                     effects_after_loop, effects_before_loop, effects_in_loop, loop_bounds, opaque_move, scale_suffix,
+                     select_before)
 
 
 def _index(axis: str, offsets: str, where: str, width: int) -> str:
@@ -34,12 +35,20 @@ def _attention_fwd(d: Draft, sizes: dict) -> None:
     d.line(1, "acc = tl.zeros([BM, D], tl.float32)")
     effects = choose_effects(rng)
     effects_before_loop(d, effects)
-    d.line(1, loop_bounds(d, "N_KV", n_kv, "BM", sizes["BM"], "BN", sizes["BN"]))
+    head = loop_bounds(d, "N_KV", n_kv, "BM", sizes["BM"], "BN", sizes["BN"])
+    pointers = d.pointers and not d.carried
+    if pointers:
+        carried_pointers(d, {"K": "k_ptrs", "V": "v_ptrs"}, dim)
+    d.line(1, head)
     _columns(d, "BN", "N_KV", "kv", sizes["index_width"])
-    d.line(2, "k = tl.load(K + off_b * N_KV * D + offs_c[None, :] * D + offs_d[:, None], mask=col_in[None, :], "
-              "other=0.0)")
-    d.line(2, "v = tl.load(V + off_b * N_KV * D + offs_c[:, None] * D + offs_d[None, :], mask=col_in[:, None], "
-              "other=0.0)")
+    if pointers:
+        d.line(2, "k = tl.load(k_ptrs, mask=col_in[None, :], other=0.0)")
+        d.line(2, "v = tl.load(v_ptrs, mask=col_in[:, None], other=0.0)")
+    else:
+        d.line(2, "k = tl.load(K + off_b * N_KV * D + offs_c[None, :] * D + offs_d[:, None], mask=col_in[None, :], "
+                  "other=0.0)")
+        d.line(2, "v = tl.load(V + off_b * N_KV * D + offs_c[:, None] * D + offs_d[None, :], mask=col_in[:, None], "
+                  "other=0.0)")
     d.line(2, f"s = tl.dot(q, k){scale}")
     if rng.random() < 0.15:
         opaque_move(d, 2, "s")
@@ -58,6 +67,8 @@ def _attention_fwd(d: Draft, sizes: dict) -> None:
     d.line(2, "l_i = l_i * alpha + tl.sum(p, 1)")
     d.line(2, f"acc = acc * alpha[:, None] + tl.dot(p.to({dt}), v)")
     d.line(2, "m_i = m_ij")
+    if pointers:
+        advance_pointers(d, 2, ("k_ptrs", "v_ptrs"))
     effects_in_loop(d, effects, sizes["programs"], "BM", sizes["BM"], "s")
     effects_after_loop(d, effects, sizes["programs"])
     d.line(1, "tl.store(OUT + off_b * N_Q * D + offs_r[:, None] * D + offs_d[None, :], acc / l_i[:, None], "
@@ -138,12 +149,20 @@ def _masked_matmul(d: Draft, sizes: dict) -> None:
     d.line(1, "acc = tl.zeros([BM, D], tl.float32)")
     effects = choose_effects(rng)
     effects_before_loop(d, effects)
-    d.line(1, loop_bounds(d, "N_KV", n_kv, "BM", sizes["BM"], "BN", sizes["BN"]))
+    head = loop_bounds(d, "N_KV", n_kv, "BM", sizes["BM"], "BN", sizes["BN"])
+    pointers = d.pointers and not d.carried
+    if pointers:
+        carried_pointers(d, {"K": "k_ptrs", "V": "v_ptrs"}, dim)
+    d.line(1, head)
     _columns(d, "BN", "N_KV", "kv", sizes["index_width"])
-    d.line(2, "k = tl.load(K + off_b * N_KV * D + offs_c[None, :] * D + offs_d[:, None], mask=col_in[None, :], "
-              "other=0.0)")
-    d.line(2, "v = tl.load(V + off_b * N_KV * D + offs_c[:, None] * D + offs_d[None, :], mask=col_in[:, None], "
-              "other=0.0)")
+    if pointers:
+        d.line(2, "k = tl.load(k_ptrs, mask=col_in[None, :], other=0.0)")
+        d.line(2, "v = tl.load(v_ptrs, mask=col_in[:, None], other=0.0)")
+    else:
+        d.line(2, "k = tl.load(K + off_b * N_KV * D + offs_c[None, :] * D + offs_d[:, None], mask=col_in[None, :], "
+                  "other=0.0)")
+        d.line(2, "v = tl.load(V + off_b * N_KV * D + offs_c[:, None] * D + offs_d[None, :], mask=col_in[:, None], "
+                  "other=0.0)")
     before = rng.choice(("none", "none", "scale", "trans-scale", "cast-scale"))
     d.features.append(f"pre-select-{before}")
     scale = scale_suffix(d, optional=False) if before != "none" else ""

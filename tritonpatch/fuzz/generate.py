@@ -9,7 +9,9 @@ A kernel is assembled from small pieces, each drawing from the seeded RNG:
   position is carried through the loop as FlexAttention's templates carry it (a scalar or a tensor
   advanced by the step, jumping by a loaded amount every ``JUMP_EVERY`` iterations: the loops
   :mod:`tritonpatch.passes.versioning` versions): seed ``CARRIED_SEEDS + n`` is kernel ``n`` in
-  that shape;
+  that shape; seed ``POINTER_SEEDS + n`` is attention-forward kernel ``n`` reading K and V through
+  pointers carried through the loop and advanced by a product the loop computes
+  (``k_ptrs += step * SK``, as hand-written kernels advance them);
 * **mask expressions** (:mod:`.masks`) over the tile's query / key positions, applied by a
   **select style** (``where(m, x, -inf)``, ``where(~m, -inf, x)``, zero or constant fills, before or
   after the exponential);
@@ -36,9 +38,11 @@ from .pieces import TABLE_SIZE, Draft, mask_scalars
 BUFFER_ORDER = ("Q", "K", "V", "DO", "X", "LSE", "DELTA", "MASK_TABLE", "JUMPS", "OUT", "STATS", "DK", "DV", "ROW_MAX",
                 "ROW_SUM", "COUNTER", "TILE_LOG", "ITER_BITS", "TRIPS")
 SCALAR_KINDS = {"N_Q": "i32", "N_KV": "i32", "P0": "i32", "P1": "i32", "P2": "i64", "LO": "i32", "HI": "i32",
-                "W": "i32", "STEP": "i32", "SCALE": "fp32", "J0": "i32"}
+                "W": "i32", "STEP": "i32", "SCALE": "fp32", "J0": "i32", "SK": "i32"}
 CARRIED_ONLY = {"JUMPS", "J0"}      # parameters only the carried-offset kernels take
+POINTERS_ONLY = {"SK"}              # and only the carried-pointer kernels
 CARRIED_SEEDS = 1_000_000           # seed CARRIED_SEEDS + n: kernel n with its tile position carried through the loop
+POINTER_SEEDS = 2_000_000           # seed POINTER_SEEDS + n: kernel n as attention forward with carried K/V pointers
 JUMP_EVERY = (1024, 4096, 2)        # 2: a block-mask-like walk the passes must refuse to version
 
 
@@ -52,16 +56,20 @@ def _uniform_params(d: Draft) -> list[tuple[str, str]]:
     of Triton launchers (each distinct signature costs a host compiler run on the GPU machine)."""
     declared = dict(d.params)
     assert set(declared) <= set(BUFFER_ORDER) | set(SCALAR_KINDS), set(declared)
-    wanted = [n for n in BUFFER_ORDER + tuple(SCALAR_KINDS) if n not in CARRIED_ONLY or d.carried]
+    wanted = [n for n in BUFFER_ORDER + tuple(SCALAR_KINDS)
+              if (n not in CARRIED_ONLY or d.carried) and (n not in POINTERS_ONLY or "SK" in declared)]
     return ([(name, declared.get(name, "*fp32")) for name in BUFFER_ORDER if name in wanted]
             + [(name, declared.get(name, kind)) for name, kind in SCALAR_KINDS.items() if name in wanted])
 
 
 def generate(seed: int) -> Kernel:
     """The kernel of ``seed`` (the same seed always gives the same kernel)."""
-    carried = seed >= CARRIED_SEEDS
-    rng = random.Random(seed - CARRIED_SEEDS if carried else seed)
+    pointers = seed >= POINTER_SEEDS
+    carried = CARRIED_SEEDS <= seed < POINTER_SEEDS
+    rng = random.Random(seed - (POINTER_SEEDS if pointers else CARRIED_SEEDS if carried else 0))
     family = rng.choices(sorted(FAMILIES), weights=[FAMILY_WEIGHTS[f] for f in sorted(FAMILIES)])[0]
+    if pointers:
+        family = "attention_fwd"    # the family with loaded tiles to read through pointers (the draw above kept)
     dtype = rng.choice(("fp16", "fp16", "bf16", "fp32"))
     bm, bn = rng.choice((16, 32, 64)), rng.choice((16, 32, 64))
     dim = rng.choice((16, 32, 64)) if family != "row_reduce" else 16
@@ -73,7 +81,7 @@ def generate(seed: int) -> Kernel:
     grid = (-(-rows_total // rows_block), batch)
     sizes = {"dtype": dtype, "BM": bm, "BN": bn, "dim": dim, "n_q": n_q, "n_kv": n_kv, "batch": batch,
              "programs": grid[0] * grid[1], "index_width": 64 if rng.random() < 0.2 else 32}
-    d = Draft(rng)
+    d = Draft(rng, pointers=pointers)
     carried_rng = random.Random(f"carried-{seed}")
     if carried:
         d.carried = carried_rng.choice(("scalar", "scalar", "tensor"))

@@ -30,6 +30,9 @@ class Draft:
     lines: list = field(default_factory=list)
     carried: str | None = None        # "scalar" / "tensor": the tile position is carried through the loop
     carried_step: str = ""
+    pointers: bool = False            # the loaded tiles come through pointers carried through the loop
+    lower: str = ""                   # the loop's bound and step expressions (loop_bounds)
+    step: str = ""
 
     def scalar(self, name: str, kind: str, launch, pool) -> str:
         if name not in self.scalars:
@@ -97,11 +100,31 @@ def loop_bounds(d: Draft, extent: str, extent_value: int, rows: str, rows_value:
     iterator = rng.choice(["range", "range", "tl.range"])
     d.features += [f"lower={lower.replace(pid, 'pid')}", f"upper={upper.replace(pid, 'pid')}", f"step={step}",
                    iterator, f"bounds-{kind}"]
+    d.lower, d.step = lower, step
     if wide:
         d.carried = None                  # a carried position is i32, as in FlexAttention's templates
     if d.carried is not None:
         return _carried_loop(d, lower, upper, step, tile, iterator)
     return f"for start in {iterator}({lower}, {upper}, {step}):"
+
+
+def carried_pointers(d: Draft, names: dict[str, str], dim: int) -> None:
+    """Before the loop: a pointer tile per buffer in ``names`` (name -> pointer variable) at the loop's first
+    tile, ``buffer[b, lower + j, :]`` laid out ``[rows, dim]`` (``k_ptrs`` transposed, as ``q @ k`` loads
+    it). The loop advances them by ``step * SK`` (:func:`advance_pointers`): a product of runtime values the
+    loop computes on every iteration, as ``k_ptrs += BLOCK_N * stride_kn`` compiles."""
+    d.scalar("SK", "i32", dim, (dim,))   # the row stride: another value would read outside the buffers
+    d.line(1, f"first_c = {d.lower} + tl.arange(0, BN)")
+    for buffer, pointer in names.items():
+        layout = "offs_d[:, None] + first_c[None, :] * SK" if pointer == "k_ptrs" else \
+            "first_c[:, None] * SK + offs_d[None, :]"
+        d.line(1, f"{pointer} = {buffer} + off_b * N_KV * D + {layout}")
+    d.features.append("carried-pointers")
+
+
+def advance_pointers(d: Draft, depth: int, pointers) -> None:
+    for pointer in pointers:
+        d.line(depth, f"{pointer} += ({d.step}) * SK")
 
 
 JUMP_STARTS = (0, 0, 3, 1000, 1020, 4090)

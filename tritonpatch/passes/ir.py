@@ -289,6 +289,28 @@ def increment_scalar(module: Module, increment: str):
     return ("constant", int(constant.group(1))) if constant else None
 
 
+def invariant_chain(module: Module, loop: int, name: str) -> list[int] | None:
+    """The lines inside ``loop`` that compute ``name``, in program order, when it depends on nothing the
+    loop changes: only on values defined before the loop, through single-line operations that may be
+    moved (:func:`is_movable`). ``[]`` for a value defined before the loop; None for one that depends on an
+    iteration argument, the induction variable, a load or anything else the loop may change."""
+    index = module.defs.get(base_name(name))
+    if index is None or index < 0 or "#" in name or index == loop:
+        return None                                    # index == loop: an iteration argument or the iv
+    if not module.inside(index, loop):
+        return []
+    line = module.lines[index]
+    if line.opens or len(line.results) != 1 or not is_movable(line):
+        return None
+    chain = {index}
+    for operand in line.operands:
+        part = invariant_chain(module, loop, operand)
+        if part is None:
+            return None
+        chain.update(part)
+    return sorted(chain)
+
+
 def result_used_after(module: Module, op: int, position: int) -> bool:
     """Whether result ``position`` of the ``scf.for`` / ``scf.if`` at ``op`` is used after it. A use
     by the ``scf.yield`` of an enclosing ``scf.if`` (a versioned loop, :mod:`.versioning`) counts

@@ -38,9 +38,9 @@ output is finite, up to the sign of a zero accumulator (``-0 + 0 = +0``).
 """
 from __future__ import annotations
 
-from .ir import (Module, constant_step, declared_pure, has_side_effect, increment_scalar, result_used_after,
-                 select_parts, type_of)
-from .ir_syntax import TensorType, base_name, parse_for, parse_type, with_attribute
+from .ir import (Module, constant_step, declared_pure, has_side_effect, increment_scalar, invariant_chain,
+                 result_used_after, select_parts, substitute, type_of)
+from .ir_syntax import TensorType, base_name, int_width, parse_for, parse_type, with_attribute
 from .iterations import (NARROWED, PrefixSuffix, iteration_bound, mask_sets, no_wrap_in_loop, possible_runs,
                          loop_uniform_runs, scalars_fixed_in_loop, smax, smin, trip_count)
 from .mask_analysis import Analysis
@@ -65,9 +65,10 @@ def induction_steps(module: Module, loop: int) -> dict[int, tuple[str, str]]:
         operands = line.operands
         if line.op in ("arith.addi", "tt.addptr") and len(operands) == 2 and operands[0] == head.iter_args[position][0]:
             increment = operands[1]
-            where = module.defs.get(base_name(increment))
-            if where is not None and not module.inside(where, loop) and where != loop \
-                    and increment_scalar(module, increment) is not None:
+            scalar = increment_scalar(module, increment)
+            # a splat or constant increment may sit in the loop (`k_ptrs += BLOCK_N * stride_kn` computes the
+            # product there); its scalar must not change in the loop (it is recomputed before the loop)
+            if scalar is not None and (scalar[0] == "constant" or invariant_chain(module, loop, scalar[1]) is not None):
                 steps[position] = (line.op, increment)
     return steps
 
@@ -174,7 +175,7 @@ def _emit(module: Module, loop: int, head, step: int, mask: Mask, checks, steps,
               for name, wide in (("lower", new_lower), ("upper", new_upper))}
     inits = {}
     for position, (op, increment) in steps.items():
-        inits[position] = _advanced_init(module, ops, head.iter_args[position][1], op, increment, skipped)
+        inits[position] = _advanced_init(module, ops, loop, head.iter_args[position][1], op, increment, skipped)
     text = line.text
     text = text.replace(f" = {head.lower} to {head.upper} step ", f" = {narrow['lower']} to {narrow['upper']} step ", 1)
     for position, init in inits.items():
@@ -186,14 +187,19 @@ def _emit(module: Module, loop: int, head, step: int, mask: Mask, checks, steps,
     module.replace(texts[:loop] + ops.lines + [text] + texts[loop + 1:])
 
 
-def _advanced_init(module: Module, ops: IROps, init: str, op: str, increment: str, count: str) -> str:
+def _advanced_init(module: Module, ops: IROps, loop: int, init: str, op: str, increment: str, count: str) -> str:
     """``init`` advanced ``count`` times by ``increment`` (scalar or splat / constant tensor). An
     integer counter advances by ``increment * count`` in its own width (wrapping as ``count``
     separate additions would); a pointer by an i64 offset (``count`` separate pointer increments
-    never wrap at 32 bits)."""
+    never wrap at 32 bits). An increment scalar computed in the loop is computed again before it."""
     increment_type = parse_type(type_of(module, increment) or "")
     kind, scalar = increment_scalar(module, increment)
-    scalar64 = ops.leaf(scalar) if kind == "value" else ops.const(scalar)
+    if kind == "value":
+        width = int_width(type_of(module, scalar))
+        scalar = _computed_before(module, ops, loop, scalar)
+        scalar64 = scalar if width == 64 else ops.emit(("ext", scalar), f"arith.extsi {scalar} : i{width} to i64")
+    else:
+        scalar64 = ops.const(scalar)
     element = increment_type.element if isinstance(increment_type, TensorType) else increment_type
     offset_element = "i64" if op == "tt.addptr" else element
     total = ops.emit(("muli", scalar64, count), f"arith.muli {scalar64}, {count} : i64")
@@ -208,6 +214,21 @@ def _advanced_init(module: Module, ops: IROps, init: str, op: str, increment: st
     operand_types = f"{init_type}, {offset_type}" if op == "tt.addptr" else init_type
     ops.lines.append(f"{ops.indent}{advanced} = {op} {init}, {total} : {operand_types} {ops.loc}".rstrip())
     return advanced
+
+
+def _computed_before(module: Module, ops: IROps, loop: int, name: str) -> str:
+    """``name``, or where the loop computes it (from values defined before it: :func:`.ir.invariant_chain`),
+    a copy of that computation emitted into ``ops`` in front of the loop."""
+    copies: dict[str, str] = {}
+    for index in invariant_chain(module, loop, name):
+        line = module.lines[index]
+        text = line.text.strip()
+        copy = module.fresh("skip")
+        for old, new in [(line.results[0], copy), *copies.items()]:
+            text = substitute(text, old, new)
+        copies[line.results[0]] = copy
+        ops.lines.append(f"{ops.indent}{text}")
+    return copies.get(name, name)
 
 
 def run(text: str, options) -> tuple[str, dict[str, int]]:
