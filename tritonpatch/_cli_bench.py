@@ -28,6 +28,12 @@ def benchmark_scripts(folder: pathlib.Path) -> dict[str, pathlib.Path]:
     return {path.stem: path for path in sorted(folder.glob("*.py")) if not path.name.startswith("_")}
 
 
+def needs_gpu(script: pathlib.Path) -> bool:
+    """Whether the benchmark measures on a CUDA GPU: it calls ``_common.require_gpu``, which stops it with
+    a message where there is none (its ``--from-json`` and similar modes run without one)."""
+    return "require_gpu(" in script.read_text(encoding="utf-8")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run benchmark scripts one after another; each writes JSON, markdown and a plot into --out
     (./bench-out unless given)."""
@@ -35,7 +41,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.list and args.names:
         raise CommandError("--list takes no benchmark names (give names to run them)")
     if args.list or not args.names:
-        print("\n".join(f"{name:<20} {path}" for name, path in scripts.items()))
+        print("\n".join(f"{name:<22} {path}{'  (measures on a CUDA GPU)' if needs_gpu(path) else ''}"
+                        for name, path in scripts.items()))
         return 0
     unknown = [name for name in args.names if name not in scripts]
     if unknown:

@@ -38,6 +38,14 @@ def command_line(argv: list[str] | None = None) -> str:
     return " ".join(["python", program, *(sys.argv[1:] if argv is None else argv)])
 
 
+def require_gpu(script: str, without_gpu: str = "--from-json rewrites its reports from a JSON report") -> None:
+    """Exit with one line naming what is missing when there is no CUDA GPU: a benchmark measures on one.
+    ``without_gpu``: what the script can still do here."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{script} measures on a CUDA GPU, and torch sees none here (torch {torch.__version__}, "
+                         f"torch.cuda.is_available() is False); without one, {without_gpu}")
+
+
 def run_environment(gpu: str | None = None, **details) -> dict:
     """Where, when and how a benchmark ran: the header of its JSON report (``gpu``: a label for runs
     without one; default: the current CUDA device's name), followed by ``details``."""

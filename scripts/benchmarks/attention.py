@@ -34,8 +34,8 @@ from tritonpatch.kernels._runtime import tma
 from tritonpatch.kernels._runtime.launch import pipeline_variants
 
 from _common import (BATCH, HEADS, MASKS, allowed_fraction, bench_ms, compiled_flex_attention, environment_line,
-                     log, make_mask, pyplot, random_doc_ids, random_qkv, read_json, run_environment, save_figure,
-                     tune_in_this_run, write_json, write_lines)
+                     log, make_mask, pyplot, random_doc_ids, random_qkv, read_json, require_gpu, run_environment,
+                     save_figure, tune_in_this_run, write_json, write_lines)
 
 HEAD_DIMS = (64, 128)
 SEQ_LENS = (4096, 8192, 16384)
@@ -392,6 +392,7 @@ def main() -> int:
         return 0
     grid = (args.masks.split(","), [int(d) for d in args.head_dims.split(",")],
             [int(s) for s in args.seq_lens.split(",")])
+    require_gpu("scripts/benchmarks/attention.py")
     if args.warmup:
         WARMUP_ONLY = True
         os.environ["TRITONPATCH_TUNING_CACHE"] = "0"   # decisions made while sharing the GPU must not persist
@@ -400,9 +401,6 @@ def main() -> int:
         if not args.no_bench:
             bench(torch.device("cuda"), args.mode, *grid)
         return 0
-    if not torch.cuda.is_available():
-        print("scripts/benchmarks/attention.py needs a CUDA GPU", file=sys.stderr)
-        return 2
     device = torch.device("cuda")
     os.makedirs(args.out, exist_ok=True)
     env = run_environment(batch=BATCH, heads=HEADS, dtype="bfloat16")

@@ -28,7 +28,7 @@ from torch.nn.attention.flex_attention import create_block_mask
 import tritonpatch.kernels as K
 
 from _common import (BATCH, HEADS, compiled_flex_attention, environment_line, make_mask, pyplot, random_qkv,
-                     read_json, run_environment, save_figure, write_json, write_lines)
+                     read_json, require_gpu, run_environment, save_figure, write_json, write_lines)
 
 
 def one_run(mask: str, head_dim: int, seq: int) -> dict:
@@ -61,6 +61,7 @@ def main() -> int:
     if args.from_json:
         write_reports(read_json(args.from_json), args.out)
         return 0
+    require_gpu("scripts/benchmarks/first_call.py")
     if args.child:
         print(json.dumps(one_run(args.mask, args.head_dim, args.seq)))
         return 0

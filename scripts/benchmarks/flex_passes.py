@@ -283,6 +283,10 @@ def main(argv=None) -> None:
     if args.from_json:
         data = join_runs(args.from_json)
     else:
+        sys.path.insert(0, HERE)
+        from _common import require_gpu   # imports torch, which this parent process otherwise leaves to its workers
+
+        require_gpu("scripts/benchmarks/flex_passes.py")
         data = measure(args)
     write_reports(data, args.out)
     print(open(os.path.join(args.out, "flex_passes.md")).read())

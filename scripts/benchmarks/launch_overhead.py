@@ -36,7 +36,7 @@ from tritonpatch.kernels.fwd import launch as fwd_launch
 from tritonpatch.kernels.fwd import tuner as fwd_tuner
 
 from _common import (BATCH, HEADS, bench_ms, compiled_flex_attention, environment_line, make_mask, random_qkv,
-                     read_json, run_environment, tune_in_this_run, write_json, write_lines)
+                     read_json, require_gpu, run_environment, tune_in_this_run, write_json, write_lines)
 
 SLEEP_CYCLES = 1_500_000_000   # ~0.8 s on an H200: longer than enqueueing any case below
 
@@ -196,6 +196,7 @@ def main() -> int:
     if args.from_json:
         write_markdown(read_json(args.from_json), args.out)
         return 0
+    require_gpu("scripts/benchmarks/launch_overhead.py", "--from-json rewrites its report from a JSON report")
     tune_in_this_run()
     rows = []
     for case in args.cases.split(","):

@@ -33,7 +33,7 @@ from tritonpatch.passes import collect_reports  # noqa: E402
 from tritonpatch.kernels.seed import SIGNATURE, seed_attention_fwd, seed_constexprs  # noqa: E402
 
 from _common import (REPO_ROOT, bench_ms, checkout_commit, command_line, pyplot, read_json,  # noqa: E402
-                     save_figure, write_json, write_lines)
+                     require_gpu, save_figure, write_json, write_lines)
 
 VARIANTS = [  # (label, MASKED, passes)
     ("unmasked", False, []),
@@ -222,6 +222,8 @@ def main(argv=None) -> None:
     if args.from_json:
         data = read_json(args.from_json)
     else:
+        require_gpu("scripts/benchmarks/mask_passes.py",
+                    "--compile-only compares the compiled kernels and --from-json rewrites its reports")
         data = run_gpu(args)
     write(args, data)
     print(open(os.path.join(args.out, "mask_passes.md")).read())

@@ -19,8 +19,8 @@ import tritonpatch
 from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
 
-from _common import (BATCH, HEADS, bench_ms, environment_line, log, make_mask, pyplot, random_qkv, run_environment,
-                     save_figure, write_json, write_lines)
+from _common import (BATCH, HEADS, bench_ms, environment_line, log, make_mask, pyplot, random_qkv, require_gpu,
+                     run_environment, save_figure, write_json, write_lines)
 
 CASES = [("causal", 64, 8192), ("causal", 128, 8192), ("prefix_lm", 128, 8192)]
 NO_LSR = tritonpatch.Pipeline(disable_lsr=True)
@@ -75,8 +75,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.path.join("docs", "benchmarks"))
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("scripts/benchmarks/pipeline_axis.py needs a CUDA GPU")
+    require_gpu("scripts/benchmarks/pipeline_axis.py", "it has nothing to do")
     rows = [run_case(*case) for case in CASES]
     write(args.out, run_environment(batch=BATCH, heads=HEADS, dtype="bfloat16"), rows)
     return 0

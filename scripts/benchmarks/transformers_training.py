@@ -25,8 +25,8 @@ import transformers
 
 from tritonpatch.integrations import transformers as tp_transformers
 
-from _common import (bench_ms, checkout_commit, environment_line, log, pyplot, read_json, run_environment,
-                     save_figure, tune_in_this_run, write_json, write_lines)
+from _common import (bench_ms, checkout_commit, environment_line, log, pyplot, read_json, require_gpu,
+                     run_environment, save_figure, tune_in_this_run, write_json, write_lines)
 
 IMPLEMENTATIONS = ("sdpa", "flex_attention", tp_transformers.NAME)
 WORKLOADS = ("causal", "packed", "sliding_window")
@@ -127,6 +127,7 @@ def main() -> int:
     if args.from_json:
         write_reports(read_json(args.from_json), args.out)
         return 0
+    require_gpu("scripts/benchmarks/transformers_training.py")
     tune_in_this_run()
     tp_transformers.register()
     args.implementations = args.implementations.split(",")

@@ -74,6 +74,32 @@ def test_bench_lists_the_checkouts_benchmarks():
     assert listed_paths == {name[:-3]: os.path.realpath(os.path.join(folder, name)) for name in os.listdir(folder)
                             if name.endswith(".py") and not name.startswith("_")}
     assert "mask_passes" in listed_paths
+    marked = {line.split()[0] for line in listed.stdout.splitlines() if line.endswith("(measures on a CUDA GPU)")}
+    assert "attention" in marked and "compile_overhead" not in marked   # compile_overhead runs on the CPU
+
+
+def test_gpu_benchmarks_without_a_gpu_stop_with_one_line(tmp_path):
+    """Each benchmark that measures on a GPU, run where torch sees none: one line naming what is missing and
+    what it can do without one (it failed with a traceback from torch.cuda or inside its first measurement)."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    scripts = {name: path for name, path in _cli_bench.benchmark_scripts(_cli_bench.BENCHMARKS).items()
+               if _cli_bench.needs_gpu(path)}
+    code = ("import runpy, sys\n"   # as `python scripts/benchmarks/NAME.py` runs them: their folder first on the path
+            f"sys.path.insert(0, {str(_cli_bench.BENCHMARKS)!r})\n"
+            f"for name, path in {dict((n, str(p)) for n, p in scripts.items())!r}.items():\n"
+            f"    sys.argv = [path, '--out', {str(tmp_path)!r}]\n"
+            "    try:\n"
+            "        runpy.run_path(path, run_name='__main__')\n"
+            "    except SystemExit as stop:\n"
+            "        print(name, '|', stop.code)\n")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr[-3000:]
+    stops = dict(line.split(" | ", 1) for line in ran.stdout.splitlines() if " | " in line)
+    assert set(stops) == set(scripts) and len(scripts) >= 6, ran.stdout
+    for name, message in stops.items():
+        assert "measures on a CUDA GPU, and torch sees none here" in message and "without one, " in message, name
 
 
 def test_bench_names_every_script_but_the_helpers(fake_benchmarks, capsys):
