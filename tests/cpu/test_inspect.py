@@ -148,6 +148,11 @@ def test_compare_reports_known_differences():
     assert rows["LLIR loops"] == (0, 1)  # fully unrolled by default, kept as a loop without unrolling
     assert unrolled.loops == [] and rolled.loops[0].opcodes["phi"] >= 1  # (ptxas may still unroll the SASS)
     assert comparison.diffs["ptx"] and not comparison.diffs["ttgir"]  # LLVM options act after TTGIR
+    # a pass that leaves a loop as it is says why, under its line in the comparison (it gave the counts only)
+    skipping = _report("fixed_trip_loop", Pipeline(passes=["skip-masked-blocks"]))
+    lines = inspection.format_comparison(inspection.compare(unrolled, skipping)).splitlines()
+    at = lines.index("pass (B) skip-masked-blocks on ttir: loops_narrowed=0")
+    assert lines[at + 1].startswith("  loop %") and lines[at + 1].endswith("its body has no tensor select (tl.where)")
 
     default = _report("masked_attention")
     no_lsr = _report("masked_attention", Pipeline(disable_lsr=True))

@@ -459,6 +459,9 @@ def test_loop_with_a_store_is_not_skipped_but_still_split(caplog):
                                             constexprs=loop_constexprs(CAUSAL, store=True))
     assert counts(reports, "skip-masked-blocks") == {"loops_narrowed": 0}
     assert any("side effect (tt.store)" in m for m in pass_log(caplog, "skip-masked-blocks")), caplog.text
+    loop_line = next(i for i, text in enumerate(open(__file__).read().splitlines(), 1) if "for start_n in" in text)
+    # the note names the source line of the loop (it named only the loop's line in the TTIR)
+    assert any(f"at test_passes.py:{loop_line} (IR line " in m for m in pass_log(caplog, "skip-masked-blocks"))
     assert counts(reports, "elide-uniform-masks") == {"loops_split": 1}
     facts = loop_facts(compiled.asm["ttir"])
     assert len(facts) == 5 and facts[0]["bounds"][0] == "%c0_i32" and facts[-1]["bounds"][1] == "%N_CTX"

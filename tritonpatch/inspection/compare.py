@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from ..pipeline import Pipeline
-from .report import CompileReport, describe_pass
+from .report import CompileReport, pass_lines
 from .resources import Resources
 from .sass import SASS_CLASSES
 
@@ -159,7 +159,7 @@ def format_comparison(comparison: Comparison, html_path: str | None = None) -> s
     lines.append("")
     lines.append(compile_time_note(a, b))
     for report, label in ((a, "A"), (b, "B")):
-        lines.extend(f"pass ({label}) {describe_pass(p)}" for p in report.passes)
+        lines.extend(line for p in report.passes for line in pass_lines(p, label))
     lines.extend(_diff_summary(stage, diff, html_path) for stage, diff in comparison.diffs.items())
     if comparison.outputs_equal is not None:
         lines.append(f"GPU outputs bitwise equal: {'yes' if comparison.outputs_equal else 'NO'}")

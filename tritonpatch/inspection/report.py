@@ -52,6 +52,12 @@ def describe_pass(report: Mapping[str, Any]) -> str:
     return f"{report['name']} on {report['stage']}: {counts}{kept}"
 
 
+def pass_lines(report: Mapping[str, Any], label: str) -> list[str]:
+    """``pass (B) skip-masked-blocks on ttir: loops_narrowed=0`` and, indented under it, the pass's notes:
+    why it left a loop or a select as it is (so a comparison tells "no mask here" from "mask not understood")."""
+    return [f"pass ({label}) {describe_pass(report)}", *(f"  {note}" for note in report.get("notes", ()))]
+
+
 def _pass_reports(collected) -> list[dict]:
     return [dataclasses.asdict(r) if dataclasses.is_dataclass(r) else dict(r) for r in collected]
 

@@ -6,7 +6,7 @@ from typing import Mapping
 
 from .compare import (Comparison, change_direction, change_text, compile_time_note, describe_pipeline, diff_counts,
                       format_number)
-from .report import describe_pass
+from .report import pass_lines
 from .sass import SASS_CLASSES
 
 _HTML_STYLE = """
@@ -96,8 +96,8 @@ def comparison_html(comparison: Comparison, command: str | None = None, generate
         rows.append(f"<tr{changed}><td>{html.escape(metric)}</td><td class=num>{html.escape(format_number(x))}</td>"
                     f"<td class=num>{html.escape(format_number(y))}</td>"
                     f"<td class='num {direction}'>{html.escape(change)}</td></tr>")
-    notes = [compile_time_note(a, b), *(f"pass ({label}) {describe_pass(p)}" for report, label in ((a, "A"), (b, "B"))
-                                        for p in report.passes)]
+    notes = [compile_time_note(a, b), *(line for report, label in ((a, "A"), (b, "B")) for p in report.passes
+                                        for line in pass_lines(p, label))]
     if comparison.outputs_equal is not None:
         notes.append(f"GPU outputs bitwise equal: {'yes' if comparison.outputs_equal else 'NO'}")
     diffs = []

@@ -53,8 +53,8 @@ from __future__ import annotations
 import functools
 import re
 
-from .ir import (REGISTER_MOVES, Module, constant_step, inline_asm_line, is_movable, renamed, select_parts, substitute,
-                 without_dead_ops)
+from .ir import (REGISTER_MOVES, Module, constant_step, inline_asm_line, is_movable, loop_label, renamed, select_parts,
+                 substitute, without_dead_ops)
 from .ir_syntax import NAME_END, base_name, parse_for, parse_type, without_attribute
 from .iterations import (NARROWED, iteration_bound, loop_uniform_runs, possible_runs, scalars_fixed_in_loop,
                          segment_counts)
@@ -348,7 +348,7 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
     counts = {"loops_split": 0}
     for loop in module.loops():
         if not any(select_parts(module, index) for index in module.children(loop)):
-            note(f"loop {parse_for(module.lines[loop]).iv} (line {loop + 1}) left as it is: its body has no tensor "
+            note(f"{loop_label(module, loop)} left as it is: its body has no tensor "
                  "select (tl.where)")
     done: set[str] = set()
     split = functools.partial(split_loop, max_atoms=options["max_atoms"], all_false_loops=options["all_false_loops"])
@@ -369,7 +369,7 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
             if versioned:
                 counts["loops_versioned"] = counts.get("loops_versioned", 0) + 1  # only when one was
         if isinstance(outcome, str):
-            note(f"loop {parse_for(module.lines[loop]).iv} (line {loop + 1}) not split on {name}: {outcome}")
+            note(f"{loop_label(module, loop)} not split on {name}: {outcome}")
         else:
             done.update(parse_line_results(outcome, "arith.select"))
             counts["loops_split"] += 1

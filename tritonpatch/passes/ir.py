@@ -253,6 +253,39 @@ def has_side_effect(line: Line) -> bool:
     return line.op not in _EFFECT_FREE_OPS
 
 
+def loop_label(module: Module, loop: int) -> str:
+    """How a pass's notes name a loop: its induction variable, the source line it came from and its line in
+    the IR, ``loop %start_n at masked_attention.py:24 (TTIR line 59)``."""
+    source = source_line(module, module.end_of(loop))
+    return f"loop {parse_for(module.lines[loop]).iv}{f' at {source}' if source else ''} (IR line {loop + 1})"
+
+
+_LOC_ALIAS_RE = re.compile(r"^(#loc\d*) = (loc\(.*\))\s*$")
+_FILE_LOC_RE = re.compile(r'^loc\("([^"]+)":(\d+):\d+\)$')
+
+
+def source_line(module: Module, index: int) -> str | None:
+    """``file.py:LINE`` of the operation at ``index`` (a region op's location sits on its closing line), read
+    through the module's location aliases: a named location by what it names, a call site by the caller's
+    line; None when the IR carries no file location."""
+    aliases = {m.group(1): m.group(2) for m in map(_LOC_ALIAS_RE.match, (l.text for l in module.lines)) if m}
+    loc, seen = module.lines[index].loc, set()
+    while loc and loc not in seen:
+        seen.add(loc)
+        inner = loc[4:-1] if loc.startswith("loc(") and loc.endswith(")") else ""
+        if inner.startswith("#loc"):
+            loc = aliases.get(inner, "")
+            continue
+        file_loc = _FILE_LOC_RE.match(loc)
+        if file_loc:
+            return f"{file_loc.group(1).rsplit('/', 1)[-1]}:{file_loc.group(2)}"
+        called = re.match(r"^callsite\(\S+ at (#loc\d*)\)$", inner)
+        named = re.match(r'^"[^"]*"\((#loc\d*)\)$', inner)
+        reference = called or named
+        loc = aliases.get(reference.group(1), "") if reference else ""
+    return None
+
+
 # --- what a line holds -------------------------------------------------------------------------------
 def select_parts(module: Module, index: int):
     """(mask, true value, false value, result type) of a tensor-mask select line, else None."""

@@ -38,7 +38,7 @@ output is finite, up to the sign of a zero accumulator (``-0 + 0 = +0``).
 """
 from __future__ import annotations
 
-from .ir import (Module, constant_step, declared_pure, has_side_effect, increment_scalar, invariant_chain,
+from .ir import (Module, constant_step, declared_pure, has_side_effect, increment_scalar, invariant_chain, loop_label,
                  result_used_after, select_parts, substitute, type_of)
 from .ir_syntax import TensorType, base_name, int_width, parse_for, parse_type, with_attribute
 from .iterations import (NARROWED, PrefixSuffix, iteration_bound, mask_sets, no_wrap_in_loop, possible_runs,
@@ -235,7 +235,7 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
     module = Module(text)
     counts = {"loops_narrowed": 0}
     for loop in reversed(module.loops()):
-        where = f"loop {parse_for(module.lines[loop]).iv} (line {loop + 1})"
+        where = loop_label(module, loop)
         reason = skip_loop(module, loop, options["max_atoms"])
         if reason is not None:
             versioned, reason = version_refused_loop(
