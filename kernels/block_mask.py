@@ -244,10 +244,13 @@ def from_flex_block_mask(flex_mask) -> BlockMask:
 
     Its partial tiles still need a mask on the device: pass one of ours as ``mask_mod`` to
     :func:`tritonpatch.kernels.attention` alongside it. Cached per Flex mask tensors (by object and
-    version, ``_identity.TensorIdentity``), so a mask passed on every call is converted once."""
+    version, ``_identity.TensorIdentity``), so a mask passed on every call is converted once; inside a
+    function torch.compile compiles, the conversion is part of the graph (a few small ops per call)."""
     if not all(hasattr(flex_mask, name) for name in ("kv_num_blocks", "kv_indices", "BLOCK_SIZE", "seq_lengths")):
         raise TypeError(f"block_mask must be a tritonpatch.kernels BlockMask (build_block_mask()) or a FlexAttention "
                         f"BlockMask (create_block_mask()), got {type(flex_mask).__name__}")
+    if torch.compiler.is_compiling():
+        return _convert_flex_block_mask(flex_mask)   # in the graph, on every call: the cache keys cannot be traced
     tensors = (flex_mask.kv_num_blocks, flex_mask.kv_indices, flex_mask.full_kv_num_blocks,
                flex_mask.full_kv_indices)
     key = (tuple(argument_key(t) for t in tensors), tuple(flex_mask.BLOCK_SIZE), tuple(flex_mask.seq_lengths))

@@ -239,6 +239,30 @@ def test_torch_compile_calls_the_custom_op():
     torch.testing.assert_close(compiled(q, k, v), expected, atol=1e-4, rtol=1e-4)
 
 
+def test_torch_compile_takes_a_flex_block_mask():
+    """A FlexAttention BlockMask passed into a compiled function: the conversion's cache keys (tensor identities)
+    cannot be traced, so a fullgraph compile failed ("Encountered tensor.is_inference() during tracing"). Inside
+    the graph the conversion runs on every call, and a new block mask of the same shape compiles nothing."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    q, k, v = qkv(1, 2, 2, 64, 64, 16, torch.float32, seed=9)
+    mask = K.sliding_window(20)
+    compiles = []
+
+    def counting_backend(graph, example_inputs):
+        compiles.append(graph)
+        return torch._dynamo.lookup_backend("aot_eager")(graph, example_inputs)
+
+    compiled = torch.compile(lambda a, b, c, blocks: K.attention(a, b, c, mask_mod=mask, block_mask=blocks),
+                             backend=counting_backend, fullgraph=True)
+    expected = K.reference.attention(q, k, v, mask_mod=mask)
+    for _ in range(2):
+        flex_mask = create_block_mask(lambda b, h, qi, ki: (qi >= ki) & (qi - ki <= 20), None, None, 64, 64,
+                                      device="cpu", BLOCK_SIZE=16)
+        torch.testing.assert_close(compiled(q, k, v, flex_mask), expected, atol=1e-4, rtol=1e-4)
+    assert len(compiles) == 1
+
+
 def test_fake_impl_gives_shapes_for_tracing():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
