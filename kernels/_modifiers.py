@@ -6,6 +6,7 @@ A wrapper is generated once per structure (the leaves' functions and argument co
 ``sliding_window(256)`` and ``sliding_window(1024)`` share one compiled kernel."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import itertools
@@ -27,6 +28,7 @@ from ._identity import argument_key
 # any live modifier under the key (with_tensor_arguments).
 _shared_keys: dict = {}                                     # op signature (_op_signature) -> key
 _shared_modifiers: "dict[str, weakref.WeakSet]" = {}        # key -> the live modifiers under it
+_templates: dict = {}                                       # key -> a copy without its tensors (_template)
 _own_keys: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()   # key -> its one modifier
 _MAX_SHARED_KEYS = 4096   # then the table starts again: later modifiers get new keys (graphs compile once more)
 _key_counter = itertools.count()
@@ -53,7 +55,9 @@ def register(modifier) -> None:
                 _shared_keys.clear()
                 for dead in [k for k, live in _shared_modifiers.items() if not live]:
                     del _shared_modifiers[dead]
+                    _templates.pop(dead, None)
             key = _shared_keys[signature] = f"{type(modifier).__name__}-{next(_key_counter)}"
+            _templates[key] = _template(modifier, op_tensors)
         _shared_modifiers.setdefault(key, weakref.WeakSet()).add(modifier)
     object.__setattr__(modifier, "op_key", key)
 
@@ -75,9 +79,22 @@ def _op_signature(modifier, op_tensors: tuple) -> tuple | None:
     return (type(modifier).__name__, fields, tuple(arguments), tuple(id(f) for f in modifier.user_functions))
 
 
+def _template(modifier, op_tensors: tuple):
+    """``modifier`` with each tensor the custom ops take replaced by an empty tensor of its dtype and device:
+    what an op binds its tensors into once every modifier under the key died (a compiled training step makes
+    its mask in the forward and drops it before the backward op runs), without keeping their memory. Made
+    without registering (``copy.copy`` does not run ``__post_init__``)."""
+    template = copy.copy(modifier)
+    object.__setattr__(template, "args", tuple(torch.empty(0, dtype=a.dtype, device=a.device) if bound else a
+                                               for a, bound in zip(modifier.args, op_tensors)))
+    return template
+
+
 def lookup_modifier(key: str):
-    """A live MaskMod/ScoreMod registered under ``key`` (its ``op_key``); None for ``""``. Any one serves:
-    modifiers under one key differ only in the tensors a custom op binds in (:func:`with_tensor_arguments`)."""
+    """A MaskMod/ScoreMod registered under ``key`` (its ``op_key``); None for ``""``. Any one serves:
+    modifiers under one key differ only in the tensors a custom op binds in (:func:`with_tensor_arguments`);
+    a live one first (whose tensors may be the very ones the op received), else the key's template. A
+    modifier with a key of its own (it holds an inference tensor) must still be alive."""
     if not key:
         return None
     modifier = _own_keys.get(key)
@@ -85,8 +102,10 @@ def lookup_modifier(key: str):
         return modifier
     for modifier in _shared_modifiers.get(key, ()):
         return modifier
-    raise LookupError(f"modifier {key} no longer exists; keep mask/score objects alive while graphs that "
-                      "use them run")
+    if key in _templates:
+        return _templates[key]
+    raise LookupError(f"modifier {key} no longer exists; keep mask/score objects that hold inference tensors alive "
+                      "while graphs that use them run")
 
 
 def tensor_arguments(*modifiers) -> list:

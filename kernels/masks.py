@@ -149,24 +149,27 @@ def _combine(kind: str, masks: tuple) -> MaskMod:
                          "b, h, q_idx, kv_idx, args")
     args = tuple(a for m in masks for a in m.args)
     reduce = torch.logical_and if kind == "and" else torch.logical_or
-    spans = list(zip(_offsets(masks), [len(m.args) for m in masks]))
+    # the parts' functions and argument spans, not the parts: a combination holds no tensor of theirs beyond
+    # its args (the custom ops' template of its key then keeps none alive, _modifiers._template)
+    spans = [(start, len(m.args)) for m, start in zip(masks, _offsets(masks))]
+    torch_fns = [m.torch_fn for m in masks]
+    checks = [(m.check, span) for m, span in zip(masks, spans) if m.check is not None]
 
     def torch_fn(b, h, q_idx, kv_idx, *flat):
         result = None
-        for m, (start, n) in zip(masks, spans):
-            value = m.torch_fn(b, h, q_idx, kv_idx, *flat[start:start + n])
+        for part, (start, n) in zip(torch_fns, spans):
+            value = part(b, h, q_idx, kv_idx, *flat[start:start + n])
             result = value if result is None else reduce(result, value)
         return result
 
     rule = None
     if all(m.tile_rule is not None for m in masks):
-        rule = _and_rule(masks, spans) if kind == "and" else _or_rule(masks, spans)
+        rule = _combined_rule(kind, [m.tile_rule for m in masks], spans)
     name = f"{kind}_masks(" + ", ".join(m.name for m in masks) + ")"
 
     def check(flat, *problem):
-        for m, (start, n) in zip(masks, spans):
-            if m.check is not None:
-                m.check(flat[start:start + n], *problem)
+        for part, (start, n) in checks:
+            part(flat[start:start + n], *problem)
 
     return MaskMod(name, device_fn, torch_fn, args, rule,
                    any(m.batch_dependent for m in masks), any(m.head_dependent for m in masks), structure,
@@ -188,22 +191,17 @@ def _child_call(index: int, start: int, nargs: int) -> str:
     return f"_leaf{index}(b, h, q_idx, kv_idx, ({items}))"
 
 
-def _and_rule(masks, spans):
+def _combined_rule(kind: str, rules: list, spans: list):
+    """The tile rule of an and/or of masks with these rules, sound where theirs are: an and's ``any_true`` is an
+    over-approximation and an or's ``all_true`` an under-approximation (the parts may differ pair by pair)."""
     def rule(q_lo, q_hi, kv_lo, kv_hi, *flat):
-        all_true, any_true = True, True
-        for m, (start, n) in zip(masks, spans):
-            a, b = m.tile_rule(q_lo, q_hi, kv_lo, kv_hi, *flat[start:start + n])
-            all_true, any_true = all_true & a, any_true & b   # any: sound over-approximation
-        return all_true, any_true
-    return rule
-
-
-def _or_rule(masks, spans):
-    def rule(q_lo, q_hi, kv_lo, kv_hi, *flat):
-        all_true, any_true = False, False
-        for m, (start, n) in zip(masks, spans):
-            a, b = m.tile_rule(q_lo, q_hi, kv_lo, kv_hi, *flat[start:start + n])
-            all_true, any_true = all_true | a, any_true | b   # all: sound under-approximation
+        all_true, any_true = kind == "and", kind == "and"
+        for part, (start, n) in zip(rules, spans):
+            a, b = part(q_lo, q_hi, kv_lo, kv_hi, *flat[start:start + n])
+            if kind == "and":
+                all_true, any_true = all_true & a, any_true & b
+            else:
+                all_true, any_true = all_true | a, any_true | b
         return all_true, any_true
     return rule
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 
 import pytest
 import torch
@@ -143,13 +144,25 @@ def test_custom_op_refuses_modifier_tensors_that_do_not_match_its_modifiers():
                                             [0, 0, 0, 0], mask.op_key, "", [], None, False)
 
 
-def test_modifier_keys_resolve_while_alive():
-    mask = K.sliding_window(987_651)   # a width no other live mask has
-    assert K.lookup_modifier(mask.op_key) is mask
-    assert K.lookup_modifier("") is None
-    key = mask.op_key
-    del mask
+def test_modifier_keys_resolve_after_the_modifiers_die():
+    """A compiled training step makes its mask in the forward (the transformers integration reads each batch's
+    padding into key_padding(valid)) and drops it before the backward op looks the key up: that raised "no
+    longer exists". The key's template serves, holding none of the tensors (the op binds its own)."""
     import gc
+    ids = torch.zeros(64, dtype=torch.int32)
+    mask = K.and_masks(K.sliding_window(987_651), K.document(ids))   # a width no other mask has
+    assert K.lookup_modifier(mask.op_key) is mask and K.lookup_modifier("") is None
+    key, ids_alive = mask.op_key, weakref.ref(ids)
+    del mask, ids
+    gc.collect()
+    assert ids_alive() is None                                         # nothing kept the ids alive
+    template = K.lookup_modifier(key)
+    assert template.name == "and_masks(sliding_window, document)" and template.args[0] == 987_651
+    assert template.args[1].numel() == 0 and template.args[1].dtype == torch.int32
+    with torch.inference_mode():                                       # a key of its own: the object must live
+        frozen = K.document(torch.zeros(8, dtype=torch.int32))
+    key = frozen.op_key
+    del frozen
     gc.collect()
     with pytest.raises(LookupError, match="no longer exists"):
         K.lookup_modifier(key)

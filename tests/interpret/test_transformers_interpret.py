@@ -199,6 +199,27 @@ def test_a_compiled_model_traces_once_and_matches_sdpa():
     assert graphs[0] == graphs[-1], graphs
 
 
+def test_a_compiled_model_trains_with_a_new_padding_mask_every_step():
+    """Each batch's padding becomes a new key_padding mask in the forward: the backward op looked its key up
+    after the step had dropped it ("modifier ... no longer exists"), and each new mask object was a new key
+    torch.compile guarded on (a compile per step). Every step now matches SDPA and the graphs are those of the
+    first step."""
+    import torch._dynamo.utils
+
+    built = models(transformers.LlamaConfig, transformers.LlamaForCausalLM)
+    compiled = torch.compile(built[NAME], backend="aot_eager")
+    torch._dynamo.reset()
+    graphs = []
+    for seed in range(3):
+        tokens = ids(2, 40, seed=seed)
+        padding = torch.ones(2, 40, dtype=torch.long)
+        padding[1, 30 + seed:] = 0                                   # right padding of another length each step
+        assert_close(logits_and_grads(compiled, tokens, attention_mask=padding),
+                     logits_and_grads(built["sdpa"], tokens, attention_mask=padding))
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert graphs[0] == graphs[-1], graphs
+
+
 def test_generate_prefills_on_the_kernels_and_decodes_on_sdpa(monkeypatch, caplog):
     """generate() with a KV cache: the prompt runs the kernels, each decoding step (keys offset from
     the query) runs SDPA after one warning; the tokens equal SDPA's. A loaded model switches with
