@@ -26,19 +26,18 @@ def argument_key(arg):
     return ("scalar", type(arg), repr(arg) if isinstance(arg, float) else arg)
 
 
-def arguments_changed(before: tuple, now: tuple) -> bool:
-    """Whether argument keys (:func:`argument_key`) taken at two moments show a change: a scalar of another
-    value, or a tensor recorded ``before`` that is still alive and was written since (its version, address
-    or layout changed), whichever tensor object ``now`` holds in its place: a compiled graph may hand the
-    kernels a functionalized copy of a tensor it wrote. Another tensor object over equal values
-    (``key_padding(valid)`` copies ``valid`` each time), a tensor recorded ``before`` that died, and an
+def arguments_changed(before: tuple, args: tuple) -> bool:
+    """Whether a modifier's runtime ``args`` differ from the argument keys (:func:`argument_key`) taken
+    ``before``: a scalar of another value, or a tensor recorded ``before`` that is still alive and was written
+    since (its version, address or layout changed), whichever tensor object ``args`` holds in its place: a
+    compiled graph may hand the kernels a functionalized copy of a tensor it wrote, and a mask over a copy of
+    the old values cannot be told from one over new values. A tensor recorded ``before`` that died and an
     inference tensor (no version) cannot be told changed, so they count as unchanged."""
-    for old, new in zip(before, now):
-        if isinstance(old, TensorIdentity) and isinstance(new, TensorIdentity):
+    for old, arg in zip(before, args):
+        if isinstance(old, TensorIdentity):
             if old.written_since():
                 return True
-            continue
-        if old != new:
+        elif isinstance(arg, torch.Tensor) or old != argument_key(arg):
             return True
     return False
 

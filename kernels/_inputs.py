@@ -49,19 +49,24 @@ def validate_inputs(q, k, v, enable_gqa: bool) -> None:
         raise ValueError("attention: sequence lengths must be positive")
 
 
-def check_block_mask(block_mask: BlockMask, mask_mod, batch: int, heads: int, q_len: int, kv_len: int,
-                     what: str) -> None:
-    """A ValueError when ``block_mask`` was built for another problem than ``[batch, heads, q_len, kv_len]``,
-    or by :func:`.block_mask.build_block_mask` from a mask of ``mask_mod``'s structure with other arguments
-    or whose tensors were written since (its tile classes would then not be ``mask_mod``'s: full tiles run
-    without the mask, empty ones are skipped)."""
-    built_from = block_mask.built_from
-    if built_from is not None and built_from[0] == mask_mod.structure and \
-            arguments_changed(built_from[1], mask_mod.cache_key()[1]):
+def check_block_mask_source(block_mask: "BlockMask | None", mask_mod, what: str) -> None:
+    """A ValueError when ``block_mask`` was built by :func:`.block_mask.build_block_mask` from a mask of
+    ``mask_mod``'s structure with other scalar arguments, or from a tensor written since (its tile classes
+    would then not be ``mask_mod``'s: full tiles run without the mask, empty ones are skipped). The forward
+    runs it on every call, replayed ones included (a few comparisons), so that the verdict never depends on
+    earlier calls. The backward does not: it differentiates the forward that ran, and autograd refuses a
+    write to the tensors that forward read (they are saved for it)."""
+    built_from = None if block_mask is None else block_mask.built_from
+    if built_from is not None and mask_mod is not None and built_from[0] == mask_mod.structure and \
+            arguments_changed(built_from[1], mask_mod.args):
         raise ValueError(f"{what}: block_mask was built from {mask_mod.name} with other arguments, or before one of "
                          "its tensors was written in place (doc_ids.copy_(...)); its tile classes do not describe "
                          "this mask. Build it again after changing the mask (build_block_mask), or leave "
                          "block_mask out: the attention builds and caches it")
+
+
+def check_block_mask(block_mask: BlockMask, batch: int, heads: int, q_len: int, kv_len: int, what: str) -> None:
+    """A ValueError when ``block_mask`` was built for another problem than ``[batch, heads, q_len, kv_len]``."""
     bm, hm = block_mask.kv_indices.shape[:2]
     if (block_mask.q_len, block_mask.kv_len) != (q_len, kv_len):
         raise ValueError(f"{what}: block_mask was built for (Sq, Skv) = ({block_mask.q_len}, {block_mask.kv_len}), "

@@ -88,7 +88,7 @@ def _resolve(q, k, v, out, lse, dout, dlse, mask_mod, score_mod, block_mask, sca
             raise ValueError(f"{what}: {name} must be float32 of shape {(batch, heads, q_len)}, got "
                              f"{t.dtype} {tuple(t.shape)}")
     if block_mask is not None:
-        check_block_mask(block_mask, mask_mod, batch, heads, q_len, k.shape[2], what)
+        check_block_mask(block_mask, batch, heads, q_len, k.shape[2], what)
         for kernel_config in (config.dkdv, config.dq) if config is not None else ():
             if kernel_config is not None and not fits(kernel_config, block_mask):
                 raise ValueError(f"{what}: config {kernel_config.label()} does not fit the block_mask's "

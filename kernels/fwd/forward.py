@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .._call import BlockMasks, call_key, checked_modifiers, softmax_scale
-from .._inputs import check_block_mask
+from .._inputs import check_block_mask, check_block_mask_source
 from .._runtime.launch import LRUCache, check_device
 from ..block_mask import BlockMask
 from ..masks import MaskMod
@@ -26,6 +26,7 @@ def attention_forward(q, k, v, *, mask_mod: MaskMod | None = None, score_mod: Sc
     A call with the key of an earlier one (same shapes, strides, alignment, modifiers, options;
     :func:`forward_call_key`) skips the checks, the tuner lookup and the argument building: it replays
     the earlier call's launch with its own tensors."""
+    check_block_mask_source(block_mask, mask_mod, "attention")
     key = forward_call_key(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, config)
     resolved = resolved_calls.get(key) if key is not None else None
     if resolved is None:
@@ -55,7 +56,7 @@ def _resolve(q, k, v, mask_mod, score_mod, block_mask, scale, enable_gqa, config
     mask_mod = checked_modifiers(q, k, v, mask_mod, score_mod, block_mask, enable_gqa, "attention")
     batch, heads, q_len, head_dim = q.shape
     if block_mask is not None:
-        check_block_mask(block_mask, mask_mod, batch, heads, q_len, k.shape[2], "attention")
+        check_block_mask(block_mask, batch, heads, q_len, k.shape[2], "attention")
     scale = softmax_scale(scale, head_dim)
     check_device(q, "attention")
     masks_for = BlockMasks(block_mask, mask_mod, q, k)

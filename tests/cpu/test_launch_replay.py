@@ -293,6 +293,22 @@ def test_custom_op_calls_replay(fake_cuda):
     assert [entry[0] for entry in fake_cuda] == ["launch", "would replay", "launch"]
 
 
+def test_a_block_mask_whose_source_was_written_is_refused_on_a_replayed_call_too(fake_cuda):
+    """The staleness check ran only on calls that missed the replay cache: a mask over a copy of the ids (its key
+    unchanged by a write to the ids the block mask was built from) replayed after the write where a first call
+    was refused, so the verdict depended on the calls before it."""
+    q, k, v, _ = qkv(0)
+    ids = torch.tensor([0] * 20 + [1] * 44, dtype=torch.int32)
+    block_mask = K.build_block_mask(K.document(ids), 1, 2, 64, 64, block_m=32, block_n=16, device="cpu")
+    copy = K.document(ids.clone())
+    K.attention(q, k, v, mask_mod=copy, block_mask=block_mask)
+    K.attention(q, k, v, mask_mod=copy, block_mask=block_mask)
+    assert [entry[0] for entry in fake_cuda] == ["launch", "would replay", "launch"]
+    ids[40:] = 2
+    with pytest.raises(ValueError, match="block_mask was built from document with other arguments, or before"):
+        K.attention(q, k, v, mask_mod=copy, block_mask=block_mask)
+
+
 def test_fast_launch_switch(fake_cuda, monkeypatch):
     q, k, v, _ = qkv(0)
     assert fwd_forward.forward_call_key(q, k, v, None, None, None, None, False, None) is not None
