@@ -27,7 +27,7 @@ from ._identity import argument_key
 # every step, and torch.compile gave up at its recompile limit). The ops bind the tensors they receive into
 # any live modifier under the key (with_tensor_arguments).
 _shared_keys: dict = {}                                     # op signature (_op_signature) -> key
-_shared_modifiers: "dict[str, weakref.WeakSet]" = {}        # key -> the live modifiers under it
+_latest: "dict[str, weakref.ref]" = {}                      # key -> the modifier registered under it last
 _templates: dict = {}                                       # key -> a copy without its tensors (_template)
 _own_keys: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()   # key -> its one modifier
 _MAX_SHARED_KEYS = 4096   # then the table starts again: later modifiers get new keys (graphs compile once more)
@@ -53,12 +53,12 @@ def register(modifier) -> None:
         if key is None:
             if len(_shared_keys) >= _MAX_SHARED_KEYS:
                 _shared_keys.clear()
-                for dead in [k for k, live in _shared_modifiers.items() if not live]:
-                    del _shared_modifiers[dead]
+                for dead in [k for k, latest in list(_latest.items()) if latest() is None]:
+                    _latest.pop(dead, None)
                     _templates.pop(dead, None)
             key = _shared_keys[signature] = f"{type(modifier).__name__}-{next(_key_counter)}"
             _templates[key] = _template(modifier, op_tensors)
-        _shared_modifiers.setdefault(key, weakref.WeakSet()).add(modifier)
+        _latest[key] = weakref.ref(modifier)   # one assignment: safe while other threads look keys up
     object.__setattr__(modifier, "op_key", key)
 
 
@@ -84,10 +84,16 @@ def _template(modifier, op_tensors: tuple):
     what an op binds its tensors into once every modifier under the key died (a compiled training step makes
     its mask in the forward and drops it before the backward op runs), without keeping their memory. Made
     without registering (``copy.copy`` does not run ``__post_init__``)."""
-    template = copy.copy(modifier)
-    object.__setattr__(template, "args", tuple(torch.empty(0, dtype=a.dtype, device=a.device) if bound else a
-                                               for a, bound in zip(modifier.args, op_tensors)))
-    return template
+    return _with_args(modifier, tuple(torch.empty(0, dtype=a.dtype, device=a.device) if bound else a
+                                      for a, bound in zip(modifier.args, op_tensors)))
+
+
+def _with_args(modifier, args: tuple):
+    """``modifier`` over ``args`` (the same kinds of arguments: other tensors of the same dtypes), under the same
+    key; ``copy.copy`` does not run ``__post_init__``, so the copy is not registered (it is made per op call)."""
+    copied = copy.copy(modifier)
+    object.__setattr__(copied, "args", args)
+    return copied
 
 
 def lookup_modifier(key: str):
@@ -98,12 +104,13 @@ def lookup_modifier(key: str):
     if not key:
         return None
     modifier = _own_keys.get(key)
+    if modifier is None:
+        latest = _latest.get(key)
+        modifier = latest() if latest is not None else None
+    if modifier is None:
+        modifier = _templates.get(key)
     if modifier is not None:
         return modifier
-    for modifier in _shared_modifiers.get(key, ()):
-        return modifier
-    if key in _templates:
-        return _templates[key]
     raise LookupError(f"modifier {key} no longer exists; keep mask/score objects that hold inference tensors alive "
                       "while graphs that use them run")
 
@@ -134,7 +141,7 @@ def with_tensor_arguments(modifiers: tuple, tensors: list) -> tuple:
             continue
         args = tuple(next(received) if taken else a for a, taken in zip(modifier.args, modifier.op_tensors))
         same = all(same_memory(new, old) for new, old in zip(args, modifier.args))
-        result.append(modifier if same else dataclasses.replace(modifier, args=args))
+        result.append(modifier if same else _with_args(modifier, args))
     return tuple(result)
 
 
@@ -147,8 +154,7 @@ def uncached(modifier):
     identity does not mean unchanged contents. Inference tensors are kept (nothing in a graph writes them)."""
     if modifier is None or not any(modifier.op_tensors):
         return modifier
-    args = tuple(a.detach() if taken else a for a, taken in zip(modifier.args, modifier.op_tensors))
-    return dataclasses.replace(modifier, args=args)
+    return _with_args(modifier, tuple(a.detach() if taken else a for a, taken in zip(modifier.args, modifier.op_tensors)))
 
 
 def _bound(arg) -> bool:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import weakref
 
 import pytest
@@ -171,6 +172,40 @@ def test_modifier_keys_resolve_after_the_modifiers_die():
 @triton.jit
 def _causal_like(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
+
+
+def test_key_lookups_while_other_threads_make_masks_of_the_key():
+    """Lookups iterated the key's set of live modifiers while other threads added to it (every document(ids)
+    made registers): 'Set changed size during iteration' in the custom ops, now and then."""
+    import threading
+    ids = torch.zeros(16, dtype=torch.int32)
+    key, errors, stop = K.document(ids).op_key, [], threading.Event()
+
+    def make():
+        while not stop.is_set():
+            [K.document(ids) for _ in range(20)]
+
+    def look():
+        while not stop.is_set():
+            try:
+                K.lookup_modifier(key)
+            except Exception as exc:   # noqa: BLE001 - any failure is the finding
+                errors.append(exc)
+                stop.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    threads = [threading.Thread(target=f) for f in (make, make, look, look)]
+    try:
+        for thread in threads:
+            thread.start()
+        stop.wait(5.0)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        sys.setswitchinterval(interval)
+    assert not errors, errors[0]
 
 
 def _other_rule(q_lo, q_hi, kv_lo, kv_hi):
