@@ -47,6 +47,13 @@ class BlockMask:
     # the mask's cache_key() when build_block_mask classified it (None otherwise): lets a call tell a block
     # mask built from this mask's structure with other arguments, or before its tensors were written
     built_from: tuple | None = field(default=None, repr=False)
+    # whether the index tensors were made under torch.inference_mode() (autograd cannot save them); read when
+    # made, as torch.compile cannot trace is_inference (a block mask made inside a compiled function: False)
+    inference: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self):
+        if not torch.compiler.is_compiling():
+            object.__setattr__(self, "inference", self.kv_indices.is_inference())
 
     @property
     def shape(self) -> tuple:
@@ -321,11 +328,16 @@ def clear_cache() -> None:
 
 
 def block_mask_to_tensors(block_mask: "BlockMask | None") -> tuple:
-    """The block mask as custom-op arguments: four index tensors (or None) and the geometry list."""
+    """The block mask as custom-op arguments: four index tensors (or None) and the geometry list. Index
+    tensors made under ``torch.inference_mode()`` are copied (in the graph, when traced): the forward op's
+    autograd rule saves them for the backward, which autograd refuses for inference tensors."""
     if block_mask is None:
         return None, None, None, None, [0, 0, 0, 0]
-    return (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
-            block_mask.full_kv_indices, [block_mask.block_m, block_mask.block_n, block_mask.q_len, block_mask.kv_len])
+    tensors = (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
+               block_mask.full_kv_indices)
+    if block_mask.inference:
+        tensors = tuple(t.clone() for t in tensors)
+    return (*tensors, [block_mask.block_m, block_mask.block_n, block_mask.q_len, block_mask.kv_len])
 
 
 def block_mask_from_tensors(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,

@@ -292,13 +292,18 @@ def test_a_block_mask_built_before_its_mask_changed_is_refused_in_compiled_graph
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_modifier_tensors_made_in_inference_mode_train(compiled):
+@pytest.mark.parametrize("prebuilt", [False, True], ids=["", "block_mask"])
+def test_modifier_tensors_made_in_inference_mode_train(compiled, prebuilt):
     """Inference tensors cannot be saved for backward (autograd refuses them) nor written outside inference
-    mode: the custom ops do not take them as inputs, and the graph trains with them."""
+    mode: the custom ops do not take them as inputs, and the graph trains with them. A block mask built in
+    inference mode reaches the ops as copies of its index tensors (a compiled training graph failed: the
+    forward op's autograd rule saved them)."""
     q, k, v, dout = inputs(1, 2, 2, SEQ, SEQ, 16, torch.float32, seed=14)
     with torch.inference_mode():
         ids, slopes = doc_ids(SEQ), K.alibi_slopes(2)
-    options = dict(mask_mod=K.document(ids), score_mod=K.alibi(slopes))
+        mask_mod = K.document(ids)
+        block_mask = K.build_block_mask(mask_mod, 1, 2, SEQ, SEQ, block_m=16, block_n=16, device="cpu")
+    options = dict(mask_mod=mask_mod, score_mod=K.alibi(slopes), block_mask=block_mask if prebuilt else None)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     maybe_compiled(lambda a, b, c: K.attention(a, b, c, **options), compiled)(*leaves).backward(dout)
     with torch.inference_mode(False):
