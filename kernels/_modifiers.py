@@ -69,11 +69,13 @@ def _op_signature(modifier, op_tensors: tuple) -> tuple | None:
     ``tile_rule`` are not named by its structure; an identity is unique while the modifiers holding the
     function live, which are the only ones a lookup returns). None when it holds a tensor the ops do not
     take (an inference tensor): then the modifier has a key of its own."""
+    strides = {position for position, _ in getattr(modifier, "batch_strides", ())}
     arguments = []
-    for arg, bound in zip(modifier.args, op_tensors):
+    for position, (arg, bound) in enumerate(zip(modifier.args, op_tensors)):
         if isinstance(arg, torch.Tensor) and not bound:
             return None
-        arguments.append(("tensor", arg.dtype) if bound else argument_key(arg))
+        arguments.append(("tensor", arg.dtype) if bound else ("batch stride",) if position in strides
+                         else argument_key(arg))
     fields = tuple((f.name, getattr(modifier, f.name)) for f in dataclasses.fields(modifier)
                    if f.init and f.name != "args" and f.name not in _FUNCTION_FIELDS)
     return (type(modifier).__name__, fields, tuple(arguments), tuple(id(f) for f in modifier.user_functions))
@@ -139,10 +141,19 @@ def with_tensor_arguments(modifiers: tuple, tensors: list) -> tuple:
         if modifier is None:
             result.append(None)
             continue
-        args = tuple(next(received) if taken else a for a, taken in zip(modifier.args, modifier.op_tensors))
+        args = [next(received) if taken else a for a, taken in zip(modifier.args, modifier.op_tensors)]
+        for stride, table in getattr(modifier, "batch_strides", ()):
+            args[stride] = table_batch_stride(args[table])
+        args = tuple(args)
         same = all(same_memory(new, old) for new, old in zip(args, modifier.args))
         result.append(modifier if same else _with_args(modifier, args))
     return tuple(result)
+
+
+def table_batch_stride(table: torch.Tensor) -> int:
+    """The stride between batch rows of a per-position table (``document`` ids, ``key_padding`` valid):
+    its length for ``[B, S]``, 0 for ``[S]`` (every batch row reads the one row)."""
+    return table.shape[-1] if table.dim() == 2 else 0
 
 
 def uncached(modifier):

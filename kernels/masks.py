@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ._identity import argument_key
 from ._modifiers import (argument_check, call_expr, check_signature, checked_arguments, described, generate,
-                         has_custom_leaf, register)
+                         has_custom_leaf, register, table_batch_stride)
 from ._modifiers import check_problem as modifier_check_problem
 
 
@@ -51,6 +51,9 @@ class MaskMod:
     check: Optional[Callable] = field(default=None, repr=False)   # see check_problem
     # the user's functions in the mask (custom leaves' torch_fn and tile_rule): they count in its op key
     user_functions: tuple = field(default=(), repr=False)
+    # (position of a batch-stride scalar in args, position of the [B, S] or [S] tensor it steps through): the
+    # stride follows from that tensor's shape, so it is left out of the op key (_modifiers.register)
+    batch_strides: tuple = field(default=(), repr=False)
     op_key: str = field(default="", init=False, repr=False)
     op_tensors: tuple = field(default=(), init=False, repr=False)   # see _modifiers.register
 
@@ -105,12 +108,12 @@ def _key_padding_dev(b, h, q_idx, kv_idx, valid, batch_stride):
 
 
 def _leaf_mask(name, leaf_fn, torch_fn, args=(), tile_rule=None, batch_dependent=False, shift_invariant=False,
-               check=None):
+               check=None, batch_strides=()):
     structure = ("mask-leaf", name, len(args))
     device_fn = generate(structure, [leaf_fn], call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
                          "b, h, q_idx, kv_idx, args")
     return MaskMod(name, device_fn, torch_fn, tuple(args), tile_rule, batch_dependent, False, structure,
-                   shift_invariant, check)
+                   shift_invariant, check, batch_strides=batch_strides)
 
 
 def custom_mask(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | None = None,
@@ -173,7 +176,9 @@ def _combine(kind: str, masks: tuple) -> MaskMod:
 
     return MaskMod(name, device_fn, torch_fn, args, rule,
                    any(m.batch_dependent for m in masks), any(m.head_dependent for m in masks), structure,
-                   all(m.shift_invariant for m in masks), check, tuple(f for m in masks for f in m.user_functions))
+                   all(m.shift_invariant for m in masks), check, tuple(f for m in masks for f in m.user_functions),
+                   tuple((start + stride, start + table) for m, (start, _) in zip(masks, spans)
+                         for stride, table in m.batch_strides))
 
 
 def _offsets(masks):
@@ -269,15 +274,15 @@ def document(doc_ids: torch.Tensor) -> MaskMod:
                         f"{described(doc_ids)}")
     ids = doc_ids.contiguous()
     batched = ids.dim() == 2
-    batch_stride = ids.shape[-1] if batched else 0
 
     def torch_fn(b, h, q, kv, ids_arg, stride):
         table = ids_arg.long() if ids_arg.dim() == 2 else ids_arg.long()[None]
         bb = b if ids_arg.dim() == 2 else torch.zeros_like(b)
         return table[bb, q] == table[bb, kv]
 
-    return _leaf_mask("document", _document_dev, torch_fn, (ids, batch_stride), _document_rule,
-                      batch_dependent=batched, check=argument_check("document(doc_ids)", _document_fits))
+    return _leaf_mask("document", _document_dev, torch_fn, (ids, table_batch_stride(ids)), _document_rule,
+                      batch_dependent=batched, check=argument_check("document(doc_ids)", _document_fits),
+                      batch_strides=((1, 0),))
 
 
 def _document_fits(args, batch, heads, q_len, kv_len):
@@ -336,7 +341,6 @@ def key_padding(valid: torch.Tensor) -> MaskMod:
                         f"{described(valid)}")
     table = (valid != 0).to(torch.int32).contiguous()
     batched = table.dim() == 2
-    batch_stride = table.shape[-1] if batched else 0
 
     def torch_fn(b, h, q, kv, valid_arg, stride):
         keep = valid_arg.bool() if valid_arg.dim() == 2 else valid_arg.bool()[None]
@@ -349,8 +353,9 @@ def key_padding(valid: torch.Tensor) -> MaskMod:
         all_true, any_true = kmin[:, None, :] == 1, kmax[:, None, :] == 1
         return all_true.expand(-1, q_lo.shape[0], -1), any_true.expand(-1, q_lo.shape[0], -1)
 
-    return _leaf_mask("key_padding", _key_padding_dev, torch_fn, (table, batch_stride), rule,
-                      batch_dependent=batched, check=argument_check("key_padding(valid)", _key_padding_fits))
+    return _leaf_mask("key_padding", _key_padding_dev, torch_fn, (table, table_batch_stride(table)), rule,
+                      batch_dependent=batched, check=argument_check("key_padding(valid)", _key_padding_fits),
+                      batch_strides=((1, 0),))
 
 
 def _key_padding_fits(args, batch, heads, q_len, kv_len):

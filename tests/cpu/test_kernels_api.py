@@ -219,6 +219,9 @@ def test_modifiers_that_differ_only_in_the_ops_tensors_share_a_key():
     assert K.document(ids[0]).op_key == K.document(ids[1]).op_key
     assert K.document(ids[0]).op_key != K.document(ids[0].long()).op_key             # another dtype
     assert K.document(ids[0]).op_key != K.document(ids[0][None]).op_key              # batched: other flags
+    # a batched table's row stride is its length: derived from the tensor, not a key (each length compiled anew)
+    lengths = [torch.ones(2, n, dtype=torch.bool) for n in (16, 24)]
+    assert K.key_padding(lengths[0]).op_key == K.key_padding(lengths[1]).op_key
     assert K.and_masks(K.causal(), K.key_padding(ids[0] == 0)).op_key == \
         K.and_masks(K.causal(), K.key_padding(ids[1] == 0)).op_key
     assert K.alibi(torch.ones(2)).op_key == K.alibi(torch.zeros(2)).op_key

@@ -263,6 +263,27 @@ def test_torch_compile_takes_a_flex_block_mask():
     assert len(compiles) == 1
 
 
+def test_a_dynamic_compile_serves_padding_masks_of_every_length():
+    """key_padding(valid [B, S]) passes its row stride S as a scalar argument; it was part of the custom op's key,
+    so each sequence length compiled again even with dynamic shapes (padded batches of varying length hit the
+    recompile limit). The stride is recomputed from the tensor the op receives."""
+    compiles = []
+
+    def counting_backend(graph, example_inputs):
+        compiles.append(graph)
+        return torch._dynamo.lookup_backend("aot_eager")(graph, example_inputs)
+
+    compiled = torch.compile(lambda a, b, c, m: K.attention(a, b, c, mask_mod=m), backend=counting_backend,
+                             dynamic=True, fullgraph=True)
+    for seq in (32, 48, 40):
+        q, k, v = qkv(2, 2, 2, seq, seq, 16, torch.float32, seed=seq)
+        valid = torch.arange(seq)[None, :] < torch.tensor([[seq - 3], [seq - 9]])
+        mask = K.and_masks(K.causal(), K.key_padding(valid))
+        torch.testing.assert_close(compiled(q, k, v, mask), K.reference.attention(q, k, v, mask_mod=mask),
+                                   atol=1e-4, rtol=1e-4)
+    assert len(compiles) == 1
+
+
 def test_fake_impl_gives_shapes_for_tracing():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
