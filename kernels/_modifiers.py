@@ -165,7 +165,8 @@ def uncached(modifier):
     identity does not mean unchanged contents. Inference tensors are kept (nothing in a graph writes them)."""
     if modifier is None or not any(modifier.op_tensors):
         return modifier
-    return _with_args(modifier, tuple(a.detach() if taken else a for a, taken in zip(modifier.args, modifier.op_tensors)))
+    aliases = tuple(a.detach() if taken else a for a, taken in zip(modifier.args, modifier.op_tensors))
+    return _with_args(modifier, aliases)
 
 
 def _bound(arg) -> bool:

@@ -140,8 +140,9 @@ def build_block_mask(mask_mod: MaskMod, batch: int, heads: int, q_len: int, kv_l
     return result
 
 
-# (device, kv_indices.data_ptr()) -> (weak reference to that kv_indices tensor, the build's ``built_from``): lets the custom
-# op, which receives a block mask as its index tensors, find what it was built from (block_mask_from_tensors).
+# (device, kv_indices.data_ptr()) -> (weak reference to that kv_indices tensor, the build's ``built_from``): lets
+# the custom op, which receives a block mask as its index tensors, find what it was built from
+# (block_mask_from_tensors).
 # An address names a tensor only while the recorded tensor is alive; the entry goes when that tensor does.
 _sources: dict = {}
 

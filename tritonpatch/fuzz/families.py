@@ -10,6 +10,27 @@ from .pieces import (DTYPES, Draft, advance_pointers, carried_columns, carried_p
                      select_before)
 
 
+def _kv_tiles_loop(d: Draft, sizes: dict, carried_pointers_allowed: bool) -> bool:
+    """The loop over key/value tiles and each iteration's ``k`` and ``v`` tiles, loaded by index or, in the
+    carried-pointer kernels where the family advances the pointers (:func:`~.pieces.advance_pointers`),
+    through ``k_ptrs`` / ``v_ptrs`` carried through the loop. Returns whether it read through them."""
+    head = loop_bounds(d, "N_KV", sizes["n_kv"], "BM", sizes["BM"], "BN", sizes["BN"])
+    pointers = carried_pointers_allowed and d.pointers and not d.carried   # loop_bounds may drop d.carried
+    if pointers:
+        carried_pointers(d, {"K": "k_ptrs", "V": "v_ptrs"}, sizes["dim"])
+    d.line(1, head)
+    _columns(d, "BN", "N_KV", "kv", sizes["index_width"])
+    if pointers:
+        d.line(2, "k = tl.load(k_ptrs, mask=col_in[None, :], other=0.0)")
+        d.line(2, "v = tl.load(v_ptrs, mask=col_in[:, None], other=0.0)")
+    else:
+        d.line(2, "k = tl.load(K + off_b * N_KV * D + offs_c[None, :] * D + offs_d[:, None], mask=col_in[None, :], "
+                  "other=0.0)")
+        d.line(2, "v = tl.load(V + off_b * N_KV * D + offs_c[:, None] * D + offs_d[None, :], mask=col_in[:, None], "
+                  "other=0.0)")
+    return pointers
+
+
 def _index(axis: str, offsets: str, where: str, width: int) -> str:
     cast = ".to(tl.int64)" if width == 64 else ""
     return f"{axis}_idx = {offsets}{where}{cast}"
@@ -35,20 +56,7 @@ def _attention_fwd(d: Draft, sizes: dict) -> None:
     d.line(1, "acc = tl.zeros([BM, D], tl.float32)")
     effects = choose_effects(rng)
     effects_before_loop(d, effects)
-    head = loop_bounds(d, "N_KV", n_kv, "BM", sizes["BM"], "BN", sizes["BN"])
-    pointers = d.pointers and not d.carried
-    if pointers:
-        carried_pointers(d, {"K": "k_ptrs", "V": "v_ptrs"}, dim)
-    d.line(1, head)
-    _columns(d, "BN", "N_KV", "kv", sizes["index_width"])
-    if pointers:
-        d.line(2, "k = tl.load(k_ptrs, mask=col_in[None, :], other=0.0)")
-        d.line(2, "v = tl.load(v_ptrs, mask=col_in[:, None], other=0.0)")
-    else:
-        d.line(2, "k = tl.load(K + off_b * N_KV * D + offs_c[None, :] * D + offs_d[:, None], mask=col_in[None, :], "
-                  "other=0.0)")
-        d.line(2, "v = tl.load(V + off_b * N_KV * D + offs_c[:, None] * D + offs_d[None, :], mask=col_in[:, None], "
-                  "other=0.0)")
+    pointers = _kv_tiles_loop(d, sizes, carried_pointers_allowed=True)
     d.line(2, f"s = tl.dot(q, k){scale}")
     if rng.random() < 0.15:
         opaque_move(d, 2, "s")
@@ -149,20 +157,7 @@ def _masked_matmul(d: Draft, sizes: dict) -> None:
     d.line(1, "acc = tl.zeros([BM, D], tl.float32)")
     effects = choose_effects(rng)
     effects_before_loop(d, effects)
-    head = loop_bounds(d, "N_KV", n_kv, "BM", sizes["BM"], "BN", sizes["BN"])
-    pointers = d.pointers and not d.carried
-    if pointers:
-        carried_pointers(d, {"K": "k_ptrs", "V": "v_ptrs"}, dim)
-    d.line(1, head)
-    _columns(d, "BN", "N_KV", "kv", sizes["index_width"])
-    if pointers:
-        d.line(2, "k = tl.load(k_ptrs, mask=col_in[None, :], other=0.0)")
-        d.line(2, "v = tl.load(v_ptrs, mask=col_in[:, None], other=0.0)")
-    else:
-        d.line(2, "k = tl.load(K + off_b * N_KV * D + offs_c[None, :] * D + offs_d[:, None], mask=col_in[None, :], "
-                  "other=0.0)")
-        d.line(2, "v = tl.load(V + off_b * N_KV * D + offs_c[:, None] * D + offs_d[None, :], mask=col_in[:, None], "
-                  "other=0.0)")
+    _kv_tiles_loop(d, sizes, carried_pointers_allowed=False)
     before = rng.choice(("none", "none", "scale", "trans-scale", "cast-scale"))
     d.features.append(f"pre-select-{before}")
     scale = scale_suffix(d, optional=False) if before != "none" else ""
