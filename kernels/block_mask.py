@@ -29,6 +29,7 @@ from .masks import MaskMod
 EMPTY, PARTIAL, FULL = 0, 1, 2
 _cache = LRUCache(64)        # (mask structure and argument identities, shape, tiles, device, method) -> BlockMask
 _flex_cache = LRUCache(64)   # Flex BlockMask tensors' identities and geometry -> the converted BlockMask
+_INDEX_FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")   # BlockMask's tensors
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,10 +135,23 @@ def build_block_mask(mask_mod: MaskMod, batch: int, heads: int, q_len: int, kv_l
         classes = _classify_by_rule(mask_mod, mask_batch, mask_heads, q_len, kv_len, block_m, block_n, device)
     else:
         classes = _classify_by_kernel(mask_mod, mask_batch, mask_heads, q_len, kv_len, block_m, block_n, device)
-    result = replace(block_mask_from_classes(classes, block_m, block_n, q_len, kv_len), built_from=key[0])
+    result = replace(_outside_inference_mode(block_mask_from_classes(classes, block_m, block_n, q_len, kv_len)),
+                     built_from=key[0])
     _record_source(result)
     _cache.put(key, result)
     return result
+
+
+def _outside_inference_mode(block_mask: BlockMask) -> BlockMask:
+    """``block_mask`` with ordinary index tensors where it was classified under ``torch.inference_mode()``.
+    A built block mask is cached and recorded (``_record_source``) by its index tensors: ordinary ones keep
+    their identities (an inference tensor has no version, so every key of one misses) and reach the custom
+    ops of a compiled graph as they are, where their build record is found (inference ones are copied in the
+    graph, ``block_mask_to_tensors``, and their copies have no record: a stale block mask would run)."""
+    if not block_mask.inference:
+        return block_mask
+    with torch.inference_mode(False):
+        return replace(block_mask, **{name: getattr(block_mask, name).clone() for name in _INDEX_FIELDS})
 
 
 # (device, kv_indices.data_ptr()) -> (weak reference to that kv_indices tensor, the build's ``built_from``): lets
@@ -334,8 +348,7 @@ def block_mask_to_tensors(block_mask: "BlockMask | None") -> tuple:
     autograd rule saves them for the backward, which autograd refuses for inference tensors."""
     if block_mask is None:
         return None, None, None, None, [0, 0, 0, 0]
-    tensors = (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
-               block_mask.full_kv_indices)
+    tensors = tuple(getattr(block_mask, name) for name in _INDEX_FIELDS)
     if block_mask.inference:
         tensors = tuple(t.clone() for t in tensors)
     return (*tensors, [block_mask.block_m, block_mask.block_n, block_mask.q_len, block_mask.kv_len])

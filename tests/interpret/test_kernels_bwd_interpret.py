@@ -291,6 +291,26 @@ def test_a_block_mask_built_before_its_mask_changed_is_refused_in_compiled_graph
         run(q, k, v)
 
 
+@pytest.mark.parametrize("change", ["other_scalar", "written_between_calls"])
+def test_a_stale_block_mask_built_in_inference_mode_is_refused_in_compiled_graphs(change):
+    """A block mask built under inference_mode over an ordinary mask: the index tensors were inference tensors,
+    copied in the graph on their way to the custom ops, and the copies had no build record: the stale block
+    mask ran (error 0.9-1.8 against the reference) where the eager call refused it."""
+    torch._dynamo.reset()
+    seq = 32
+    q, k, v, _ = inputs(1, 2, 2, seq, seq, 16, torch.float32, seed=18)
+    ids = torch.zeros(seq, dtype=torch.int32)
+    built_with = K.sliding_window(24) if change == "other_scalar" else K.document(ids)
+    with torch.inference_mode():
+        block_mask = K.build_block_mask(built_with, 1, 2, seq, seq, block_m=16, block_n=16, device="cpu")
+    mask_mod = K.sliding_window(4) if change == "other_scalar" else built_with
+    ids[seq // 2:] = 1
+    run = torch.compile(lambda a, b, c: K.attention(a, b, c, mask_mod=mask_mod, block_mask=block_mask),
+                        backend="aot_eager", fullgraph=True)
+    with pytest.raises(ValueError, match="block_mask was built from .* with other arguments, or before"):
+        run(q, k, v)
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("prebuilt", [False, True], ids=["", "block_mask"])
 def test_modifier_tensors_made_in_inference_mode_train(compiled, prebuilt):
