@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import sys
 from typing import Any
 
 from . import hooks
@@ -26,97 +27,123 @@ def ensure_installed() -> None:
 
 
 # The blocks open in this context, innermost last, of every kind: `with options()`, a call of an
-# options-decorated function, `with use_pipeline()`. Each exits its own entry; one options object may be
-# entered by several threads or asyncio tasks at once (each has its own context).
+# options-decorated function, `with use_pipeline()`. Each `with` makes an entry of its own, so one object
+# may be entered again while open (nested, recursively, or by several threads or asyncio tasks at once: each
+# has its own context).
 _open_blocks: contextvars.ContextVar[tuple] = contextvars.ContextVar("tritonpatch_open_blocks", default=())
+
+_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 class _Entry:
-    """One entry into a block: the values of the three context variables it replaced, restored at its exit.
+    """One entry into a block: what it puts in effect (an options() layer merged over the enclosing frame,
+    or a per-kernel Pipeline), the context state it replaced, and who entered it (the block object and the
+    Python frame of its ``with``)."""
+
+    __slots__ = ("owner", "frame", "layer", "merged", "fixed", "saved")
+
+    def __init__(self, owner, frame, layer: "Pipeline | None" = None, merged: "dict | None" = None,
+                 fixed: "_Fixed | None" = None):
+        self.owner = owner
+        self.frame = frame
+        self.layer = layer
+        self.merged = merged
+        self.fixed = fixed
+
+    def state_over(self, scoped: "_Frame | None", forced: "_Fixed | None") -> tuple:
+        """The (options frame, per-kernel Pipeline) in effect inside this block, given those outside it."""
+        if self.fixed is not None:
+            return scoped, self.fixed
+        return _Frame(scoped, self.layer, self.merged), forced
+
+
+def _set_state(scoped: "_Frame | None", forced: "_Fixed | None") -> None:
+    _scoped.set(scoped)
+    _forced.set(forced)
+    _effective.set(scoped if forced is None else forced)
+
+
+def _push(entry: _Entry) -> "_Frame | None":
+    """Enter ``entry``; its options frame (what ``with options() as p`` resolves)."""
+    ensure_installed()
+    entry.saved = (_scoped.get(), _forced.get())
+    scoped, forced = entry.state_over(*entry.saved)
+    _set_state(scoped, forced)
+    _open_blocks.set(_open_blocks.get() + (entry,))
+    return scoped
+
+
+def _pop(entry: _Entry) -> None:
+    """Exit ``entry``: restore what was in effect before it.
 
     Exits come in the reverse order of entries except when a generator suspended inside a block (it shares
-    its caller's context) is closed after blocks its caller entered later, or the caller leaves such a block
-    while the generator is still inside its own. Then the exiting block restores what was in effect before
-    it, closes the blocks entered after it (their exits do nothing) and raises: no block's settings stay in
-    effect for good, and the program learns that its blocks did not nest."""
-
-    __slots__ = ("owner", "saved")
-
-    def __init__(self, owner):
-        self.owner = owner   # the options object whose `with` made the entry; None for the entry itself
-
-    def enter(self, scoped: "_Frame | None", forced: "_Fixed | None") -> None:
-        ensure_installed()
-        self.saved = (_scoped.get(), _forced.get(), _effective.get())
-        _scoped.set(scoped)
-        _forced.set(forced)
-        _effective.set(scoped if forced is None else forced)
-        _open_blocks.set(_open_blocks.get() + (self,))
-
-    def exit(self) -> None:
-        stack = _open_blocks.get()
-        in_order = bool(stack) and stack[-1] is self
-        position = len(stack) - 1 if in_order else next((i for i, e in enumerate(stack) if e is self), None)
-        if position is None:
-            return   # closed already, by an out-of-order exit of a block around it
-        _open_blocks.set(stack[:position])
-        scoped, forced, effective = self.saved
-        _scoped.set(scoped)
-        _forced.set(forced)
-        _effective.set(effective)
-        if not in_order:
-            raise RuntimeError("tritonpatch blocks (options(), use_pipeline(), options-decorated calls) must be "
-                               "exited in the reverse order of entry (a generator that yields inside a block lends "
-                               "it to the code iterating it); the settings from before this block are back in "
-                               "effect, and the blocks entered after it are closed")
+    its caller's context) is closed after blocks its caller entered later, or the caller leaves a block while
+    a generator is still suspended inside its own. Then the entry is taken out alone: the blocks entered
+    after it whose ``with`` is still running on this thread's stack stay open with its settings taken out
+    from beneath theirs, and those of suspended generators and coroutines (which lent their blocks to this
+    code) are closed (their exits do nothing). It raises: the program learns that its blocks did not nest,
+    and no block's settings stay in effect once every enclosing block is left."""
+    stack = _open_blocks.get()
+    if stack and stack[-1] is entry:
+        _open_blocks.set(stack[:-1])
+        _set_state(*entry.saved)
+        return
+    position = next((i for i, open_entry in enumerate(stack) if open_entry is entry), None)
+    if position is None:
+        return   # closed already, by an out-of-order exit of a block around it
+    running = set()
+    frame = sys._getframe(1)
+    while frame is not None:
+        running.add(id(frame))
+        frame = frame.f_back
+    kept = [later for later in stack[position + 1:] if id(later.frame) in running]
+    state = entry.saved
+    for later in kept:
+        later.saved = state
+        state = later.state_over(*state)
+    _open_blocks.set(stack[:position] + tuple(kept))
+    _set_state(*state)
+    raise RuntimeError("tritonpatch blocks (options(), use_pipeline(), options-decorated calls) must be exited in "
+                       "the reverse order of entry (a generator that yields inside a block lends it to the code "
+                       "iterating it); this block's settings are no longer in effect, the blocks entered after it "
+                       "in code still running keep theirs, and those of suspended generators are closed")
 
 
-def _innermost_entry(owner) -> "_Entry | None":
-    for entry in reversed(_open_blocks.get()):
-        if entry.owner is owner:
-            return entry
-    return None
+def _exit_block(owner, frame) -> None:
+    """Exit the innermost open entry of ``owner`` made by the ``with`` running in ``frame`` (a generator
+    entering the caller's own options object makes entries of its own). An entry made in another frame
+    (``ExitStack``, or ``__enter__``/``__exit__`` called by hand from two functions) is found by owner alone,
+    unless the exit runs in a generator or coroutine, whose entry was then closed already."""
+    stack = _open_blocks.get()
+    if stack and stack[-1].owner is owner and stack[-1].frame is frame:
+        _pop(stack[-1])
+        return
+    entry = next((e for e in reversed(stack) if e.owner is owner and e.frame is frame), None)
+    if entry is None and not frame.f_code.co_flags & _SUSPENDABLE:
+        entry = next((e for e in reversed(stack) if e.owner is owner), None)
+    if entry is not None:
+        _pop(entry)
 
 
-class use_pipeline(_Entry):
+class use_pipeline:
     """``with use_pipeline(p):`` compiles with exactly ``p``, ignoring ``options()``, ``set_option``
     and the environment (per-kernel pipelines: ``tritonpatch.jit`` enters one around each launch,
-    so it is kept light). One object per ``with``."""
+    so it is kept light)."""
 
     __slots__ = ("pipeline", "fixed")
 
     def __init__(self, pipeline: Pipeline):
         if not isinstance(pipeline, Pipeline):
             raise PipelineError(f"use_pipeline() takes a Pipeline, got {pipeline!r}")
-        super().__init__(None)
         self.pipeline = pipeline
         self.fixed = _Fixed(pipeline)
 
     def __enter__(self) -> Pipeline:
-        self.enter(_scoped.get(), self.fixed)
+        _push(_Entry(self, sys._getframe(1), fixed=self.fixed))
         return self.pipeline
 
     def __exit__(self, *exc_info) -> None:
-        self.exit()
-
-
-class _Block(_Entry):
-    """One entry into an options() layer, merged over the enclosing frame (a decorated function's call)."""
-
-    __slots__ = ("layer", "merged")
-
-    def __init__(self, layer: Pipeline, merged: dict):
-        super().__init__(None)
-        self.layer = layer
-        self.merged = merged
-
-    def __enter__(self) -> Pipeline:
-        frame = _Frame(_scoped.get(), self.layer, self.merged)
-        self.enter(frame, _forced.get())
-        return frame.resolve()
-
-    def __exit__(self, *exc_info) -> None:
-        self.exit()
+        _exit_block(self, sys._getframe(1))
 
 
 _PIPELINE_KEYWORDS = frozenset(inspect.signature(Pipeline.__init__).parameters) - {"self"}
@@ -144,14 +171,10 @@ class options:
         self._merged: dict = {}
 
     def __enter__(self) -> Pipeline:
-        frame = _Frame(_scoped.get(), self.layer, self._merged)
-        _Entry(self).enter(frame, _forced.get())
-        return frame.resolve()
+        return _push(_Entry(self, sys._getframe(1), self.layer, self._merged)).resolve()
 
     def __exit__(self, *exc_info) -> None:
-        entry = _innermost_entry(self)
-        if entry is not None:   # None: closed already, by an out-of-order exit of a block around it
-            entry.exit()
+        _exit_block(self, sys._getframe(1))
 
     def __call__(self, func):
         if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
@@ -159,17 +182,26 @@ class options:
                             "body runs while it is iterated, in the iterating code's context, not in the call; "
                             "put `with tritonpatch.options(...):` around the compiles inside it, without yielding "
                             "inside the block")
+        layer, merged = self.layer, self._merged
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
             async def async_wrapper(*args, **kwargs):
-                with _Block(self.layer, self._merged):
+                entry = _Entry(None, sys._getframe(), layer, merged)
+                _push(entry)
+                try:
                     return await func(*args, **kwargs)
+                finally:
+                    _pop(entry)
             return async_wrapper
 
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
-            with _Block(self.layer, self._merged):
+            entry = _Entry(None, sys._getframe(), layer, merged)
+            _push(entry)
+            try:
                 return func(*args, **kwargs)
+            finally:
+                _pop(entry)
         return wrapper
 
     def __repr__(self):

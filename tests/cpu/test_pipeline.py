@@ -166,7 +166,7 @@ def test_generators_closed_out_of_order_leave_no_settings_behind():
 
     first, second = compiling({"disable_lsr": True}), compiling({"llvm": {"unroll-count": 2}})
     next(first), next(second)
-    with pytest.raises(RuntimeError, match="reverse order of entry.*from before this block are back in effect"):
+    with pytest.raises(RuntimeError, match="reverse order of entry.*this block's settings are no longer in effect"):
         first.close()
     assert current_pipeline().is_empty
     second.close()
@@ -198,6 +198,119 @@ def test_a_generator_closed_inside_another_kind_of_block_leaves_no_settings_behi
         else:
             with options(llvm={"unroll-count": 4}):
                 generator.close()
+    assert current_pipeline().is_empty
+
+
+@native
+@pytest.mark.parametrize("finalized_inside", ["use_pipeline", "options"])
+def test_a_generator_finalized_inside_a_later_block_leaves_that_block_in_effect(finalized_inside):
+    """A generator suspended inside `with options()` and dropped (finalized) inside a block entered after it:
+    the out-of-order exit closed the enclosing block too, and its raise went to the finalizer ('Exception
+    ignored'), so the rest of the block compiled without its settings, silently."""
+    def compiling():
+        with options(disable_lsr=True):
+            yield current_pipeline()
+
+    generator = compiling()
+    next(generator)
+    block, expected = ((use_pipeline(Pipeline(llvm={"unroll-count": 3})), Pipeline(llvm={"unroll-count": 3}))
+                       if finalized_inside == "use_pipeline" else
+                       (options(llvm={"unroll-count": 4}), Pipeline(llvm={"unroll-count": 4})))
+    unraisable = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        with block:
+            generator = None                           # finalized here: its block exits out of order
+            assert current_pipeline() == expected      # the generator's settings are gone, this block's stay
+    finally:
+        sys.unraisablehook = hook
+    assert current_pipeline().is_empty
+    assert len(unraisable) == 1 and "reverse order of entry" in str(unraisable[0].exc_value)
+
+
+@native
+def test_one_options_object_entered_by_a_generator_and_its_caller():
+    """A module-level options object entered by a generator and by the code iterating it: the caller's exit
+    closed the generator's entry (the innermost of that object) instead of its own, so the settings stayed in
+    effect after the caller's block, with no error."""
+    fast = options(disable_lsr=True)
+
+    def batches():
+        with fast:
+            yield 1
+            yield 2
+
+    generator = batches()
+    with pytest.raises(RuntimeError, match="reverse order of entry"):
+        with fast:
+            next(generator)
+    assert current_pipeline().is_empty
+    assert next(generator) == 2 and current_pipeline().is_empty   # its entry was closed: its exit does nothing
+    generator.close()
+    assert current_pipeline().is_empty
+
+
+@native
+def test_one_block_object_entered_again_while_open():
+    """A use_pipeline() object kept its entry's saved state on itself: entered twice nested, the second entry
+    overwrote the first's record and its Pipeline stayed in effect after both exits."""
+    per_kernel = use_pipeline(Pipeline(llvm={"unroll-count": 3}))
+    fast = options(disable_lsr=True)
+    with per_kernel:
+        with per_kernel:
+            assert current_pipeline() == Pipeline(llvm={"unroll-count": 3})
+    assert current_pipeline().is_empty
+    with fast:
+        with fast:
+            assert current_pipeline() == Pipeline(disable_lsr=True)
+        assert current_pipeline() == Pipeline(disable_lsr=True)
+    assert current_pipeline().is_empty
+
+
+@native
+def test_one_use_pipeline_object_shared_by_threads():
+    """Two threads inside one use_pipeline() object at once: each exit restores its own thread's settings (the
+    object held one saved state, the last entering thread's)."""
+    per_kernel = use_pipeline(Pipeline(llvm={"unroll-count": 3}))
+    first_inside, second_inside = threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with options(disable_lsr=True):
+            with per_kernel:
+                first_inside.set()
+                second_inside.wait(30)
+            seen["first"] = current_pipeline()
+
+    def second():
+        first_inside.wait(30)
+        with per_kernel:
+            second_inside.set()
+        seen["second"] = current_pipeline()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert seen == {"first": Pipeline(disable_lsr=True), "second": Pipeline()}
+
+
+@native
+def test_a_block_entered_and_left_from_two_functions():
+    """__enter__ and __exit__ called by hand from two functions (a test's setUp/tearDown, ExitStack): the exit
+    finds the entry by its object."""
+    fast = options(disable_lsr=True)
+
+    def set_up():
+        fast.__enter__()
+
+    def tear_down():
+        fast.__exit__(None, None, None)
+
+    set_up()
+    assert current_pipeline() == Pipeline(disable_lsr=True)
+    tear_down()
     assert current_pipeline().is_empty
 
 
