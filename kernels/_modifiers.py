@@ -57,6 +57,7 @@ def register(modifier) -> None:
                     _latest.pop(dead, None)
                     _templates.pop(dead, None)
             key = _shared_keys[signature] = f"{type(modifier).__name__}-{next(_key_counter)}"
+        if key not in _templates and (not modifier.user_functions or torch.compiler.is_compiling()):
             _templates[key] = _template(modifier, op_tensors)
         _latest[key] = weakref.ref(modifier)   # one assignment: safe while other threads look keys up
     object.__setattr__(modifier, "op_key", key)
@@ -85,7 +86,11 @@ def _template(modifier, op_tensors: tuple):
     """``modifier`` with each tensor the custom ops take replaced by an empty tensor of its dtype and device:
     what an op binds its tensors into once every modifier under the key died (a compiled training step makes
     its mask in the forward and drops it before the backward op runs), without keeping their memory. Made
-    without registering (``copy.copy`` does not run ``__post_init__``)."""
+    without registering (``copy.copy`` does not run ``__post_init__``). A template holds the modifier's
+    functions, and what closures among them hold: a key with user functions (``custom_mask``,
+    ``custom_score``) gets its template when a custom op first finds a live modifier under it (or when one is
+    made while torch.compile traces), not when it is made, so that eager calls never keep a user's closure
+    (and the model it may hold) alive."""
     return _with_args(modifier, tuple(torch.empty(0, dtype=a.dtype, device=a.device) if bound else a
                                       for a, bound in zip(modifier.args, op_tensors)))
 
@@ -109,6 +114,8 @@ def lookup_modifier(key: str):
     if modifier is None:
         latest = _latest.get(key)
         modifier = latest() if latest is not None else None
+        if modifier is not None and key not in _templates:
+            _templates[key] = _template(modifier, modifier.op_tensors)
     if modifier is None:
         modifier = _templates.get(key)
     if modifier is not None:

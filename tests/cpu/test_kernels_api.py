@@ -169,6 +169,43 @@ def test_modifier_keys_resolve_after_the_modifiers_die():
         K.lookup_modifier(key)
 
 
+def test_custom_modifiers_do_not_keep_the_users_closures_alive():
+    """Each custom_mask/custom_score key kept a template of its first modifier, holding the user's functions:
+    a closure made per call (over a model, a cache) stayed alive until 4096 more keys were made, in eager use
+    too. The template of such a key is made when a custom op first finds a live modifier under it, and then
+    serves after the modifier died."""
+    import gc
+
+    class Model:
+        pass
+
+    model = Model()
+    model_alive = weakref.ref(model)
+    mask = K.custom_mask(_causal_like, lambda b, h, q, kv: (q >= kv) | (model is None))
+    score = K.custom_score(_add_one, lambda s, b, h, q, kv: s + 1 + 0 * (model is None))
+    mask_key, score_key = mask.op_key, score.op_key
+    del mask, score, model
+    gc.collect()
+    assert model_alive() is None
+    with pytest.raises(LookupError, match="no longer exists"):
+        K.lookup_modifier(mask_key)
+
+    def torch_fn(b, h, q, kv):
+        return q >= kv
+
+    mask = K.custom_mask(_causal_like, torch_fn)
+    assert K.lookup_modifier(mask.op_key) is mask                     # what a custom op does: keeps a template
+    key = mask.op_key
+    del mask
+    gc.collect()
+    assert K.lookup_modifier(key).torch_fn is torch_fn
+
+
+@triton.jit
+def _add_one(score, b, h, q_idx, kv_idx):
+    return score + 1
+
+
 @triton.jit
 def _causal_like(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
