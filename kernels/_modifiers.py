@@ -70,7 +70,7 @@ def _op_signature(modifier, op_tensors: tuple) -> tuple | None:
     ``tile_rule`` are not named by its structure; an identity is unique while the modifiers holding the
     function live, which are the only ones a lookup returns). None when it holds a tensor the ops do not
     take (an inference tensor): then the modifier has a key of its own."""
-    strides = {position for position, _ in getattr(modifier, "batch_strides", ())}
+    strides = {position for position, _ in modifier.batch_strides}
     arguments = []
     for position, (arg, bound) in enumerate(zip(modifier.args, op_tensors)):
         if isinstance(arg, torch.Tensor) and not bound:
@@ -149,7 +149,7 @@ def with_tensor_arguments(modifiers: tuple, tensors: list) -> tuple:
             result.append(None)
             continue
         args = [next(received) if taken else a for a, taken in zip(modifier.args, modifier.op_tensors)]
-        for stride, table in getattr(modifier, "batch_strides", ()):
+        for stride, table in modifier.batch_strides:
             args[stride] = table_batch_stride(args[table])
         args = tuple(args)
         same = all(same_memory(new, old) for new, old in zip(args, modifier.args))

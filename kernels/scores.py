@@ -32,6 +32,7 @@ class ScoreMod:
     from_factory: bool = False   # made by alibi() / softcap(): its code is known by name
     check: Optional[Callable] = field(default=None, repr=False)   # see check_problem
     user_functions: tuple = field(default=(), repr=False)   # a custom_score's torch_fn: it counts in the op key
+    batch_strides: tuple = field(default=(), init=False, repr=False)   # no [B, S] tables (see MaskMod)
     op_key: str = field(default="", init=False, repr=False)
     op_tensors: tuple = field(default=(), init=False, repr=False)   # see _modifiers.register
 
