@@ -36,6 +36,7 @@ import threading
 import warnings
 from typing import Callable
 
+from . import _interrupts as interrupts
 from . import env
 from ._llvm_scope import scope
 from ._current import compile_pipeline, current_cache_tag, environment_pipeline, keyed_cache_tag
@@ -75,11 +76,15 @@ class _StagesHook:
 def _with_llvm_options(stage: Callable, settings: tuple, triton_names: tuple,
                        after: Callable | None = None) -> Callable:
     def run_with_llvm_options(src, metadata):
-        scope.enter(settings, triton_names)
-        try:
-            result = stage(src, metadata)
-        finally:
-            scope.exit()
+        # Ctrl-C is held back while the options change hands (a KeyboardInterrupt there left them set, or
+        # the gate taken, for every later compile) and let through while the stage runs
+        with interrupts.held() as deferral:
+            scope.enter(settings, triton_names)
+            try:
+                with interrupts.delivered(deferral):
+                    result = stage(src, metadata)
+            finally:
+                scope.exit()
         if after is not None:
             after(metadata)
         return result
