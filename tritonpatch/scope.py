@@ -32,20 +32,18 @@ def ensure_installed() -> None:
 # has its own context).
 _open_blocks: contextvars.ContextVar[tuple] = contextvars.ContextVar("tritonpatch_open_blocks", default=())
 
-_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
-
-
 class _Entry:
     """One entry into a block: what it puts in effect (an options() layer merged over the enclosing frame,
-    or a per-kernel Pipeline), the context state it replaced, and who entered it (the block object and the
-    Python frame of its ``with``)."""
+    or a per-kernel Pipeline), the context state it replaced, and who entered it: the block object and the
+    Python frame running its ``with``, by identity (holding the frame would keep its locals alive in every
+    context copied meanwhile, e.g. by an asyncio task)."""
 
-    __slots__ = ("owner", "frame", "layer", "merged", "fixed", "saved")
+    __slots__ = ("owner", "frame_id", "layer", "merged", "fixed", "saved")
 
     def __init__(self, owner, frame, layer: "Pipeline | None" = None, merged: "dict | None" = None,
                  fixed: "_Fixed | None" = None):
         self.owner = owner
-        self.frame = frame
+        self.frame_id = id(frame)
         self.layer = layer
         self.merged = merged
         self.fixed = fixed
@@ -77,12 +75,11 @@ def _pop(entry: _Entry) -> None:
     """Exit ``entry``: restore what was in effect before it.
 
     Exits come in the reverse order of entries except when a generator suspended inside a block (it shares
-    its caller's context) is closed after blocks its caller entered later, or the caller leaves a block while
-    a generator is still suspended inside its own. Then the entry is taken out alone: the blocks entered
-    after it whose ``with`` is still running on this thread's stack stay open with its settings taken out
-    from beneath theirs, and those of suspended generators and coroutines (which lent their blocks to this
-    code) are closed (their exits do nothing). It raises: the program learns that its blocks did not nest,
-    and no block's settings stay in effect once every enclosing block is left."""
+    its caller's context) is closed or collected inside blocks its caller entered later, or the caller
+    leaves a block while a generator is still suspended inside its own. Then the entry is taken out alone:
+    the blocks entered after it stay in effect with its settings taken out from beneath theirs (until their
+    own exits, a generator's when it resumes and leaves its block or is closed), and it raises, so the
+    program learns that its blocks did not nest."""
     stack = _open_blocks.get()
     if stack and stack[-1] is entry:
         _open_blocks.set(stack[:-1])
@@ -90,36 +87,28 @@ def _pop(entry: _Entry) -> None:
         return
     position = next((i for i, open_entry in enumerate(stack) if open_entry is entry), None)
     if position is None:
-        return   # closed already, by an out-of-order exit of a block around it
-    running = set()
-    frame = sys._getframe(1)
-    while frame is not None:
-        running.add(id(frame))
-        frame = frame.f_back
-    kept = [later for later in stack[position + 1:] if id(later.frame) in running]
+        return   # not open in this context (exited in another one, e.g. an asyncio task's copy)
     state = entry.saved
-    for later in kept:
+    for later in stack[position + 1:]:
         later.saved = state
         state = later.state_over(*state)
-    _open_blocks.set(stack[:position] + tuple(kept))
+    _open_blocks.set(stack[:position] + stack[position + 1:])
     _set_state(*state)
     raise RuntimeError("tritonpatch blocks (options(), use_pipeline(), options-decorated calls) must be exited in "
                        "the reverse order of entry (a generator that yields inside a block lends it to the code "
-                       "iterating it); this block's settings are no longer in effect, the blocks entered after it "
-                       "in code still running keep theirs, and those of suspended generators are closed")
+                       "iterating it); this block's settings are no longer in effect, and the blocks entered "
+                       "after it keep theirs until they are left")
 
 
 def _exit_block(owner, frame) -> None:
     """Exit the innermost open entry of ``owner`` made by the ``with`` running in ``frame`` (a generator
-    entering the caller's own options object makes entries of its own). An entry made in another frame
-    (``ExitStack``, or ``__enter__``/``__exit__`` called by hand from two functions) is found by owner alone,
-    unless the exit runs in a generator or coroutine, whose entry was then closed already."""
+    entering its caller's options object makes entries of its own, left by its own ``with``). An entry made
+    in another frame (``ExitStack``, ``AsyncExitStack``, ``__enter__``/``__exit__`` called by hand from two
+    functions) is found by owner alone: the innermost one."""
     stack = _open_blocks.get()
-    if stack and stack[-1].owner is owner and stack[-1].frame is frame:
-        _pop(stack[-1])
-        return
-    entry = next((e for e in reversed(stack) if e.owner is owner and e.frame is frame), None)
-    if entry is None and not frame.f_code.co_flags & _SUSPENDABLE:
+    frame_id = id(frame)
+    entry = next((e for e in reversed(stack) if e.owner is owner and e.frame_id == frame_id), None)
+    if entry is None:
         entry = next((e for e in reversed(stack) if e.owner is owner), None)
     if entry is not None:
         _pop(entry)

@@ -159,7 +159,8 @@ def test_options_as_decorator_sync_and_async():
 def test_generators_closed_out_of_order_leave_no_settings_behind():
     """Two generators suspended inside blocks, closed in the order they started: the first close raises (the
     blocks were exited out of order) and used to restore nothing, so the second block's settings stayed in
-    effect for good once both were closed."""
+    effect for good once both were closed. It takes out its own settings only: the second generator's block
+    stays lent to this code until that generator leaves it."""
     def compiling(settings):
         with options(**settings):
             yield current_pipeline()
@@ -168,7 +169,7 @@ def test_generators_closed_out_of_order_leave_no_settings_behind():
     next(first), next(second)
     with pytest.raises(RuntimeError, match="reverse order of entry.*this block's settings are no longer in effect"):
         first.close()
-    assert current_pipeline().is_empty
+    assert current_pipeline() == Pipeline(llvm={"unroll-count": 2})
     second.close()
     assert current_pipeline().is_empty
 
@@ -244,9 +245,12 @@ def test_one_options_object_entered_by_a_generator_and_its_caller():
     with pytest.raises(RuntimeError, match="reverse order of entry"):
         with fast:
             next(generator)
-    assert current_pipeline().is_empty
-    assert next(generator) == 2 and current_pipeline().is_empty   # its entry was closed: its exit does nothing
+    assert current_pipeline() == Pipeline(disable_lsr=True)   # the generator's own entry, lent to this code
+    assert next(generator) == 2
     generator.close()
+    assert current_pipeline().is_empty
+    with fast:                                                # and the object is as good as new
+        assert current_pipeline() == Pipeline(disable_lsr=True)
     assert current_pipeline().is_empty
 
 
@@ -297,6 +301,55 @@ def test_one_use_pipeline_object_shared_by_threads():
 
 
 @native
+def test_blocks_entered_and_left_by_async_helpers():
+    """An options() block entered and left by an AsyncExitStack or by an async context manager delegating to it:
+    __enter__ and __exit__ run in two coroutine frames, and the exit must find the entry by its object."""
+    import contextlib
+
+    class Fast:
+        def __init__(self):
+            self.block = options(disable_lsr=True)
+
+        async def __aenter__(self):
+            return self.block.__enter__()
+
+        async def __aexit__(self, *exc_info):
+            return self.block.__exit__(*exc_info)
+
+    async def main():
+        async with contextlib.AsyncExitStack() as stack:
+            stack.enter_context(options(disable_lsr=True))
+            assert current_pipeline() == Pipeline(disable_lsr=True)
+        assert current_pipeline().is_empty
+        async with Fast():
+            assert current_pipeline() == Pipeline(disable_lsr=True)
+        return current_pipeline()
+
+    assert asyncio.run(main()).is_empty
+
+
+@native
+def test_an_open_block_keeps_no_frame_alive():
+    """A context copied while a block is open (an asyncio task, copy_context) holds the block's entry: the
+    entry must not hold the frame of its `with`, whose locals would live as long as that context."""
+    import contextvars
+    import gc
+    import weakref
+
+    class Big:
+        pass
+
+    def compile_something():
+        big = Big()
+        with options(disable_lsr=True):
+            return weakref.ref(big), contextvars.copy_context()
+
+    big_alive, copied = compile_something()
+    gc.collect()
+    assert big_alive() is None and copied is not None
+
+
+@native
 def test_a_block_entered_and_left_from_two_functions():
     """__enter__ and __exit__ called by hand from two functions (a test's setUp/tearDown, ExitStack): the exit
     finds the entry by its object."""
@@ -325,8 +378,8 @@ def test_a_block_left_while_a_generator_is_suspended_inside_its_own_leaves_no_se
     with pytest.raises(RuntimeError, match="reverse order of entry"):
         with use_pipeline(Pipeline(llvm={"unroll-count": 3})):
             assert next(generator) == Pipeline(llvm={"unroll-count": 3})   # the per-kernel Pipeline wins
-    assert current_pipeline().is_empty
-    generator.close()   # its block was closed with the use_pipeline() block: nothing left to restore
+    assert current_pipeline() == Pipeline(disable_lsr=True)   # the generator's block, lent until it leaves it
+    generator.close()
     assert current_pipeline().is_empty
 
 
