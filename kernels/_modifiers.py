@@ -57,10 +57,15 @@ def register(modifier) -> None:
                     _latest.pop(dead, None)
                     _templates.pop(dead, None)
             key = _shared_keys[signature] = f"{type(modifier).__name__}-{next(_key_counter)}"
-        if key not in _templates and (not modifier.user_functions or torch.compiler.is_compiling()):
-            _templates[key] = _template(modifier, op_tensors)
+        if key not in _templates and (not modifier.user_functions or torch.compiler.is_compiling()
+                                      or _alive(_latest.get(key))):   # lookups read the latest modifier only:
+            _templates[key] = _template(modifier, op_tensors)          # one made earlier may be the one in use
         _latest[key] = weakref.ref(modifier)   # one assignment: safe while other threads look keys up
     object.__setattr__(modifier, "op_key", key)
+
+
+def _alive(reference: "weakref.ref | None") -> bool:
+    return reference is not None and reference() is not None
 
 
 def _op_signature(modifier, op_tensors: tuple) -> tuple | None:
@@ -88,9 +93,10 @@ def _template(modifier, op_tensors: tuple):
     its mask in the forward and drops it before the backward op runs), without keeping their memory. Made
     without registering (``copy.copy`` does not run ``__post_init__``). A template holds the modifier's
     functions, and what closures among them hold: a key with user functions (``custom_mask``,
-    ``custom_score``) gets its template when a custom op first finds a live modifier under it (or when one is
-    made while torch.compile traces), not when it is made, so that eager calls never keep a user's closure
-    (and the model it may hold) alive."""
+    ``custom_score``) gets its template when a custom op first finds a live modifier under it, when one is
+    made while torch.compile traces, or when a second one is made while the first lives (lookups see the
+    latest only), not when the first is made, so that eager calls never keep a user's closure (and the
+    model it may hold) alive."""
     return _with_args(modifier, tuple(torch.empty(0, dtype=a.dtype, device=a.device) if bound else a
                                       for a, bound in zip(modifier.args, op_tensors)))
 

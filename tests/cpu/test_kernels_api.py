@@ -201,6 +201,29 @@ def test_custom_modifiers_do_not_keep_the_users_closures_alive():
     assert K.lookup_modifier(key).torch_fn is torch_fn
 
 
+def test_a_custom_mask_in_use_is_found_after_a_newer_one_of_its_key_died():
+    """A custom_mask kept by a model and passed to a compiled function, and a newer one of the same key (other
+    tensors) made and dropped meanwhile: the op's lookup read the dead newer one and found no template
+    ("no longer exists"), as templates of custom keys were no longer made when the first was."""
+    import gc
+
+    def torch_fn(b, h, q, kv, ids):
+        return ids[q] == ids[kv]
+
+    in_use = K.custom_mask(_same_document, torch_fn, (torch.zeros(8, dtype=torch.int32),))
+    newer = K.custom_mask(_same_document, torch_fn, (torch.ones(8, dtype=torch.int32),))
+    assert newer.op_key == in_use.op_key
+    del newer
+    gc.collect()
+    found = K.lookup_modifier(in_use.op_key)
+    assert found.torch_fn is torch_fn and found.name == in_use.name
+
+
+@triton.jit
+def _same_document(b, h, q_idx, kv_idx, ids):
+    return q_idx == kv_idx
+
+
 @triton.jit
 def _add_one(score, b, h, q_idx, kv_idx):
     return score + 1
