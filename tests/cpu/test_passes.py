@@ -435,6 +435,36 @@ def test_a_mask_never_all_true_gets_no_all_true_loop(caplog):
     assert any("not split" in m and "never provably uniform" in m for m in pass_log(caplog, "elide-uniform-masks"))
 
 
+@triton.jit
+def _mask_under_a_branch(Q, K, Out, N_CTX, USE_MASK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         D: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :])
+    acc = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for start_n in range(0, N_CTX, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        qk = tl.dot(q, tl.load(K + offs_n[None, :] * D + offs_d[:, None]))
+        if USE_MASK > 0:
+            qk = tl.where(offs_m[:, None] >= offs_n[None, :], qk, float("-inf"))
+        acc += tl.max(qk, 1)
+    tl.store(Out + offs_m, acc)
+
+
+def test_a_mask_under_a_branch_is_named_in_the_notes(caplog):
+    """A select inside an scf.if in the loop body is not rewritten; the notes said the body had no select at
+    all, which reads as "no mask here" rather than "mask not reached"."""
+    signature = {"Q": "*fp16", "K": "*fp16", "Out": "*fp32", "N_CTX": "i32", "USE_MASK": "i32",
+                 "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "D": "constexpr"}
+    with caplog.at_level(logging.INFO, logger="tritonpatch.passes"):
+        plain, _, _ = compile_with([], _mask_under_a_branch, signature, {"BLOCK_M": 64, "BLOCK_N": 64, "D": 32})
+        patched, reports, caught = compile_with(["skip-masked-blocks", "elide-uniform-masks"], _mask_under_a_branch,
+                                                signature, {"BLOCK_M": 64, "BLOCK_N": 64, "D": 32})
+    assert not caught and patched.asm["ttir"] == plain.asm["ttir"]
+    for name in ("skip-masked-blocks", "elide-uniform-masks"):
+        assert any("sit only inside an scf.if in its body" in m for m in pass_log(caplog, name)), caplog.text
+
+
 def test_mask_read_from_memory_is_left_untouched():
     plain, _, _ = compile_with([], constexprs=loop_constexprs(FROM_MEMORY))
     patched, reports, caught = compile_with(ALL, constexprs=loop_constexprs(FROM_MEMORY))

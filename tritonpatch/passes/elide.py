@@ -53,8 +53,8 @@ from __future__ import annotations
 import functools
 import re
 
-from .ir import (REGISTER_MOVES, Module, constant_step, inline_asm_line, is_movable, loop_label, renamed, select_parts,
-                 substitute, without_dead_ops)
+from .ir import (REGISTER_MOVES, Module, constant_step, inline_asm_line, is_movable, loop_label, no_select_reason, renamed,
+                 select_parts, substitute, without_dead_ops)
 from .ir_syntax import NAME_END, base_name, parse_for, parse_type, without_attribute
 from .iterations import (NARROWED, iteration_bound, loop_uniform_runs, possible_runs, scalars_fixed_in_loop,
                          segment_counts)
@@ -348,8 +348,7 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
     counts = {"loops_split": 0}
     for loop in module.loops():
         if not any(select_parts(module, index) for index in module.children(loop)):
-            note(f"{loop_label(module, loop)} left as it is: its body has no tensor "
-                 "select (tl.where)")
+            note(f"{loop_label(module, loop)} left as it is: {no_select_reason(module, loop)}")
     done: set[str] = set()
     split = functools.partial(split_loop, max_atoms=options["max_atoms"], all_false_loops=options["all_false_loops"])
     while True:

@@ -260,6 +260,21 @@ def loop_label(module: Module, loop: int) -> str:
     return f"loop {parse_for(module.lines[loop]).iv}{f' at {source}' if source else ''} (IR line {loop + 1})"
 
 
+def no_select_reason(module: Module, loop: int) -> str:
+    """Why the mask passes found no tensor select (``tl.where``) directly in a loop's body: there is none, or
+    each sits in a region nested in the body (a branch, ``scf.if``: the passes do not rewrite selects there;
+    an inner loop: rewritten as a loop of its own), so a report tells "no mask here" from "mask not reached"."""
+    nested = next((index for index in range(loop + 1, module.end_of(loop)) if select_parts(module, index)), None)
+    if nested is None:
+        return "its body has no tensor select (tl.where)"
+    region = next(child for child in module.children(loop) if module.inside(nested, child))
+    where = (f"an scf.if in its body (IR line {region + 1}; selects under a branch are not rewritten)"
+             if module.lines[region].op == "scf.if" else
+             f"an inner loop (IR line {region + 1}; rewritten as a loop of its own)"
+             if module.lines[region].op == "scf.for" else f"a nested {module.lines[region].op} (IR line {region + 1})")
+    return f"its tensor selects (tl.where) sit only inside {where}"
+
+
 _LOC_ALIAS_RE = re.compile(r"^(#loc\d*) = (loc\(.*\))\s*$")
 _FILE_LOC_RE = re.compile(r'^loc\("([^"]+)":(\d+):\d+\)$')
 

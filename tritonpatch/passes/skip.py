@@ -39,7 +39,7 @@ output is finite, up to the sign of a zero accumulator (``-0 + 0 = +0``).
 from __future__ import annotations
 
 from .ir import (Module, constant_step, declared_pure, has_side_effect, increment_scalar, invariant_chain, loop_label,
-                 result_used_after, select_parts, substitute, type_of)
+                 no_select_reason, result_used_after, select_parts, substitute, type_of)
 from .ir_syntax import TensorType, base_name, int_width, parse_for, parse_type, with_attribute
 from .iterations import (NARROWED, PrefixSuffix, iteration_bound, mask_sets, no_wrap_in_loop, possible_runs,
                          loop_uniform_runs, scalars_fixed_in_loop, smax, smin, trip_count)
@@ -130,7 +130,7 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> str | None:
             continue
         _emit(module, loop, head, step, mask, analysis.checks, steps, proof.positive)
         return None
-    return "; ".join(reasons) or "its body has no tensor select (tl.where)"
+    return "; ".join(reasons) or no_select_reason(module, loop)
 
 
 def _describe(line) -> str:
