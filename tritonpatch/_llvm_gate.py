@@ -22,6 +22,8 @@ import os
 import threading
 from typing import Callable, Iterator
 
+from . import _interrupts as interrupts
+
 __all__ = ["gate", "LLVMOptionGate"]
 
 
@@ -55,7 +57,8 @@ class LLVMOptionGate:
                     while not self._can_join(key, 1):
                         if unless is not None and unless():
                             return False
-                        self._cond.wait()
+                        with interrupts.delivered():   # Ctrl-C stops a wait: nothing is applied yet
+                            self._cond.wait()
                 finally:
                     self._waiting -= 1
             if self._holders:

@@ -77,13 +77,15 @@ def _with_llvm_options(stage: Callable, settings: tuple, triton_names: tuple,
                        after: Callable | None = None) -> Callable:
     def run_with_llvm_options(src, metadata):
         # Ctrl-C is held back while the options change hands (a KeyboardInterrupt there left them set, or
-        # the gate taken, for every later compile) and let through while the stage runs
-        with interrupts.held() as deferral:
+        # the gate taken, for every later compile) and let through while the stage runs (and while waiting
+        # for the gate: _llvm_gate)
+        with interrupts.held() as guard:
             scope.enter(settings, triton_names)
             try:
-                with interrupts.delivered(deferral):
+                with interrupts.delivered():
                     result = stage(src, metadata)
             finally:
+                guard.immediate = False   # first, and a plain store: no interrupt reaches the restore
                 scope.exit()
         if after is not None:
             after(metadata)
