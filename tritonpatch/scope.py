@@ -35,15 +35,17 @@ _open_blocks: contextvars.ContextVar[tuple] = contextvars.ContextVar("tritonpatc
 class _Entry:
     """One entry into a block: what it puts in effect (an options() layer merged over the enclosing frame,
     or a per-kernel Pipeline), the context state it replaced, and who entered it: the block object and the
-    Python frame running its ``with``, by identity (holding the frame would keep its locals alive in every
-    context copied meanwhile, e.g. by an asyncio task)."""
+    Python frame running its ``with``, by identity and code (holding the frame would keep its locals alive in
+    every context copied meanwhile, e.g. by an asyncio task; the code tells a frame from a later one of other
+    code at the same address)."""
 
-    __slots__ = ("owner", "frame_id", "layer", "merged", "fixed", "saved")
+    __slots__ = ("owner", "frame_id", "code", "layer", "merged", "fixed", "saved")
 
     def __init__(self, owner, frame, layer: "Pipeline | None" = None, merged: "dict | None" = None,
                  fixed: "_Fixed | None" = None):
         self.owner = owner
         self.frame_id = id(frame)
+        self.code = frame.f_code
         self.layer = layer
         self.merged = merged
         self.fixed = fixed
@@ -104,10 +106,13 @@ def _exit_block(owner, frame) -> None:
     """Exit the innermost open entry of ``owner`` made by the ``with`` running in ``frame`` (a generator
     entering its caller's options object makes entries of its own, left by its own ``with``). An entry made
     in another frame (``ExitStack``, ``AsyncExitStack``, ``__enter__``/``__exit__`` called by hand from two
-    functions) is found by owner alone: the innermost one."""
+    functions) is found by owner alone: the innermost one (so two ExitStacks holding one object at once must
+    be left in the reverse order of entry; use an object per stack otherwise)."""
     stack = _open_blocks.get()
     frame_id = id(frame)
-    entry = next((e for e in reversed(stack) if e.owner is owner and e.frame_id == frame_id), None)
+    code = frame.f_code
+    entry = next((e for e in reversed(stack) if e.owner is owner and e.frame_id == frame_id and e.code is code),
+                 None)
     if entry is None:
         entry = next((e for e in reversed(stack) if e.owner is owner), None)
     if entry is not None:

@@ -350,6 +350,27 @@ def test_an_open_block_keeps_no_frame_alive():
 
 
 @native
+def test_an_exit_is_not_matched_to_an_entry_of_a_freed_frame_at_the_same_address():
+    """An entry made by hand in a short-lived helper, then an ExitStack entering the same object, left in order:
+    when ExitStack's exit frame took the freed helper frame's address, the exit matched the helper's entry
+    (a RuntimeError from correct code, and the wrong entry closed)."""
+    import contextlib
+
+    outer, inner = options(llvm={"unroll-count": 2}), options(llvm={"unroll-count": 4})
+    for local_count in range(40):   # helpers of many frame sizes: one of them shares its address with the exit's
+        namespace = {}
+        exec("def helper(block):\n" + "".join(f"    v{i} = {i}\n" for i in range(local_count))
+             + "    block.__enter__()\n", namespace)
+        namespace["helper"](outer)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(inner)
+            stack.enter_context(outer)
+        assert current_pipeline() == Pipeline(llvm={"unroll-count": 2}), local_count
+        outer.__exit__(None, None, None)
+        assert current_pipeline().is_empty
+
+
+@native
 def test_a_block_entered_and_left_from_two_functions():
     """__enter__ and __exit__ called by hand from two functions (a test's setUp/tearDown, ExitStack): the exit
     finds the entry by its object."""
