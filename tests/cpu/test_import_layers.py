@@ -108,7 +108,8 @@ def test_the_registry_imports_nothing_above_it():
                              "tritonpatch.errors"}
     assert internal(imports("tritonpatch._fork_safety")[0]) == set()
     assert {target for _, target in nested} == {"tritonpatch._native", "tritonpatch._triton_compat", "triton"}
-    assert internal(imports("tritonpatch._llvm_gate")[0]) == set()
+    assert internal(imports("tritonpatch._llvm_gate")[0]) == {"tritonpatch._interrupts"}
+    assert internal(imports("tritonpatch._interrupts")[0]) == set()
     assert internal(imports("tritonpatch._llvm_values")[0]) == {"tritonpatch.env", "tritonpatch.errors"}
 
 
