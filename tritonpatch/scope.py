@@ -4,6 +4,7 @@ tritonpatch into Triton (:mod:`.hooks`) if that has not happened yet."""
 from __future__ import annotations
 
 import contextvars
+import copy
 import functools
 import inspect
 import sys
@@ -32,6 +33,7 @@ def ensure_installed() -> None:
 # has its own context).
 _open_blocks: contextvars.ContextVar[tuple] = contextvars.ContextVar("tritonpatch_open_blocks", default=())
 
+
 class _Entry:
     """One entry into a block: what it puts in effect (an options() layer merged over the enclosing frame,
     or a per-kernel Pipeline), the context state it replaced, and who entered it: the block object and the
@@ -39,16 +41,24 @@ class _Entry:
     every context copied meanwhile, e.g. by an asyncio task; the code tells a frame from a later one of other
     code at the same address)."""
 
-    __slots__ = ("owner", "frame_id", "code", "layer", "merged", "fixed", "saved")
+    __slots__ = ("origin", "owner", "frame_id", "code", "layer", "merged", "fixed", "saved")
 
     def __init__(self, owner, frame, layer: "Pipeline | None" = None, merged: "dict | None" = None,
                  fixed: "_Fixed | None" = None):
+        self.origin = self   # the entry this one stands for (a copy made by an out-of-order exit: _pop)
         self.owner = owner
         self.frame_id = id(frame)
         self.code = frame.f_code
         self.layer = layer
         self.merged = merged
         self.fixed = fixed
+
+    def over(self, saved: tuple) -> "_Entry":
+        """This entry with ``saved`` as what preceded it: a copy, as the entry may be open in other contexts too
+        (copied by an asyncio task made inside the block), whose record must not change."""
+        copied = copy.copy(self)
+        copied.saved = saved
+        return copied
 
     def state_over(self, scoped: "_Frame | None", forced: "_Fixed | None") -> tuple:
         """The (options frame, per-kernel Pipeline) in effect inside this block, given those outside it."""
@@ -87,14 +97,18 @@ def _pop(entry: _Entry) -> None:
         _open_blocks.set(stack[:-1])
         _set_state(*entry.saved)
         return
-    position = next((i for i, open_entry in enumerate(stack) if open_entry is entry), None)
+    position = next((i for i, open_entry in enumerate(stack) if open_entry.origin is entry.origin), None)
     if position is None:
         return   # not open in this context (exited in another one, e.g. an asyncio task's copy)
-    state = entry.saved
-    for later in stack[position + 1:]:
-        later.saved = state
-        state = later.state_over(*state)
-    _open_blocks.set(stack[:position] + stack[position + 1:])
+    if position == len(stack) - 1:   # a copy made by an earlier out-of-order exit, now in order
+        _open_blocks.set(stack[:-1])
+        _set_state(*stack[-1].saved)
+        return
+    state, later = stack[position].saved, []
+    for open_entry in stack[position + 1:]:
+        later.append(open_entry.over(state))
+        state = open_entry.state_over(*state)
+    _open_blocks.set(stack[:position] + tuple(later))
     _set_state(*state)
     raise RuntimeError("tritonpatch blocks (options(), use_pipeline(), options-decorated calls) must be exited in "
                        "the reverse order of entry (a generator that yields inside a block lends it to the code "

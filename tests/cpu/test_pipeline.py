@@ -329,6 +329,30 @@ def test_blocks_entered_and_left_by_async_helpers():
 
 
 @native
+def test_an_out_of_order_exit_changes_no_other_contexts_blocks():
+    """A context copied inside two blocks (an asyncio task made there) holds the same entries: an out-of-order
+    exit in the original context rewrote the later entry's record in place, so the copy's exit of that block
+    restored what preceded the block taken out instead of that block."""
+    import contextvars
+
+    def compiling():
+        with options(disable_lsr=True):
+            yield
+
+    generator, later = compiling(), options(llvm={"unroll-count": 2})
+    next(generator)
+    with later:
+        copied = contextvars.copy_context()
+        with pytest.raises(RuntimeError, match="reverse order of entry"):
+            generator.close()
+        assert current_pipeline() == Pipeline(llvm={"unroll-count": 2})
+    assert current_pipeline().is_empty
+    assert copied.run(current_pipeline) == Pipeline(disable_lsr=True, llvm={"unroll-count": 2})
+    copied.run(later.__exit__, None, None, None)
+    assert copied.run(current_pipeline) == Pipeline(disable_lsr=True)   # the generator's block, open there
+
+
+@native
 def test_an_open_block_keeps_no_frame_alive():
     """A context copied while a block is open (an asyncio task, copy_context) holds the block's entry: the
     entry must not hold the frame of its `with`, whose locals would live as long as that context."""
