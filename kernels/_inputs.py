@@ -8,6 +8,7 @@ import torch
 from ._identity import arguments_changed
 from ._modifiers import TENSOR_ARGUMENT_TYPES
 from .block_mask import BlockMask
+from .masks import ALLOW_ALL_STRUCTURE, structure_name
 
 LOG2E = 1.4426950408889634
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
@@ -51,14 +52,23 @@ def validate_inputs(q, k, v, enable_gqa: bool) -> None:
 
 def check_block_mask_source(block_mask: "BlockMask | None", mask_mod, what: str) -> None:
     """A ValueError when ``block_mask`` was built by :func:`.block_mask.build_block_mask` from a mask of
-    ``mask_mod``'s structure with other scalar arguments, or from a tensor written since (its tile classes
-    would then not be ``mask_mod``'s: full tiles run without the mask, empty ones are skipped). The forward
-    runs it on every call, replayed ones included (a few comparisons), so that the verdict never depends on
-    earlier calls. The backward does not: it differentiates the forward that ran, and autograd refuses a
-    write to the tensors that forward read (they are saved for it)."""
+    another structure than ``mask_mod`` (``causal()`` for a ``sliding_window(4)`` call), from one of its
+    structure with other scalar arguments, or from a tensor written since: its tile classes would then not be
+    ``mask_mod``'s (full tiles run without the mask, empty ones are skipped). ``allow_all()`` takes any block
+    mask (its partial tiles then run unmasked, as documented). The forward runs it on every call, replayed
+    ones included (a few comparisons), so that the verdict never depends on earlier calls. The backward does
+    not: it differentiates the forward that ran, and autograd refuses a write to the tensors that forward read
+    (they are saved for it)."""
     built_from = None if block_mask is None else block_mask.built_from
-    if built_from is not None and mask_mod is not None and built_from[0] == mask_mod.structure and \
-            arguments_changed(built_from[1], mask_mod.args):
+    if built_from is None or mask_mod is None:
+        return
+    structure, args = built_from
+    if structure != mask_mod.structure and mask_mod.structure != ALLOW_ALL_STRUCTURE:
+        raise ValueError(f"{what}: block_mask was built from {structure_name(structure)}, the call's mask_mod is "
+                         f"{structure_name(mask_mod.structure)}; its tile classes do not describe this mask. Build it "
+                         "from the mask you call with (build_block_mask(mask_mod, ...)), or leave block_mask out: "
+                         "the attention builds and caches it")
+    if structure == mask_mod.structure and arguments_changed(args, mask_mod.args):
         raise ValueError(f"{what}: block_mask was built from {mask_mod.name} with other arguments, or before one of "
                          "its tensors was written in place (doc_ids.copy_(...)); its tile classes do not describe "
                          "this mask. Build it again after changing the mask (build_block_mask), or leave "

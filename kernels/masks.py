@@ -107,6 +107,14 @@ def _key_padding_dev(b, h, q_idx, kv_idx, valid, batch_stride):
     return tl.load(valid + b * batch_stride + kv_idx) != 0
 
 
+def structure_name(structure: tuple) -> str:
+    """A mask structure as its factories spell it (``and_masks(causal, document)``; ``custom`` for a
+    custom_mask leaf), for error messages."""
+    if structure[0] == "mask-leaf":
+        return structure[1]
+    return f"{structure[0]}_masks({', '.join(structure_name(part) for part in structure[1])})"
+
+
 def _leaf_mask(name, leaf_fn, torch_fn, args=(), tile_rule=None, batch_dependent=False, shift_invariant=False,
                check=None, batch_strides=()):
     structure = ("mask-leaf", name, len(args))
@@ -219,6 +227,9 @@ def _combined_rule(kind: str, rules: list, spans: list):
 @triton.jit
 def _allow_all_dev(b, h, q_idx, kv_idx):
     return (q_idx - kv_idx) * 0 == 0     # all true, written shift-invariantly (folds to a constant)
+
+
+ALLOW_ALL_STRUCTURE = ("mask-leaf", "allow_all", 0)   # allow_all()'s: it takes any block mask
 
 
 def allow_all() -> MaskMod:

@@ -6,6 +6,7 @@ tests run only in such a process; ``test_kernels_api.py::test_interpreter_suite`
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -120,6 +121,30 @@ def test_a_block_mask_built_before_its_mask_changed_is_refused():
     wide = K.build_block_mask(K.sliding_window(40), 1, 2, 64, 64, block_m=32, block_n=16, device="cpu")
     with pytest.raises(ValueError, match="built from sliding_window with other arguments"):
         K.attention(q, k, v, mask_mod=K.sliding_window(8), block_mask=wide)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_block_mask_built_from_another_mask_is_refused(compiled):
+    # a causal block mask passed with another mask ran: its full tiles without the call's mask, its empty
+    # tiles skipped (sliding_window(4): error 2.5 against the reference; document: 0.95), no error
+    torch._dynamo.reset()
+    q, k, v = qkv(1, 2, 2, 64, 64, 16, torch.float32, seed=8)
+    block_mask = K.build_block_mask(K.causal(), 1, 2, 64, 64, block_m=32, block_n=16, device="cpu")
+    others = {"sliding_window": K.sliding_window(4), "and_masks(causal, sliding_window)":
+              K.and_masks(K.causal(), K.sliding_window(4)), "document": K.document(torch.zeros(64, dtype=torch.int32))}
+    for name, mask_mod in others.items():
+        def call(a, b, c, mask_mod=mask_mod):
+            return K.attention(a, b, c, mask_mod=mask_mod, block_mask=block_mask)
+        run = torch.compile(call, backend="aot_eager", fullgraph=True) if compiled else call
+        with pytest.raises(ValueError, match=rf"built from causal, the call's mask_mod is {re.escape(name)};"):
+            run(q, k, v)
+    # allow_all() takes any block mask: the tiles it lists run unmasked (a tile-granular causal mask)
+    rows, cols = torch.arange(64)[:, None], torch.arange(64)[None, :]
+    tiles = (cols // 16) * 16 <= (rows // 32) * 32 + 31
+    scores = (q @ k.transpose(-1, -2)) / 4.0
+    want = torch.softmax(scores.masked_fill(~tiles, float("-inf")), dim=-1) @ v
+    torch.testing.assert_close(K.attention(q, k, v, mask_mod=K.allow_all(), block_mask=block_mask), want,
+                               atol=1e-4, rtol=1e-4)
 
 
 def test_key_padding_table_given_new_storage_is_not_served_a_stale_block_mask():
