@@ -123,3 +123,30 @@ def test_separate_is_bitwise_deterministic():
     finally:
         torch.use_deterministic_algorithms(previous)
     assert all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
+
+
+def test_inductor_trains_with_a_prebuilt_block_mask_and_refuses_a_stale_one():
+    """torch.compile (Inductor, CUDA), forward and backward, with a causal document mask whose block mask
+    was built under inference_mode: right against the fp32 reference while the ids are those it was built
+    from; refused once the ids are written after the build; right again with a block mask built anew."""
+    torch._dynamo.reset()
+    q, k, v, dout = make_inputs(1, 4, 4, SEQ, 64, seed=4)
+    ids = (torch.arange(SEQ, device="cuda") // 300).to(torch.int32)
+    mask = K.and_masks(K.causal(), K.document(ids))
+    with torch.inference_mode():
+        built = {"block_mask": K.build_block_mask(mask, 1, 4, SEQ, SEQ, device="cuda")}
+    run = torch.compile(lambda a, b, c: K.attention(a, b, c, mask_mod=mask, block_mask=built["block_mask"]))
+
+    def check():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = run(*leaves)
+        out.backward(dout)
+        assert rel_err(out, K.reference.attention(q, k, v, mask_mod=mask)) <= 1e-2
+        assert_grads_close([t.grad for t in leaves], reference_grads(q, k, v, dout, mask_mod=mask))
+
+    check()
+    ids[SEQ // 2:] += 1
+    with pytest.raises(ValueError, match="block_mask was built from .* with other arguments, or before"):
+        run(q, k, v)
+    built["block_mask"] = K.build_block_mask(mask, 1, 4, SEQ, SEQ, device="cuda")
+    check()
