@@ -465,6 +465,39 @@ def test_a_mask_under_a_branch_is_named_in_the_notes(caplog):
         assert any("sit only inside an scf.if in its body" in m for m in pass_log(caplog, name)), caplog.text
 
 
+@triton.jit
+def _bound_from_a_branch(Q, K, Out, N_CTX, CAUSAL, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """FlashAttention-2's shape: the loop's end chosen by a run-time flag (an scf.if result), the key-end
+    mask outside the branch."""
+    start_m = tl.program_id(0)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :])
+    acc = tl.zeros([BLOCK_M], dtype=tl.float32)
+    end_n = N_CTX
+    if CAUSAL:
+        end_n = tl.minimum((start_m + 1) * BLOCK_M, N_CTX)
+    for start_n in range(0, end_n, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        qk = tl.dot(q, tl.load(K + offs_n[None, :] * D + offs_d[:, None], mask=offs_n[None, :] < N_CTX, other=0.0))
+        qk = tl.where(offs_n[None, :] < N_CTX, qk, float("-inf"))
+        acc += tl.max(qk, 1)
+    tl.store(Out + offs_m, acc)
+
+
+def test_a_loop_bound_chosen_by_a_branch_is_read():
+    """The loop's upper bound is the result of an scf.if: its type was not read, elide-uniform-masks
+    emitted ``arith.extsi %1 : iNone to i64`` and the stage fell back (PassError in strict mode)."""
+    signature = {"Q": "*fp16", "K": "*fp16", "Out": "*fp32", "N_CTX": "i32", "CAUSAL": "i32",
+                 "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "D": "constexpr"}
+    constexprs = {"BLOCK_M": 64, "BLOCK_N": 64, "D": 32}
+    compiled, reports, caught = compile_with(["skip-masked-blocks", "elide-uniform-masks"], _bound_from_a_branch,
+                                             signature, constexprs)
+    assert not caught
+    assert counts(reports, "elide-uniform-masks") == {"loops_split": 1}
+    assert "iNone" not in compiled.asm["ttir"] and len(loop_facts(compiled.asm["ttir"])) > 1
+
+
 def test_mask_read_from_memory_is_left_untouched():
     plain, _, _ = compile_with([], constexprs=loop_constexprs(FROM_MEMORY))
     patched, reports, caught = compile_with(ALL, constexprs=loop_constexprs(FROM_MEMORY))

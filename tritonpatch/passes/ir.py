@@ -185,7 +185,9 @@ def type_of(module: Module, name: str) -> str | None:
         for position, (arg, _) in enumerate(loop.iter_args):
             if arg == name:
                 return loop.result_types[position]
-        return None
+        return _result_type(line, name)
+    if line.op == "scf.if":
+        return _result_type(line, name)
     if line.op == "tt.func" or line.text.lstrip().startswith("^"):
         match = re.search(re.escape(name) + r": ([^ ,)]+(?:<[^>]*>)?)", line.text)
         return match.group(1) if match else None
@@ -206,6 +208,19 @@ def type_of(module: Module, name: str) -> str | None:
         types = split_top_level(body.rsplit(" : ", 1)[1])
         return types[0] if line.op == "tt.addptr" else types[-1]
     return None
+
+
+def _result_type(line: Line, name: str) -> str | None:
+    """The type of result ``name`` (``%r``, or ``%r#k`` of a multi-result op) of a region op whose
+    opening line lists its result types (``%r = scf.if %c -> (i32) {``, ``%r:2 = scf.for ... -> (i32, f32) {``)."""
+    if base_name(name) not in line.results or " -> " not in line.body:
+        return None
+    listed = line.body.rsplit(" -> ", 1)[1].strip().removesuffix("{").strip()
+    if listed.startswith("(") and listed.endswith(")"):
+        listed = listed[1:-1]
+    types = split_top_level(listed)
+    position = int(name.split("#", 1)[1]) if "#" in name else 0
+    return types[position].strip() if position < len(types) else None
 
 
 # --- what an operation may do ------------------------------------------------------------------------

@@ -138,7 +138,16 @@ class IROps:
         return name
 
     def leaf(self, name):
-        width = int_width(type_of(self.module, name))
+        return self.as_i64(name)
+
+    def as_i64(self, name, typed_as=None):
+        """``name`` (an integer scalar of ``typed_as``'s type, by default its own) widened to i64; a ValueError
+        when that type cannot be read (the stage then keeps its unpatched module, rather than emitting IR
+        Triton rejects)."""
+        typed_as = typed_as or name
+        width = int_width(type_of(self.module, typed_as) or "")
+        if width is None:
+            raise ValueError(f"the integer type of {typed_as} cannot be read from its defining line")
         if width == 64:
             return name
         return self.emit(("ext", name), f"arith.extsi {name} : i{width} to i64")

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from .ir import (Module, constant_step, declared_pure, has_side_effect, increment_scalar, invariant_chain, loop_label,
                  no_select_reason, result_used_after, select_parts, substitute, type_of)
-from .ir_syntax import TensorType, base_name, int_width, parse_for, parse_type, with_attribute
+from .ir_syntax import TensorType, base_name, parse_for, parse_type, with_attribute
 from .iterations import (NARROWED, PrefixSuffix, iteration_bound, mask_sets, no_wrap_in_loop, possible_runs,
                          loop_uniform_runs, scalars_fixed_in_loop, smax, smin, trip_count)
 from .mask_analysis import Analysis
@@ -195,9 +195,7 @@ def _advanced_init(module: Module, ops: IROps, loop: int, init: str, op: str, in
     increment_type = parse_type(type_of(module, increment) or "")
     kind, scalar = increment_scalar(module, increment)
     if kind == "value":
-        width = int_width(type_of(module, scalar))
-        scalar = _computed_before(module, ops, loop, scalar)
-        scalar64 = scalar if width == 64 else ops.emit(("ext", scalar), f"arith.extsi {scalar} : i{width} to i64")
+        scalar64 = ops.as_i64(_computed_before(module, ops, loop, scalar), typed_as=scalar)
     else:
         scalar64 = ops.const(scalar)
     element = increment_type.element if isinstance(increment_type, TensorType) else increment_type
