@@ -498,6 +498,42 @@ def test_a_loop_bound_chosen_by_a_branch_is_read():
     assert "iNone" not in compiled.asm["ttir"] and len(loop_facts(compiled.asm["ttir"])) > 1
 
 
+@triton.jit
+def _window_written_as_what_it_drops(Q, K, Out, WINDOW, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                     D: tl.constexpr):
+    """A sliding window over a loop clipped to it, the select in the negated form ``where(outside, -inf, qk)``
+    with a plain compare as its condition (no ``~``)."""
+    start_m = tl.program_id(0)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :])
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    lo = tl.maximum(start_m * BLOCK_M - WINDOW, 0) // BLOCK_N * BLOCK_N
+    for start_n in range(lo, (start_m + 1) * BLOCK_M, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        qk = tl.dot(q, tl.load(K + offs_n[None, :] * D + offs_d[:, None]))
+        outside = (offs_m[:, None] - offs_n[None, :] >= WINDOW) | (offs_n[None, :] > offs_m[:, None])
+        qk = tl.where(outside, float("-inf"), qk)
+        m_i = tl.maximum(m_i, tl.max(qk, 1))
+    tl.store(Out + offs_m, m_i)
+
+
+def test_a_negated_select_keeps_its_unmasked_loop_after_skip():
+    """``where(outside, -inf, qk)``: skip-masked-blocks drops the tiles where ``outside`` is all-true; elide
+    took the narrowed loop's dropped runs to be the condition's all-false ones, so it emitted a copy for the
+    all-masked tiles (which no longer ran) and none for the unmasked ones."""
+    signature = {"Q": "*fp16", "K": "*fp16", "Out": "*fp32", "WINDOW": "i32",
+                 "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "D": "constexpr"}
+    compiled, reports, caught = compile_with(["skip-masked-blocks", "elide-uniform-masks"],
+                                             _window_written_as_what_it_drops, signature,
+                                             {"BLOCK_M": 64, "BLOCK_N": 32, "D": 32})
+    assert not caught
+    assert counts(reports, "skip-masked-blocks") == {"loops_narrowed": 1}
+    assert counts(reports, "elide-uniform-masks") == {"loops_split": 1}
+    facts = loop_facts(compiled.asm["ttir"])       # mixed, unmasked (its q @ k kept, no tile mask op), mixed
+    assert len(facts) == 3 and facts[1]["top"] == 0 and facts[1]["dots"] == 1, facts
+
+
 def test_mask_read_from_memory_is_left_untouched():
     plain, _, _ = compile_with([], constexprs=loop_constexprs(FROM_MEMORY))
     patched, reports, caught = compile_with(ALL, constexprs=loop_constexprs(FROM_MEMORY))

@@ -59,6 +59,7 @@ from .ir_syntax import NAME_END, base_name, parse_for, parse_type, without_attri
 from .iterations import (NARROWED, iteration_bound, loop_uniform_runs, possible_runs, scalars_fixed_in_loop,
                          segment_counts)
 from .mask_analysis import Analysis
+from .masked_iteration import NEG_INF, constant_kind
 from .masks import IROps, Mask
 from .report import note
 from .versioning import VERSIONED, version_refused_loop
@@ -275,6 +276,11 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
     mask = analysis.mask(parts[0])
     if mask is None or not 0 < mask.atoms() <= max_atoms:
         return f"its mask is not an analysable index compare (or has over {max_atoms} compares)"
+    # where(c, -inf, x) is split as where(~c, x, -inf), the form skip-masked-blocks reads it in: the runs it
+    # drops from a loop it narrowed (NARROWED) are then this mask's all-false runs, as for where(c, x, -inf)
+    negated = constant_kind(module, parts[1]) == NEG_INF and constant_kind(module, parts[2]) != NEG_INF
+    if negated:
+        mask = Mask("not", children=(mask,))
     if not scalars_fixed_in_loop(module, loop, mask, head.iv, analysis.checks):
         return "its mask uses a scalar computed inside the loop"
     original = [module.lines[i].text for i in range(loop, module.end_of(loop) + 1)]
@@ -283,7 +289,7 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
     possible = (leading and false_loops, True, true_possible, True, trailing and false_loops)   # per run of _RUNS
     bodies, refusals = {"mixed": original}, []
     for kind, wanted in (("true", true_possible), ("false", possible[0] or possible[4])):
-        copy = specialised_loop(module, loop, select, keep_true=kind == "true") if wanted else None
+        copy = specialised_loop(module, loop, select, keep_true=(kind == "true") != negated) if wanted else None
         if isinstance(copy, str):
             refusals.append(f"its all-{kind} copy: {copy}")
         elif copy is not None:
