@@ -45,7 +45,7 @@ def validate_inputs(q, k, v, enable_gqa: bool) -> None:
     kv_heads = k.shape[1]
     if kv_heads != heads and not (enable_gqa and heads % kv_heads == 0):
         hint = "pass enable_gqa=True" if heads % kv_heads == 0 else "H must be a multiple of Hkv"
-        raise ValueError(f"attention: q has {heads} heads, k/v {kv_heads}: {hint}")
+        raise ValueError(f"attention: q has {heads} head(s), k/v {kv_heads}: {hint}")
     if q.shape[2] == 0 or k.shape[2] == 0:
         raise ValueError("attention: sequence lengths must be positive")
 

@@ -252,6 +252,8 @@ def checked_arguments(label: str, args) -> tuple:
     int, a float, a bool, or a contiguous tensor of :data:`TENSOR_ARGUMENT_TYPES` (an error naming the
     entry otherwise; a list would reach the compiler's cache keys, a float64 tensor the score arithmetic,
     a strided view the device function, which indexes it as if contiguous)."""
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"{label}: args is {described(args)}; pass a tuple of runtime arguments (args=(8,) for one)")
     args = tuple(args)
     for position, arg in enumerate(args):
         if isinstance(arg, torch.Tensor):
@@ -268,12 +270,17 @@ def checked_arguments(label: str, args) -> tuple:
     return args
 
 
-def check_signature(label: str, device_fn, fixed: tuple, args: tuple) -> None:
-    """A TypeError naming the expected parameters when the ``@triton.jit`` ``device_fn`` does not take
-    ``fixed`` plus one parameter per runtime argument (it failed inside the kernel's compile otherwise)."""
+def check_signature(label: str, device_fn, torch_fn, fixed: tuple, args: tuple) -> None:
+    """A TypeError when ``device_fn`` is not a ``@triton.jit`` function (Triton's error came from inside the
+    kernel's compile: "Unsupported function referenced"), when ``torch_fn`` is not callable (the reference
+    failed later), or naming the expected parameters when ``device_fn`` does not take ``fixed`` plus one
+    parameter per runtime argument."""
     function = getattr(device_fn, "fn", None)
     if function is None or getattr(device_fn, "arg_names", None) is None:
-        return
+        raise TypeError(f"{label}: the device function is {described(device_fn)}; it must be a @triton.jit function")
+    if not callable(torch_fn):
+        raise TypeError(f"{label}: torch_fn is {described(torch_fn)}; pass the same rule written on torch tensors "
+                        "(the reference attention and the block-mask builder call it)")
     parameters = list(inspect.signature(function).parameters.values())
     required = sum(1 for p in parameters if p.default is inspect.Parameter.empty)
     expected = len(fixed) + len(args)

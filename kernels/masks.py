@@ -137,7 +137,7 @@ def custom_mask(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | 
     the warp-specialized Hopper kernel)."""
     name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
     args = checked_arguments(f"custom_mask {name!r}", args)
-    check_signature(f"custom_mask {name!r}", device_fn, ("b", "h", "q_idx", "kv_idx"), args)
+    check_signature(f"custom_mask {name!r}", device_fn, torch_fn, ("b", "h", "q_idx", "kv_idx"), args)
     structure = ("mask-leaf", "custom", id(device_fn), len(args))
     wrapper = generate(structure, [device_fn], call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
                        "b, h, q_idx, kv_idx, args")

@@ -67,7 +67,7 @@ def custom_score(device_fn, torch_fn: Callable, args: tuple = (), *, name: str |
     score tile in, new score out) and the same rule in torch."""
     name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
     args = checked_arguments(f"custom_score {name!r}", args)
-    check_signature(f"custom_score {name!r}", device_fn, ("score", "b", "h", "q_idx", "kv_idx"), args)
+    check_signature(f"custom_score {name!r}", device_fn, torch_fn, ("score", "b", "h", "q_idx", "kv_idx"), args)
     return _score_mod(device_fn, torch_fn, args, name, False, argument_check(f"custom_score {name!r}"))
 
 

@@ -12,6 +12,7 @@ so ``--help`` and the argument errors stay quick.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -37,10 +38,12 @@ def cmd_llvm_options(args: argparse.Namespace) -> int:
         options = [o for o in options if o.changed]
     if args.json:
         print(json.dumps([{**o.__dict__, "settable": o.settable} for o in options], indent=2))
-        return 0
+        return 0 if options else 1
     if not options:
         what = "changed LLVM option" if args.changed else "LLVM option"
-        print(f"no {what} matches {env.quote(args.pattern or '*')}", file=sys.stderr)
+        close = difflib.get_close_matches(args.pattern or "", [o.name for o in llvm.list_options()], n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close and not args.changed else ""
+        print(f"no {what} matches {env.quote(args.pattern or '*')}{hint}", file=sys.stderr)
         return 1
     rows = []
     for o in options:

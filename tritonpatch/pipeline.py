@@ -91,7 +91,7 @@ def _normalize_ptxas(flags: Iterable[str]) -> tuple[str, ...]:
     for flag in flags:
         if not isinstance(flag, str):
             raise PipelineError(f"ptxas flags are strings, got {flag!r}")
-        tokens.extend(env.parse_ptxas_options(flag, variable="ptxas="))
+        tokens.extend(env.parse_ptxas_options(flag, variable="ptxas"))
     return tuple(tokens)
 
 

@@ -17,6 +17,7 @@ to it is regenerated from the JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import os
@@ -80,12 +81,28 @@ KERNELS = {
 }
 
 
+@contextlib.contextmanager
+def empty_triton_cache():
+    """Triton's cache in a new temporary directory over the block (removed after it), so each compile is a
+    real one; TRITON_CACHE_DIR is restored afterwards."""
+    saved = os.environ.get("TRITON_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="tp-bench-") as cache:
+        os.environ["TRITON_CACHE_DIR"] = cache
+        try:
+            yield
+        finally:
+            if saved is None:
+                os.environ.pop("TRITON_CACHE_DIR", None)
+            else:
+                os.environ["TRITON_CACHE_DIR"] = saved
+
+
 def compile_seconds(name: str) -> float:
     fn, signature, constexprs, options = KERNELS[name]
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tp-bench-")
-    start = time.perf_counter()
-    compile_for_target(fn, signature, constexprs, target="sm_90", **options)
-    return time.perf_counter() - start
+    with empty_triton_cache():
+        start = time.perf_counter()
+        compile_for_target(fn, signature, constexprs, target="sm_90", **options)
+        return time.perf_counter() - start
 
 
 def set_mode(mode: str) -> None:
@@ -127,27 +144,27 @@ def bench_launch_path(repeats: int = 5000, rounds: int = 21) -> dict:
 
     saved = driver._active
     driver.set_active(CompileOnlyDriver())
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tp-bench-")
 
     def warm():
         strided_sum.warmup(torch.float32, torch.float32, 64, 128, BLOCK=128, grid=(1,))
 
     per_call = {"plain": [], "tritonpatch": []}
-    try:
-        for mode in ("plain", "tritonpatch"):
-            set_mode(mode)
-            warm()  # compile once; the loop below only hits the in-memory cache
-        for round_index in range(rounds):
-            for mode in (("plain", "tritonpatch") if round_index % 2 else ("tritonpatch", "plain")):
+    with empty_triton_cache():
+        try:
+            for mode in ("plain", "tritonpatch"):
                 set_mode(mode)
-                warm()
-                start = time.perf_counter()
-                for _ in range(repeats):
+                warm()  # compile once; the loop below only hits the in-memory cache
+            for round_index in range(rounds):
+                for mode in (("plain", "tritonpatch") if round_index % 2 else ("tritonpatch", "plain")):
+                    set_mode(mode)
                     warm()
-                per_call[mode].append((time.perf_counter() - start) / repeats * 1e6)
-    finally:
-        tritonpatch.uninstall()
-        driver._active = saved
+                    start = time.perf_counter()
+                    for _ in range(repeats):
+                        warm()
+                    per_call[mode].append((time.perf_counter() - start) / repeats * 1e6)
+        finally:
+            tritonpatch.uninstall()
+            driver._active = saved
     plain, patched = statistics.median(per_call["plain"]), statistics.median(per_call["tritonpatch"])
     return {"plain_us": plain, "tritonpatch_us": patched, "added_us": patched - plain, "ratio": patched / plain,
             "calls_per_round": repeats, "rounds": rounds}

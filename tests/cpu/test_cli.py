@@ -40,6 +40,8 @@ def test_llvm_options_json_matches_python_api():
 
 @pytest.mark.parametrize("args,code,message", [
     (["llvm-options", "no-such-option-anywhere"], 1, "no LLVM option matches"),
+    (["llvm-options", "disable-lrs"], 1, "did you mean disable-lsr"),
+    (["llvm-options", "no-such-option-anywhere", "--json"], 1, ""),
     (["llvm-options", "zzz", "--changed"], 1, "no changed LLVM option"),
     (["no-such-command"], 2, "invalid choice"),
 ])

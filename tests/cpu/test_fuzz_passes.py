@@ -396,6 +396,13 @@ def test_command_line_rejects_an_unknown_pass(capsys):
     assert "unknown pass 'fold'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("jobs", ["0", "-5"])
+def test_command_line_rejects_a_job_count_below_one(capsys, jobs):
+    with pytest.raises(SystemExit):
+        main(["--jobs", jobs])
+    assert "--jobs must be at least 1" in capsys.readouterr().err
+
+
 def test_gpu_mode_runs_with_a_simulated_device(monkeypatch):
     """The --gpu path up to the launch itself (which needs a GPU): every case is loaded from the
     run's cache and compared; a launch that raises is a finding, and one that leaves the device

@@ -112,6 +112,23 @@ def test_custom_modifier_arguments_the_kernels_cannot_take_are_refused(make, arg
 
 
 @pytest.mark.parametrize("make", [K.custom_mask, lambda fn, torch_fn, args: K.custom_score(fn, torch_fn, args)])
+def test_custom_modifier_functions_and_arguments_of_the_wrong_kind_are_refused(make):
+    # args=8 failed as "'int' object is not iterable"; a plain Python device function inside Triton's compile
+    # ("Unsupported function referenced"); torch_fn=None in the reference ("'NoneType' object is not callable")
+    with pytest.raises(TypeError, match=r"args is a int; pass a tuple of runtime arguments \(args=\(8,\) for one\)"):
+        make(_jit_keep_all, _keep_all, 8)
+    with pytest.raises(TypeError, match="the device function is a function; it must be a @triton.jit function"):
+        make(_keep_all, _keep_all, ())
+    with pytest.raises(TypeError, match="torch_fn is a NoneType; pass the same rule written on torch tensors"):
+        make(_jit_keep_all, None, ())
+
+
+@triton.jit
+def _jit_keep_all(b, h, q_idx, kv_idx):
+    return q_idx >= 0
+
+
+@pytest.mark.parametrize("make", [K.custom_mask, lambda fn, torch_fn, args: K.custom_score(fn, torch_fn, args)])
 def test_custom_modifier_tensor_views_that_are_not_contiguous_are_refused(make):
     # the device function indexes its tensor as if contiguous: a column view gave wrong attention silently
     column = torch.arange(16, dtype=torch.int32).reshape(8, 2)[:, 1]

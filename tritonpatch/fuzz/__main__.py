@@ -45,8 +45,8 @@ def parse_args(argv=None):
     parser.add_argument("--show", action="store_true",
                         help="print each kernel's source and every case's outcome (for reproducing a finding)")
     args = parser.parse_args(argv)
-    if args.kernels < 1 or args.samples < 1:
-        parser.error("--kernels and --samples must be at least 1")
+    if args.kernels < 1 or args.samples < 1 or (args.jobs is not None and args.jobs < 1):
+        parser.error("--kernels, --samples and --jobs must be at least 1")
     if args.carried_offsets and args.carried_pointers:
         parser.error("--carried-offsets and --carried-pointers name two seed ranges; pick one")
     pipelines = args.pipeline or list(PIPELINES)

@@ -64,7 +64,8 @@ def collecting_notes() -> Iterator[list[str]]:
 
 @contextlib.contextmanager
 def collect_reports(every_thread: bool = False) -> Iterator[list[PassReport]]:
-    """Collect a :class:`PassReport` for every pass run in this context (thread / task local), or
+    """``with collect_reports() as reports:`` collects a :class:`PassReport` for every pass run in this
+    context (thread / task local) into the list ``reports``, or
     with ``every_thread`` in any thread of the process while the block runs: compiles that others
     start in their own threads (torch.compile compiles its templates in a thread pool) report there.
     Compiles in other processes (Inductor's compile workers) report to their own process only:
