@@ -1,0 +1,52 @@
+"""ALiBi: a float bias computed from positions, added before a causal where(-inf); a per-head slope
+loaded before the loop."""
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def alibi_fwd(Q, K, V, Out, Slopes, sm_scale, stride_qm, stride_kn, stride_vn, stride_om, N_CTX,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    pid = tl.program_id(0)
+    head = tl.program_id(1)
+    slope = tl.load(Slopes + head)
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :])
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for start_n in range(0, N_CTX, BLOCK_N):
+        cols = start_n + offs_n
+        k = tl.load(K + cols[None, :] * stride_kn + offs_d[:, None])
+        qk = tl.dot(q, k) * sm_scale
+        bias = (cols[None, :] - offs_m[:, None]).to(tl.float32) * slope
+        qk = qk + bias
+        qk = tl.where(offs_m[:, None] >= cols[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp(qk - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + cols[:, None] * stride_vn + offs_d[None, :])
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+        m_i = m_new
+    tl.store(Out + offs_m[:, None] * stride_om + offs_d[None, :], (acc / l_i[:, None]).to(tl.float16))
+
+
+def compile_spec():
+    return dict(fn=alibi_fwd,
+                signature={"Q": "*fp16", "K": "*fp16", "V": "*fp16", "Out": "*fp16", "Slopes": "*fp32",
+                           "sm_scale": "fp32", "stride_qm": "i32", "stride_kn": "i32", "stride_vn": "i32",
+                           "stride_om": "i32", "N_CTX": "i32"},
+                constexprs={"BLOCK_M": 128, "BLOCK_N": 64, "D": 64},
+                options={"num_warps": 4, "num_stages": 2})
+
+
+def reference(q, k, v, slope, scale):
+    n = q.shape[0]
+    pos = torch.arange(n)
+    s = (q.float() @ k.float().T) * scale + (pos[None, :] - pos[:, None]).float() * slope
+    s = s.masked_fill(pos[None, :] > pos[:, None], float("-inf"))
+    return (torch.softmax(s, -1) @ v.float()).to(q.dtype)

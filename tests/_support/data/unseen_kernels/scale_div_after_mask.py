@@ -1,0 +1,48 @@
+"""Masks followed by runtime scaling: `where(mask, qk, -inf) / temperature` (a division by a runtime
+f32 that may be negative) and then `* log2e`; causal mask."""
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def temp_fwd(Q, K, V, Out, temperature, stride_qm, stride_kn, stride_vn, stride_om, N_CTX,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    pid = tl.program_id(0)
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :])
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for start_n in range(0, N_CTX, BLOCK_N):
+        cols = start_n + offs_n
+        k = tl.load(K + cols[None, :] * stride_kn + offs_d[:, None])
+        qk = tl.dot(q, k)
+        qk = tl.where(offs_m[:, None] >= cols[None, :], qk, float("-inf")) / temperature
+        qk = qk * 1.4426950408889634
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + cols[:, None] * stride_vn + offs_d[None, :])
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+        m_i = m_new
+    tl.store(Out + offs_m[:, None] * stride_om + offs_d[None, :], (acc / l_i[:, None]).to(tl.float16))
+
+
+def compile_spec():
+    return dict(fn=temp_fwd,
+                signature={"Q": "*fp16", "K": "*fp16", "V": "*fp16", "Out": "*fp16", "temperature": "fp32",
+                           "stride_qm": "i32", "stride_kn": "i32", "stride_vn": "i32", "stride_om": "i32", "N_CTX": "i32"},
+                constexprs={"BLOCK_M": 128, "BLOCK_N": 64, "D": 64},
+                options={"num_warps": 8, "num_stages": 2})
+
+
+def reference(q, k, v, temperature):
+    n = q.shape[0]
+    s = (q.float() @ k.float().T).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    s = s / temperature * 1.4426950408889634
+    p = torch.exp2(s - s.amax(-1, keepdim=True))
+    return ((p @ v.float()) / p.sum(-1, keepdim=True)).to(q.dtype)

@@ -1,0 +1,50 @@
+"""The mask passes on kernels written apart from the passes, in the styles other codebases use
+(tests/_support/data/unseen_kernels/: FlashAttention-2's run-time ``IS_CAUSAL``, ALiBi, sliding windows written
+as what they drop, ``%`` on ragged lengths, int64 indices, loaded document masks, a dK/dV loop, masked
+matmuls and reductions, stores and atomics in the loop, xor masks, scales after the select).
+
+Each compiles for sm_90 with all three passes and falls back nowhere: a pass either rewrites a loop into IR
+that Triton accepts and verifies, or leaves it and says why. (One of them, a loop whose end an ``if`` on a
+run-time flag chooses, made elide-uniform-masks emit IR Triton rejected.) Each module has
+``compile_spec()`` (what ``triton.compile`` needs) and ``reference(...)``, the same computation in torch."""
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import warnings
+
+import pytest
+
+import tritonpatch
+from tritonpatch.passes import collect_reports
+from tritonpatch.targets import compile_for_target
+
+FOLDER = pathlib.Path(__file__).resolve().parents[1] / "_support" / "data" / "unseen_kernels"
+ALL = ["skip-masked-blocks", "elide-uniform-masks", "hoist-masks"]
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"unseen_kernels.{name}", FOLDER / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module", autouse=True)
+def always_compile(tmp_path_factory):
+    """Every compile runs the passes (a cached kernel would carry no pass reports)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_ALWAYS_COMPILE", "1")
+        patch.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton-cache")))
+        yield
+
+
+@pytest.mark.parametrize("name", sorted(path.stem for path in FOLDER.glob("*.py")))
+def test_the_passes_rewrite_or_leave_each_loop_without_falling_back(name):
+    spec = load(name).compile_spec()
+    with warnings.catch_warnings(record=True) as caught, collect_reports() as reports, \
+            tritonpatch.options(passes=ALL):
+        warnings.simplefilter("always")
+        compile_for_target(spec["fn"], spec["signature"], spec["constexprs"], target="sm_90", **spec["options"])
+    assert not [str(w.message) for w in caught if "tritonpatch" in str(w.message)]
+    assert sorted({r.name for r in reports}) == sorted(ALL) and all(r.kept for r in reports)
