@@ -14,7 +14,8 @@ with and wraps the NVIDIA stages (``ttir, ttgir, llir, ptx, cubin``):
   a warning: ptxas follows the launch bounds, and Triton's ``maxnreg`` launch option is what works;
 - IR passes run right after ``ttir`` and ``ttgir`` (Triton-language kernels only). When a stage's
   passes change its module, the later stages are compiled right away from the patched module, so
-  that a failure in any of them (a later stage rejecting the pass output, LLVM, ptxas) still gives
+  that a failure in any of them (a later stage rejecting the pass output, LLVM, ptxas, a loop whose
+  multiply-adds the backend fused differently from the unpatched kernel's) still gives
   the unpatched kernel: one warning naming the passes and the failure, the rest of the compile
   without passes, and every stage output Triton stores unpatched (``PassError`` under
   ``TRITONPATCH_STRICT=1``). The fallback is recorded in the kernel's metadata
@@ -42,6 +43,7 @@ from ._llvm_scope import scope
 from ._current import compile_pipeline, current_cache_tag, environment_pipeline, keyed_cache_tag
 from .errors import PassError, PipelineError
 from .passes import apply_stage_passes, parse_module
+from .passes.float_contraction import contraction_changes
 from .pipeline import Pipeline
 from .targets import shared_memory_per_block
 
@@ -117,8 +119,10 @@ def _wrap_stages(backend, stages: dict, options, language, pipeline: Pipeline, s
         first = next(iter(stages))
         stages[first] = _recording_pipeline(stages[first], pipeline)
     if pipeline.passes:
-        if compat.is_triton_language(language):
-            _PatchedCompile(stages, pipeline.passes, env.strict(), ahead=not compat.ir_locations_from_stored_files(),
+        if compat.is_triton_language(language) and compat.ir_locations_from_stored_files():
+            _skip_passes_under_ir_locations(pipeline)
+        elif compat.is_triton_language(language):
+            _PatchedCompile(stages, pipeline.passes, env.strict(),
                             shared_memory_limit=shared_memory_per_block(capability))
         else:
             logger.debug("IR passes skipped for a %s kernel (hand-written TTGIR)", language)
@@ -172,6 +176,26 @@ def _warn_if_triton_overrides(pipeline: Pipeline, triton_names: tuple[str, ...],
                   f"{', '.join(f'{n}=True' for n, _ in overridden)}; {fix}", RuntimeWarning, stacklevel=2)
 
 
+_warned_ir_locations = False
+
+
+def _skip_passes_under_ir_locations(pipeline: Pipeline) -> None:
+    """With ``TRITON_USE_IR_LOC`` Triton rewrites a stored stage output's locations before the next
+    stage, so the later stages cannot be compiled ahead from the patched module, and without that
+    neither a backend failure nor a changed contraction (the exactness check) could be caught: the
+    passes do not run (PassError under strict; otherwise one warning per process)."""
+    global _warned_ir_locations
+    what = (f"tritonpatch: the IR passes {[name for name, _ in pipeline.passes]} do not run while TRITON_USE_IR_LOC is set: "
+            f"Triton then rewrites each stage's output before the next, so the patched kernel cannot be checked "
+            f"against the unpatched one")
+    if env.strict():
+        raise PassError(f"{what}; unset TRITON_USE_IR_LOC to run them")
+    if not _warned_ir_locations:
+        _warned_ir_locations = True
+        warnings.warn(f"{what}; kernels compile without them (unset TRITON_USE_IR_LOC to run them)", RuntimeWarning,
+                      stacklevel=2)
+
+
 _PASS_STAGES = ("ttir", "ttgir")
 _MESSAGE_LIMIT = 600
 
@@ -189,16 +213,16 @@ class _PatchedCompile:
     A patched kernel that needs more shared memory per block than ``shared_memory_limit`` (the
     GPU's; loop copies are software-pipelined each with buffers of their own, which Triton's
     allocator overlaps only where their lifetimes are disjoint) counts as such a failure: it could
-    never launch. With ``ahead=False`` (Triton rewrites stored modules' locations between
-    stages) passes run stage by stage, and a failure after them is not caught.
+    never launch, and so does one whose loops fuse multiply-adds differently from the unpatched
+    kernel's (:mod:`.passes.float_contraction`; the unpatched module is compiled to PTX too, to
+    compare): it would not compute the unpatched results bit for bit.
     """
 
-    def __init__(self, stages: dict, specs: tuple, strict: bool, ahead: bool, shared_memory_limit: int | None = None):
+    def __init__(self, stages: dict, specs: tuple, strict: bool, shared_memory_limit: int | None = None):
         self.order = list(stages)
         self.inner = dict(stages)
         self.specs = specs
         self.strict = strict
-        self.compile_ahead = ahead
         self.ahead: dict = {}  # stage -> (what Triton will hand it, what it returns)
         self.shared_memory_limit = shared_memory_limit
         self.patching = True
@@ -214,7 +238,7 @@ class _PatchedCompile:
         if not self.patching or name not in _PASS_STAGES:
             return output
         outcome = self._passes(name, output, metadata)
-        if outcome.module is output or not self.compile_ahead:
+        if outcome.module is output:
             return outcome.module
         return self._run_ahead(name, output, outcome, metadata)
 
@@ -242,6 +266,9 @@ class _PatchedCompile:
                 output_shown = _stored_copy(output)
                 ahead[stage] = (shown, output_shown)
                 module, shown = output, output_shown
+            if "ptx" in ahead:
+                stage = "ptx"
+                self._check_contraction(name, unpatched, ahead["ptx"][1], metadata)
         except PassError:
             raise  # a pass failed under strict: apply_stage_passes said why
         except Exception as exc:  # noqa: BLE001 - any later failure of a patched compile: fall back
@@ -249,6 +276,21 @@ class _PatchedCompile:
         metadata.update(trial)
         self.ahead = ahead
         return first_shown
+
+    def _check_contraction(self, name: str, unpatched, patched_ptx: str, metadata: dict) -> None:
+        """Compile a copy of ``unpatched`` (the output of stage ``name``) to PTX without passes and
+        raise :class:`ContractionChanged` where a patched loop fuses multiply-adds differently
+        (:mod:`.passes.float_contraction`): its results would differ in the low bits."""
+        module, trial = _stored_copy(unpatched), dict(metadata)
+        for stage in self.order[self.order.index(name) + 1:]:
+            module = self.inner[stage](module, trial)
+            if stage == "ptx":
+                break
+        changes = contraction_changes(module, patched_ptx)
+        if changes:
+            more = f" (and {len(changes) - 3} more)" if len(changes) > 3 else ""
+            raise ContractionChanged("the patched loops fuse multiply-adds differently from the unpatched loop, "
+                                     "which changes the low bits of the results: " + "; ".join(changes[:3]) + more)
 
     def _check_resources(self, metadata: dict) -> None:
         shared = metadata.get("shared")
@@ -265,7 +307,10 @@ class _PatchedCompile:
         failure = f"{type(exc).__name__}: {exc}"
         if len(failure) > _MESSAGE_LIMIT:
             failure = failure[:_MESSAGE_LIMIT] + f"… ({len(failure)} characters)"
-        what = f"kernel {kernel!r} failed in the {stage} stage after the IR passes {applied} ({failure})"
+        if isinstance(exc, ContractionChanged):
+            what = f"kernel {kernel!r} compiled with the IR passes {applied} is not exact: {exc}"
+        else:
+            what = f"kernel {kernel!r} failed in the {stage} stage after the IR passes {applied} ({failure})"
         if self.strict:
             raise PassError(f"{what}; without {env.STRICT}=1 tritonpatch compiles it without the passes") from exc
         message = f"tritonpatch: {what}; compiled it without the passes"
@@ -276,6 +321,11 @@ class _PatchedCompile:
 
 class OutOfSharedMemory(RuntimeError):
     """A patched kernel would need more shared memory than its GPU has: it could never launch."""
+
+
+class ContractionChanged(RuntimeError):
+    """A patched kernel's loops fuse multiplies and adds into FMAs where the unpatched kernel's do
+    not, or the other way round: it would not compute the unpatched kernel's results bit for bit."""
 
 
 def _stored_copy(module):

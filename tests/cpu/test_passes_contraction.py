@@ -6,6 +6,7 @@ subtraction (FFMA) in the all-true copy only, which changes dK / dV bits."""
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 import triton
@@ -13,6 +14,7 @@ import triton.language as tl
 
 from test_passes import (always_compile, assert_all_true_loop_keeps_the_float_work,  # noqa: F401
                          compile_like_a_launch, float_work, full_loops, loop_facts)
+import tritonpatch
 from tritonpatch.inspection import disassemble
 
 SHAPES = [{"BLOCK_M": 32, "BLOCK_N": 64, "D": 64}, {"BLOCK_M": 64, "BLOCK_N": 64, "D": 128}]
@@ -225,3 +227,99 @@ def test_copies_keep_the_float_work_through_shape_and_cast_ops(shape):
         extra = float_work(copy) - float_work(mixed[0])
         assert not extra or (set(extra) == {"FADD"} and extra["FADD"] <= barriers), \
             (shape, float_work(copy), float_work(mixed[0]))
+
+
+@triton.jit
+def congruent_columns_kernel(Q, K, V, Out, N_KV, P, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """A mask LLVM decides element by element in the unpatched loop: the loop starts at 0 in steps
+    of ``BLOCK_N``, so the low bits of each column are known, and ``cols + 64 != pid1 * 8`` is true
+    on every column that is not a multiple of 8. There the select goes and ``s * scale - m`` becomes
+    one FMA; on the other columns the select stays and the multiply is rounded on its own."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :])
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    eighth = tl.program_id(1) * 8
+    for start in range(0, N_KV, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        s = tl.dot(q, tl.load(K + cols[None, :] * D + offs_d[:, None])) * 0.18033688011112042
+        keep = ((cols[None, :] + 64) != eighth) | ((offs_m[:, None] + cols[None, :]) != P)
+        s = tl.where(keep, s, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_ij[:, None])
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), tl.load(V + cols[:, None] * D + offs_d[None, :]))
+        m_i = m_ij
+    tl.store(Out + (tl.program_id(1) * N_KV + offs_m[:, None]) * D + offs_d[None, :], acc / l_i[:, None])
+
+
+CONGRUENT_SIGNATURE = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "Out": "*fp32", "N_KV": "i32", "P": "i32"}
+CONGRUENT_CONSTEXPRS = {"BLOCK_M": 64, "BLOCK_N": 32, "D": 32}
+
+
+def _compile_congruent(passes):
+    """Compile ``congruent_columns_kernel`` for sm_90 as a launch would; (compiled, tritonpatch warnings)."""
+    from triton.compiler import ASTSource
+    from tritonpatch.targets import parse_target
+    names = list(congruent_columns_kernel.arg_names)
+    full = {**CONGRUENT_SIGNATURE, **{name: "constexpr" for name in CONGRUENT_CONSTEXPRS}}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in CONGRUENT_SIGNATURE.items()
+             if t.startswith(("*", "i"))}
+    source = ASTSource(fn=congruent_columns_kernel, signature=full, constexprs=CONGRUENT_CONSTEXPRS, attrs=attrs)
+    with warnings.catch_warnings(record=True) as caught, tritonpatch.options(passes=passes):
+        warnings.simplefilter("always")
+        compiled = triton.compile(source, target=parse_target("sm_90"), options={"num_warps": 4, "num_stages": 2})
+    return compiled, [str(w.message) for w in caught if "tritonpatch" in str(w.message)]
+
+
+def test_a_split_that_fuses_differently_falls_back_to_the_unpatched_kernel(monkeypatch):
+    """Split by elide-uniform-masks, this loop computes ``s * scale - m`` without an FMA on the
+    columns where the unpatched loop fused it (GPU: 1 ulp off on those outputs). The exactness check
+    compiles the unpatched module too, sees the different FMA count at the subtraction, and the
+    kernel compiles without the passes: the unpatched PTX, one warning naming the location."""
+    monkeypatch.setenv("TRITON_ALWAYS_COMPILE", "1")
+    plain, quiet = _compile_congruent([])
+    checked, messages = _compile_congruent(["elide-uniform-masks"])
+    assert not quiet
+    assert len(messages) == 1 and "is not exact" in messages[0] and "fma.f32" in messages[0], messages
+    assert re.search(r"congruent_columns_kernel\.py|test_passes_contraction\.py:\d+:\d+", messages[0]), messages
+    assert checked.asm["ptx"] == plain.asm["ptx"]
+    assert "is not exact" in getattr(checked.metadata, "tritonpatch_fallback", "")
+
+
+def test_without_the_check_the_split_would_fuse_differently(monkeypatch):
+    """What the check prevents, shown with it switched off: the patched PTX has the split loops and
+    fewer FMAs at the subtraction than the unpatched loop."""
+    from tritonpatch import hooks
+    from tritonpatch.passes.float_contraction import contraction_changes
+    monkeypatch.setenv("TRITON_ALWAYS_COMPILE", "1")
+    plain, _ = _compile_congruent([])
+    monkeypatch.setattr(hooks, "contraction_changes", lambda unpatched, patched: [])
+    split, messages = _compile_congruent(["elide-uniform-masks"])
+    assert not messages and split.asm["ptx"] != plain.asm["ptx"]
+    changes = contraction_changes(plain.asm["ptx"], split.asm["ptx"])
+    assert changes and all("fma.f32" in change for change in changes), changes
+
+
+@pytest.mark.gpu
+def test_congruent_columns_match_the_unpatched_kernel_bit_for_bit():
+    """On the GPU, elide-uniform-masks gives the unpatched kernel's bits (the check falls back)."""
+    import torch
+    n_kv, p = 1024, 300
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(n_kv, 32, device="cuda", dtype=torch.float16) for _ in range(3))
+
+    def run(active):
+        out = torch.empty(2, n_kv, 32, device="cuda")
+        with warnings.catch_warnings(), tritonpatch.options(passes=active):
+            warnings.simplefilter("ignore")
+            congruent_columns_kernel[(n_kv // 64, 2)](q, k, v, out, n_kv, p, **CONGRUENT_CONSTEXPRS, num_warps=4,
+                                                      num_stages=2)
+        return out
+    reference, split = run([]), run(["elide-uniform-masks"])
+    assert torch.isfinite(reference).all()
+    differing = (reference.view(torch.int32) != split.view(torch.int32)).sum().item()
+    assert differing == 0, f"differs from the unpatched kernel in {differing} elements"

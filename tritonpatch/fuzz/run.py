@@ -119,6 +119,9 @@ def run(seeds, pipelines=PIPELINES, *, features: list[str] | None = None, gpu: b
                     compared += sum(c.compared for c in kernel_cases)
                 cases += kernel_cases
                 findings += kernel_findings
+                for finding in kernel_findings:     # at once: a run cut short still names its findings
+                    print(f"[fuzz] FINDING seed {finding.seed} [{finding.pipeline}] {finding.kind}; reproduce: "
+                          f"{finding.reproduce(gpu)}", file=out, flush=True)
                 if show:
                     show_cases(kernel, kernel_cases, kernel_findings, out)
             if time.perf_counter() - last_print > 10 or done == len(tasks):
