@@ -185,7 +185,10 @@ def type_of(module: Module, name: str) -> str | None:
         for position, (arg, _) in enumerate(loop.iter_args):
             if arg == name:
                 return loop.result_types[position]
-        return _result_type(line, name)
+        if base_name(name) not in line.results:
+            return None
+        position = int(name.split("#", 1)[1]) if "#" in name else 0     # a loop result: %r or %r#k
+        return loop.result_types[position] if position < len(loop.result_types) else None
     if line.op == "scf.if":
         return _result_type(line, name)
     if line.op == "tt.func" or line.text.lstrip().startswith("^"):
@@ -211,8 +214,8 @@ def type_of(module: Module, name: str) -> str | None:
 
 
 def _result_type(line: Line, name: str) -> str | None:
-    """The type of result ``name`` (``%r``, or ``%r#k`` of a multi-result op) of a region op whose
-    opening line lists its result types (``%r = scf.if %c -> (i32) {``, ``%r:2 = scf.for ... -> (i32, f32) {``)."""
+    """The type of result ``name`` (``%r``, or ``%r#k`` of a multi-result op) of an ``scf.if``, whose
+    opening line ends with its result types (``%r = scf.if %c -> (i32) {``, ``%r:2 = scf.if %c -> (i32, f32) {``)."""
     if base_name(name) not in line.results or " -> " not in line.body:
         return None
     listed = line.body.rsplit(" -> ", 1)[1].strip().removesuffix("{").strip()
