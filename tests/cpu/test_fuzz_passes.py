@@ -300,6 +300,25 @@ def test_elision_check_flags_a_mixed_tile_run_without_its_mask(causal_reference)
     assert findings and findings[0].kind == "elided-mixed-tile", findings
 
 
+def test_elision_check_flags_a_copy_that_runs_the_wrong_arm(causal_reference, tmp_path, monkeypatch):
+    """elide-uniform-masks marks each copy with the arm it runs (the constant: all-masked tiles; the
+    computed value: unmasked tiles); the check evaluates the mask on the copy's tiles. With the
+    marks swapped, as a copy running the wrong arm would read, it reports the tile."""
+    from triton.backends.compiler import GPUTarget
+    kernel, reference = causal_reference
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    _, split = compile_case(kernel, "elide", str(tmp_path), GPUTarget("cuda", 90, 32))
+    claims = [loop.claim for loop in ScalarProgram(split.ttir).loops]
+    assert "unmasked" in claims, claims
+    assert static_findings(kernel, reference, split, samples=24)[0] == []
+    swapped = (split.ttir.replace("tritonpatch.masked_copy", "tritonpatch.swap")
+               .replace("tritonpatch.unmasked_copy", "tritonpatch.masked_copy").replace("tritonpatch.swap",
+                                                                                      "tritonpatch.unmasked_copy"))
+    case = Compiled(kernel.seed, "elide", "ok", 0.0, [], [], swapped)
+    findings, _ = static_findings(kernel, reference, case, samples=24)
+    assert findings and findings[0].kind == "elided-mixed-tile" and "but the tile is" in findings[0].detail, findings
+
+
 # --- the fuzz run ---------------------------------------------------------------------------------------------
 def assert_clean(result):
     assert result.ok, "\n" + summary(result)

@@ -98,8 +98,9 @@ def _live_tile_dropped(kernel: Kernel, original, segments, iv_width: int, env: d
 
 def _mixed_tile_elided(kernel: Kernel, original, runs: list, env: dict) -> str | None:
     """A rewritten loop with fewer masked selects than the original runs without a mask: where
-    the kernel has a single mask, that mask must be uniform (all-true or all-false) on each of
-    its tiles (up to 8 first and last iterations checked)."""
+    the kernel has a single mask, that mask must be uniform on each of its tiles, and all-false
+    on a copy marked as running the select's constant arm, all-true on one marked as running the
+    computed value (up to 8 first and last iterations checked)."""
     masks = {select.mask for select in kernel.selects}
     if len(masks) != 1:
         return None
@@ -110,9 +111,13 @@ def _mixed_tile_elided(kernel: Kernel, original, runs: list, env: dict) -> str |
         first, count = iterations(lower, upper, step)
         for k in sorted(set(range(min(count, DROPPED_CHECKED))) | set(range(max(0, count - DROPPED_CHECKED), count))):
             values = mask.evaluate(kernel.tile_at(env, first + k * step, loop.width))
+            where = f"iteration start={first + k * step} in a loop without the mask ([{lower}, {upper}) step {step})"
             if values.any() and not values.all():
-                return (f"elide-uniform-masks runs iteration start={first + k * step} in a loop without the mask "
-                        f"([{lower}, {upper}) step {step}), but the mask is mixed on that tile")
+                return f"elide-uniform-masks runs {where}, but the mask is mixed on that tile"
+            if loop.claim == "masked" and values.all() or loop.claim == "unmasked" and not values.any():
+                state = "unmasked" if values.all() else "all-masked"
+                return (f"elide-uniform-masks runs {where} with the select's "
+                        f"{'constant arm' if loop.claim == 'masked' else 'computed value'}, but the tile is {state}")
     return None
 
 

@@ -69,6 +69,18 @@ class Loop:
     step: str
     width: int
     masked_selects: int = 0
+    claim: str | None = None        # a copy elide-uniform-masks marked: "masked" or "unmasked" tiles only
+
+
+# The unit attributes elide-uniform-masks puts on a copy's scf.for: it runs the select's constant arm
+# (every tile all-masked) or its computed value (every tile unmasked).
+_CLAIMS = {"tritonpatch.masked_copy": "masked", "tritonpatch.unmasked_copy": "unmasked"}
+
+
+def _claim(closing: str) -> str | None:
+    attributes = re.match(r"\}\s*\{([^}]*)\}", closing)
+    names = {name.strip() for name in attributes.group(1).split(",")} if attributes else set()
+    return next((claim for name, claim in _CLAIMS.items() if name in names), None)
 
 
 class ScalarProgram:
@@ -95,7 +107,7 @@ class ScalarProgram:
                     if head is not None:
                         ref = _LOC_REF.search(stripped)
                         line = _resolve_line(ref.group(1), locations) if ref else None
-                        self.loops.append(Loop(line, *head, masked_selects=selects))
+                        self.loops.append(Loop(line, *head, masked_selects=selects, claim=_claim(stripped)))
                         selects = 0
             if depth == 2 and not stripped.startswith("}"):   # module { tt.func { <here>
                 loop = _FOR.search(stripped)

@@ -55,7 +55,7 @@ import re
 
 from .ir import (REGISTER_MOVES, Module, constant_step, inline_asm_line, is_movable, loop_label, no_select_reason, renamed,
                  select_parts, substitute, without_dead_ops)
-from .ir_syntax import NAME_END, base_name, parse_for, parse_type, without_attribute
+from .ir_syntax import NAME_END, base_name, parse_for, parse_type, with_attribute, without_attribute
 from .iterations import (NARROWED, iteration_bound, loop_uniform_runs, possible_runs, scalars_fixed_in_loop,
                          segment_counts)
 from .mask_analysis import Analysis
@@ -260,6 +260,22 @@ def with_head(lines: list[str], module: Module, loop: int, result: str | None, l
 
 # --- the split ------------------------------------------------------------------------------------
 _RUNS = ("false", "mixed", "true", "mixed", "false")   # the five runs segment_counts cuts the iterations into
+# What a copy claims about its tiles, as a unit attribute of its scf.for (read by the fuzzer's static
+# check, which evaluates the mask on the tiles each copy runs): where the select had a constant arm and
+# a computed one, the copy runs the constant (every tile all-masked) or the computed value (unmasked).
+MASKED_COPY = "tritonpatch.masked_copy"
+UNMASKED_COPY = "tritonpatch.unmasked_copy"
+
+
+def _marked(closing: str, module: Module, parts, keep_true: bool | None) -> str:
+    """The closing line of a copy that replaced the select by its true (``keep_true``) or false
+    operand, with :data:`MASKED_COPY` or :data:`UNMASKED_COPY` when exactly one arm is a constant."""
+    if keep_true is None:
+        return closing
+    kept, other = (parts[1], parts[2]) if keep_true else (parts[2], parts[1])
+    if is_constant(module, kept) != is_constant(module, other):
+        return with_attribute(closing, MASKED_COPY if is_constant(module, kept) else UNMASKED_COPY)
+    return closing
 
 
 def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false_loops: bool) -> list[str] | str:
@@ -311,7 +327,9 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
             segments[-1] = ("mixed", segments[-1][1], bounds[position + 1])
         else:
             segments.append((kind, bounds[position], bounds[position + 1]))
-    bodies = {kind: lines[:-1] + [without_attribute(lines[-1], NARROWED)] for kind, lines in bodies.items()}
+    bodies = {kind: lines[:-1] + [_marked(without_attribute(lines[-1], NARROWED), module, parts,
+                                          None if kind == "mixed" else (kind == "true") != negated)]
+              for kind, lines in bodies.items()}
     emitted, inits, original_names = list(ops.lines), None, True
     for position, (kind, low, high) in enumerate(segments):
         result = None if position == len(segments) - 1 else module.fresh("segment")

@@ -50,3 +50,19 @@ def reference(q, k, v, slope, scale):
     s = (q.float() @ k.float().T) * scale + (pos[None, :] - pos[:, None]).float() * slope
     s = s.masked_fill(pos[None, :] > pos[:, None], float("-inf"))
     return (torch.softmax(s, -1) @ v.float()).to(q.dtype)
+
+
+def launch_case(device):
+    """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
+    says what the keys mean): 350 positions, 3 programs of 128 rows over 6 key tiles of 64, so diagonal
+    tiles are partial, those before them all-true, those after them all-masked. The loads have no bounds
+    masks: the buffers hold 384 rows (random past 350) and the reference covers all of them (causal:
+    its first 350 rows are the 350-position result). One head: the kernel offsets nothing by
+    program_id(1), so more heads would write the same rows."""
+    n, padded, d, slope, scale = 350, 384, 64, 0.03, 0.125
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(padded, d, generator=gen).half() for _ in range(3))
+    out = torch.full((padded, d), float("nan"), dtype=torch.float16, device=device)
+    args = [q.to(device), k.to(device), v.to(device), out, torch.tensor([slope], device=device), scale, d, d, d, d, n]
+    return dict(grid=(padded // 128, 1), args=args, outputs=[3], atol=1e-2, rtol=1e-2,
+                reference=lambda: [reference(q.float(), k.float(), v.float(), slope, scale).to(device)])

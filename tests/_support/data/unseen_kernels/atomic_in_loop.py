@@ -32,3 +32,20 @@ def compile_spec():
 def reference(x):
     t = torch.tril(x.float())
     return t.sum(0), t.sum(1)
+
+
+def launch_case(device):
+    """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
+    says what the keys mean): a 300 x 300 matrix in a zero-padded 320 x 320 buffer (the loads have no
+    bounds masks), 5 column programs of 64 over 5 row tiles of 64: tiles above the diagonal all-masked,
+    on it partial, below it all-true. RowTot sums float atomics of several programs in no fixed order,
+    so its bits may differ between launches: nondeterministic."""
+    n, padded = 300, 320
+    gen = torch.Generator().manual_seed(0)
+    x = torch.zeros(padded, padded, dtype=torch.float16)
+    x[:n, :n] = torch.randn(n, n, generator=gen)
+    col_sum = torch.full((padded,), float("nan"), device=device)
+    row_tot = torch.zeros(padded, device=device)           # the atomics add to it
+    return dict(grid=(padded // 64,), args=[x.to(device), col_sum, row_tot, n, padded], outputs=[1, 2],
+                nondeterministic=[2], atol=1e-3, rtol=1e-3,
+                reference=lambda: [t.to(device) for t in reference(x)])

@@ -57,3 +57,30 @@ def reference(q, k, v, do, m, delta, scale):
     dsT = pT * ((v.float() @ do.float().T) - delta[None, :])
     dk = dsT.half().float() @ q.float()
     return dk * scale, dv
+
+
+def launch_case(device):
+    """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
+    says what the keys mean): 350 positions, 3 programs of 128 keys over 11 query tiles of 32 (query
+    tiles before a key block all-masked, across it partial, after it all-true); M and Delta are the
+    forward's log2-sum-exp and rowsum(O * dO). The loads have no bounds masks: the buffers hold 384
+    rows, zero past 350, so the padded queries add exact zeros (pT = 1 times dO = 0, Delta = 0) and the
+    padded keys' dK and dV are 0."""
+    n, padded, d, scale = 350, 384, 64, 0.125
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.zeros(padded, d, dtype=torch.float16) for _ in range(4))
+    for t in (q, k, v, do):
+        t[:n] = torch.randn(n, d, generator=gen)
+    s = ((q[:n].float() @ k[:n].float().T) * scale).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1),
+                                                                float("-inf"))
+    m, delta = torch.zeros(padded), torch.zeros(padded)
+    m[:n] = torch.logsumexp(s, -1) * 1.4426950408889634
+    delta[:n] = ((torch.softmax(s, -1) @ v[:n].float()) * do[:n].float()).sum(-1)
+    dk, dv = (torch.full((padded, d), float("nan"), dtype=torch.float16, device=device) for _ in range(2))
+
+    def expected():
+        grads = reference(q[:n], k[:n], v[:n], do[:n], m[:n], delta[:n], scale)
+        return [torch.cat([g, torch.zeros(padded - n, d)]).to(device) for g in grads]
+    args = [q.to(device), k.to(device), v.to(device), do.to(device), dk, dv, m.to(device), delta.to(device),
+            scale, d, n]
+    return dict(grid=(padded // 128,), args=args, outputs=[4, 5], reference=expected, atol=1e-2, rtol=1e-2)

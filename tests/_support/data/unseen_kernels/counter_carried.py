@@ -53,3 +53,23 @@ def reference(q, k, v, scale, block_n=64):
     p = torch.exp2(s - s.amax(-1, keepdim=True))
     tiles = (n + block_n - 1) // block_n
     return ((p @ v.float()) / p.sum(-1, keepdim=True)).to(q.dtype), (tiles, (tiles - 1) * block_n)
+
+
+def launch_case(device):
+    """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
+    says what the keys mean): 350 positions, 3 programs of 128 rows over 6 key tiles of 64 (diagonal
+    tiles partial, before them all-true, after them all-masked: those must still count). The loads
+    have no bounds masks: the buffers hold 384 rows (random past 350) and the reference covers all of
+    them (causal: its first 350 rows are the 350-position result). Stats: per program 6 tiles, the last
+    at 320."""
+    n, padded, d, scale = 350, 384, 64, 0.125
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(padded, d, generator=gen).half() for _ in range(3))
+    out = torch.full((padded, d), float("nan"), dtype=torch.float16, device=device)
+    stats = torch.full((2 * (padded // 128),), -7, dtype=torch.int32, device=device)
+
+    def expected():
+        o, (tiles, last) = reference(q.float(), k.float(), v.float(), scale)
+        return [o.to(device), torch.tensor([tiles, last] * (padded // 128), dtype=torch.int32, device=device)]
+    args = [q.to(device), k.to(device), v.to(device), out, stats, scale, d, d, d, d, n]
+    return dict(grid=(padded // 128,), args=args, outputs=[3, 4], reference=expected, atol=1e-2, rtol=1e-2)

@@ -52,3 +52,20 @@ def reference(q, k, v, doc, scale, glob):
     s = ((q.float() @ k.float().T) * scale).masked_fill(~keep, float("-inf"))
     p = torch.exp2(s - s.amax(-1, keepdim=True))
     return ((p @ v.float()) / p.sum(-1, keepdim=True)).to(q.dtype)
+
+
+def launch_case(device):
+    """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
+    says what the keys mean): 350 positions in documents of 90, 150 and 110 (boundaries inside tiles),
+    the first 5 keys global, 3 programs of 128 rows over 6 key tiles of 64 (causal: tiles after the
+    diagonal all-masked). The loads have no bounds masks: the buffers hold 384 rows (random past 350,
+    the padding a fourth document) and the reference covers all of them (causal: its first 350 rows are
+    the 350-position result)."""
+    n, padded, d, scale, glob = 350, 384, 64, 0.125, 5
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(padded, d, generator=gen).half() for _ in range(3))
+    doc = torch.repeat_interleave(torch.arange(4, dtype=torch.int32), torch.tensor([90, 150, 110, padded - n]))
+    out = torch.full((padded, d), float("nan"), dtype=torch.float16, device=device)
+    args = [q.to(device), k.to(device), v.to(device), out, doc.to(device), scale, d, d, d, d, n, glob]
+    return dict(grid=(padded // 128,), args=args, outputs=[3], atol=1e-2, rtol=1e-2,
+                reference=lambda: [reference(q.float(), k.float(), v.float(), doc, scale, glob).to(device)])

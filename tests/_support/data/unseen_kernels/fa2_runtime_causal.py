@@ -60,3 +60,23 @@ def reference(q, k, v, scale, causal):
     if causal:
         s = s.masked_fill(torch.ones(q.shape[0], k.shape[0], dtype=torch.bool).triu(1), float("-inf"))
     return (torch.softmax(s, -1) @ v.float()).to(q.dtype)
+
+
+def launch_case(device):
+    """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
+    says what the keys mean): IS_CAUSAL = 1, 300 queries (3 programs of 128, the last ragged), 330
+    keys (tiles of 64, the last ragged); the loop ends at the diagonal block, so the tiles it visits are
+    all-true or partial (none all-masked). Loads and stores are bounds-masked: the buffers are exact."""
+    n_q, n_k, d, scale = 300, 330, 64, 0.125
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(n_q, d, generator=gen).half()
+    k, v = (torch.randn(n_k, d, generator=gen).half() for _ in range(2))
+    out = torch.full((n_q, d), float("nan"), dtype=torch.float16, device=device)
+    lse = torch.full((n_q,), float("nan"), device=device)
+
+    def expected():
+        s = ((q.float() @ k.float().T) * scale).masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(1),
+                                                            float("-inf"))
+        return [reference(q.float(), k.float(), v.float(), scale, True).to(device), torch.logsumexp(s, -1).to(device)]
+    args = [q.to(device), k.to(device), v.to(device), out, lse, scale, d, d, d, d, n_q, n_k, 1]
+    return dict(grid=(triton.cdiv(n_q, 128),), args=args, outputs=[3, 4], reference=expected, atol=1e-2, rtol=1e-2)

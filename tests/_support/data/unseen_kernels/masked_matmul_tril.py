@@ -38,3 +38,19 @@ def compile_spec():
 
 def reference(a, b):
     return (torch.tril(a.float()) @ b.float()).half()
+
+
+def launch_case(device):
+    """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
+    says what the keys mean): tril(A[300 x 270]) @ B[270 x 200], 3 x 2 programs of 128 x 128 over 5 K
+    tiles of 64 (the last ragged): K tiles past a row block's diagonal all-masked, across it partial,
+    before it all-true. K is load-masked, rows of A and columns of B are not: A holds 384 rows and B 256
+    columns (random past the ends); C is store-masked and exact."""
+    m, k, n = 300, 270, 200
+    gen = torch.Generator().manual_seed(0)
+    a = (torch.randn(384, k, generator=gen) / 4).half()
+    b = (torch.randn(k, 256, generator=gen) / 4).half()
+    c = torch.full((m, n), float("nan"), dtype=torch.float16, device=device)
+    args = [a.to(device), b.to(device), c, m, n, k, k, 256, n]
+    return dict(grid=(3, 2), args=args, outputs=[2], atol=1e-2, rtol=1e-2,
+                reference=lambda: [reference(a[:m], b[:, :n]).float().to(device)])

@@ -37,3 +37,16 @@ def compile_spec():
 def reference(x):
     xf = x.float()
     return torch.logsumexp(xf, -1), (xf * xf).sum(-1)
+
+
+def launch_case(device):
+    """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
+    says what the keys mean): 70 rows (5 programs of 16, the last ragged) of 600 columns (3 tiles of
+    256: two all-true, the last partial; the loop ends at n_cols, so no tile is all-masked). Loads and
+    stores are bounds-masked: the buffers are exact."""
+    n_rows, n_cols = 70, 600
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n_rows, n_cols, generator=gen).half()
+    lse, sumsq = (torch.full((n_rows,), float("nan"), device=device) for _ in range(2))
+    return dict(grid=(triton.cdiv(n_rows, 16),), args=[x.to(device), lse, sumsq, n_rows, n_cols, n_cols],
+                outputs=[1, 2], atol=1e-3, rtol=1e-4, reference=lambda: [t.to(device) for t in reference(x)])

@@ -52,3 +52,19 @@ def reference(q, k, v, scale, prefix, q_off):
     s = (q.float() @ k.float().T).masked_fill(~allowed, float("-inf")) * scale
     p = torch.exp2(s - s.amax(-1, keepdim=True))
     return ((p @ v.float()) / p.sum(-1, keepdim=True)).to(q.dtype)
+
+
+def launch_case(device):
+    """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
+    says what the keys mean): 350 keys, a prefix of 100, queries from position 70 (chunked prefill), 3
+    programs of 128 queries over 6 key tiles of 64: prefix tiles all-true, tiles past a block's last
+    query all-masked, the rest partial. The loads have no bounds masks: Q, K and V hold 384 rows (random;
+    the queries at positions 70..349 are its first 280) and the reference covers all of them, over the
+    384 keys the loop visits (keys past 350 are after every real query, so masked for them)."""
+    n_kv, padded, d, scale, prefix, q_off = 350, 384, 64, 0.125, 100, 70
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(padded, d, generator=gen).half() for _ in range(3))
+    out = torch.full((padded, d), float("nan"), dtype=torch.float16, device=device)
+    args = [q.to(device), k.to(device), v.to(device), out, scale, d, d, d, d, n_kv, prefix, q_off]
+    return dict(grid=(padded // 128,), args=args, outputs=[3], atol=1e-2, rtol=1e-2,
+                reference=lambda: [reference(q.float(), k.float(), v.float(), scale, prefix, q_off).to(device)])

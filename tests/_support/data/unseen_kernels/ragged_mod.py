@@ -47,3 +47,21 @@ def reference(q, k, v, scale, seq, valid, n_iters):
     s = s.masked_fill(pos[None, :] >= valid, float("-inf"))
     p = torch.exp2(s - s.amax(-1, keepdim=True))
     return ((p @ vv) / p.sum(-1, keepdim=True)).to(q.dtype)
+
+
+def launch_case(device):
+    """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
+    says what the keys mean): a cache of 200 positions, the first 70 valid, N_ITERS = 300, 2 programs of
+    64 queries over 5 tiles of 64 positions (0..63 all-true, 64..127 partial, 128..191 all-masked, the
+    wrapped ones partial). The loop visits whole tiles (positions 0..319; nothing masks those past
+    N_ITERS), so the reference is told 320. Q holds 128 rows (random; the loads have no bounds masks)
+    and the reference covers all of them; K and V are read modulo 200: exact."""
+    seq, valid, n_iters, d, scale = 200, 70, 300, 64, 0.125
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(128, d, generator=gen).half()
+    k, v = (torch.randn(seq, d, generator=gen).half() for _ in range(2))
+    out = torch.full((128, d), float("nan"), dtype=torch.float16, device=device)
+    args = [q.to(device), k.to(device), v.to(device), out, scale, d, d, d, d, seq, valid, n_iters]
+    visited = triton.cdiv(n_iters, 64) * 64
+    return dict(grid=(2,), args=args, outputs=[3], atol=1e-2, rtol=1e-2,
+                reference=lambda: [reference(q.float(), k.float(), v.float(), scale, seq, valid, visited).to(device)])

@@ -46,3 +46,18 @@ def reference(q, k, v, temperature):
     s = s / temperature * 1.4426950408889634
     p = torch.exp2(s - s.amax(-1, keepdim=True))
     return ((p @ v.float()) / p.sum(-1, keepdim=True)).to(q.dtype)
+
+
+def launch_case(device):
+    """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
+    says what the keys mean): temperature 8, 350 positions, 3 programs of 128 rows over 6 key tiles of 64
+    (diagonal tiles partial, before them all-true, after them all-masked). The loads have no bounds
+    masks: the buffers hold 384 rows (random past 350) and the reference covers all of them (causal: its
+    first 350 rows are the 350-position result)."""
+    n, padded, d, temperature = 350, 384, 64, 8.0
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(padded, d, generator=gen).half() for _ in range(3))
+    out = torch.full((padded, d), float("nan"), dtype=torch.float16, device=device)
+    args = [q.to(device), k.to(device), v.to(device), out, temperature, d, d, d, d, n]
+    return dict(grid=(padded // 128,), args=args, outputs=[3], atol=1e-2, rtol=1e-2,
+                reference=lambda: [reference(q.float(), k.float(), v.float(), temperature).to(device)])

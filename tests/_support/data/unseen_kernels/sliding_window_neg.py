@@ -49,3 +49,19 @@ def reference(q, k, v, scale, window):
     d = pos[:, None] - pos[None, :]
     s = ((q.float() @ k.float().T) * scale).masked_fill((d >= window) | (d < 0), float("-inf"))
     return (torch.softmax(s, -1) @ v.float()).to(q.dtype)
+
+
+def launch_case(device):
+    """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
+    says what the keys mean): 300 positions, a window of 129, 5 programs of 64 rows; the loop starts at
+    the tile holding the first key of the block's first row's window, so a block meets a tile wholly
+    out of its window (rows 192..255, keys 0..63: all-masked), one wholly in it (keys 128..191:
+    all-true) and partial ones. The loads have no bounds masks: the buffers hold 320 rows (random past
+    300) and the reference covers all of them (causal: its first 300 rows are the 300-position result)."""
+    n, padded, d, scale, window = 300, 320, 64, 0.125, 129
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(padded, d, generator=gen).half() for _ in range(3))
+    out = torch.full((padded, d), float("nan"), dtype=torch.float16, device=device)
+    args = [q.to(device), k.to(device), v.to(device), out, scale, d, d, d, d, n, window]
+    return dict(grid=(padded // 64,), args=args, outputs=[3], atol=1e-2, rtol=1e-2,
+                reference=lambda: [reference(q.float(), k.float(), v.float(), scale, window).to(device)])

@@ -48,3 +48,19 @@ def reference(q, k, v, scale, cap):
     s = ((q.float() @ k.float().T) * scale).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
     s = cap * torch.tanh(s / cap)
     return ((torch.softmax(s, -1)) @ v.float()).to(q.dtype)
+
+
+def launch_case(device):
+    """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
+    says what the keys mean): a cap of 2 (masked logits become -2 and weigh about as much as visible
+    ones), 350 positions, 3 programs of 128 rows over 6 key tiles of 64 (diagonal tiles partial, before
+    them all-true, after them all-masked and still counted). The loads have no bounds masks: the
+    buffers hold 384 rows (random past 350) and the reference covers all of them, over the 384 keys the
+    loop visits (the masked keys past 350 count at -cap too)."""
+    n, padded, d, scale, cap = 350, 384, 64, 0.125, 2.0
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(padded, d, generator=gen).half() for _ in range(3))
+    out = torch.full((padded, d), float("nan"), dtype=torch.float16, device=device)
+    args = [q.to(device), k.to(device), v.to(device), out, scale, cap, d, d, d, d, n]
+    return dict(grid=(padded // 128,), args=args, outputs=[3], atol=1e-2, rtol=1e-2,
+                reference=lambda: [reference(q.float(), k.float(), v.float(), scale, cap).to(device)])

@@ -46,3 +46,19 @@ def reference(q, k, v, scale):
     s = ((q.float() @ k.float().T) * scale).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
     p = torch.exp2(s - s.amax(-1, keepdim=True))
     return ((p @ v.float()) / p.sum(-1, keepdim=True)).to(q.dtype), s
+
+
+def launch_case(device):
+    """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
+    says what the keys mean): 300 positions, 5 programs of 64 rows over 5 key tiles of 64 (diagonal
+    tiles partial, before them all-true, after them all-masked: their -inf scores are stored too). The
+    loads have no bounds masks: the buffers hold 320 rows (random past 300), S is 320 x 320, and the
+    reference covers all of them (causal: its first 300 rows are the 300-position result)."""
+    n, padded, d, scale = 300, 320, 64, 0.125
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(padded, d, generator=gen).half() for _ in range(3))
+    out = torch.full((padded, d), float("nan"), dtype=torch.float16, device=device)
+    scores = torch.full((padded, padded), float("nan"), device=device)
+    args = [q.to(device), k.to(device), v.to(device), out, scores, scale, d, d, d, d, padded, n]
+    return dict(grid=(padded // 64,), args=args, outputs=[3, 4], atol=1e-2, rtol=1e-2,
+                reference=lambda: [t.to(device) for t in reference(q.float(), k.float(), v.float(), scale)])

@@ -54,3 +54,23 @@ def reference(q, k, v, scale, lo, hi):
     m = s.amax(-1)
     p = torch.exp2(s - m[:, None])
     return p @ v[lo:hi].float(), m, p.sum(-1)
+
+
+def launch_case(device):
+    """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
+    says what the keys mean): 384 positions in 2 KV chunks of 192 (3 key tiles of 64 each), 3 x 2
+    programs: diagonal tiles partial, before them all-true, after them all-masked (rows 0..127 of chunk
+    2 see no key at all: m = -inf, l and acc NaN, as in the reference). N_CTX must be a multiple of
+    BLOCK_M here: split s stores rows s * N_CTX + 0..(programs * BLOCK_M - 1), so a ragged N_CTX has a
+    split's padded rows overwrite the next split's first rows (a race); the buffers are exact."""
+    n, chunk, d, scale = 384, 192, 64, 0.125
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, d, generator=gen).half() for _ in range(3))
+    out = torch.full((2 * n, d), float("nan"), device=device)
+    m_out, l_out = (torch.full((2 * n,), float("nan"), device=device) for _ in range(2))
+
+    def expected():
+        splits = [reference(q.float(), k.float(), v.float(), scale, lo, lo + chunk) for lo in (0, chunk)]
+        return [torch.cat(parts).to(device) for parts in zip(*splits)]
+    args = [q.to(device), k.to(device), v.to(device), out, m_out, l_out, scale, d, d, d, d, n, chunk]
+    return dict(grid=(n // 128, 2), args=args, outputs=[3, 4, 5], reference=expected, atol=1e-2, rtol=1e-2)

@@ -51,3 +51,21 @@ def reference(q, k, v, scale, n_iter, lookback, n_valid):
     m = torch.maximum(s.amax(-1, keepdim=True), torch.tensor(-1e30))
     p = torch.exp2(s - m)
     return ((p @ vv) / p.sum(-1, keepdim=True)).to(q.dtype)
+
+
+def launch_case(device):
+    """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
+    says what the keys mean): N_ITER 300, LOOKBACK 70, N_VALID 200, 3 programs of 64 queries over 5
+    tiles of 64 key positions (-70..-7 all-masked by the unsigned compare, -6..57 partial, 58..185
+    all-true, 186..249 partial: positions past N_VALID). Those past N_ITER (230..249) are masked, so
+    the reference's N_ITER is the kernel's. K and V hold 256 rows, Q 192 (the loads have no bounds
+    masks; random), and the reference covers every query row."""
+    n_iter, lookback, n_valid, d, scale = 300, 70, 200, 64, 0.125
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(192, d, generator=gen).half()
+    k, v = (torch.randn(256, d, generator=gen).half() for _ in range(2))
+    out = torch.full((192, d), float("nan"), dtype=torch.float16, device=device)
+    args = [q.to(device), k.to(device), v.to(device), out, scale, d, d, d, d, n_iter, lookback, n_valid]
+    return dict(grid=(3,), args=args, outputs=[3], atol=1e-2, rtol=1e-2,
+                reference=lambda: [reference(q.float(), k.float(), v.float(), scale, n_iter, lookback,
+                                             n_valid).to(device)])
