@@ -64,10 +64,14 @@ def check_block_mask_source(block_mask: "BlockMask | None", mask_mod, what: str)
         return
     structure, args = built_from
     if structure != mask_mod.structure and mask_mod.structure != ALLOW_ALL_STRUCTURE:
-        raise ValueError(f"{what}: block_mask was built from {structure_name(structure)}, the call's mask_mod is "
-                         f"{structure_name(mask_mod.structure)}; its tile classes do not describe this mask. Build it "
-                         "from the mask you call with (build_block_mask(mask_mod, ...)), or leave block_mask out: "
-                         "the attention builds and caches it")
+        built, called = structure_name(structure), structure_name(mask_mod.structure)
+        same_name = (" (another @triton.jit function of the same name: custom_mask tells device functions apart "
+                     "by identity, so a factory that defines one per call makes a new mask each time; define "
+                     "the device function once)") if built == called else ""
+        raise ValueError(f"{what}: block_mask was built from {built}, the call's mask_mod is {called}{same_name}; "
+                         "its tile classes do not describe this mask. Build it from the mask you call with "
+                         "(build_block_mask(mask_mod, ...)), or leave block_mask out: the attention builds and "
+                         "caches it")
     if structure == mask_mod.structure and arguments_changed(args, mask_mod.args):
         raise ValueError(f"{what}: block_mask was built from {mask_mod.name} with other arguments, or before one of "
                          "its tensors was written in place (doc_ids.copy_(...)); its tile classes do not describe "

@@ -108,8 +108,11 @@ def _key_padding_dev(b, h, q_idx, kv_idx, valid, batch_stride):
 
 
 def structure_name(structure: tuple) -> str:
-    """A mask structure as its factories spell it (``and_masks(causal, document)``; ``custom`` for a
-    custom_mask leaf), for error messages."""
+    """A mask structure as its factories spell it (``and_masks(causal, document)``;
+    ``custom_mask(my_mask)`` for a custom_mask leaf of the device function ``my_mask``), for error
+    messages."""
+    if structure[:2] == ("mask-leaf", "custom"):
+        return f"custom_mask({structure[4]})"
     if structure[0] == "mask-leaf":
         return structure[1]
     return f"{structure[0]}_masks({', '.join(structure_name(part) for part in structure[1])})"
@@ -138,7 +141,10 @@ def custom_mask(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | 
     name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
     args = checked_arguments(f"custom_mask {name!r}", args)
     check_signature(f"custom_mask {name!r}", device_fn, torch_fn, ("b", "h", "q_idx", "kv_idx"), args)
-    structure = ("mask-leaf", "custom", id(device_fn), len(args))
+    # the device function by identity (kept alive by the generated wrapper's cache, so its id is never
+    # reused), its name for messages
+    structure = ("mask-leaf", "custom", id(device_fn), len(args), getattr(getattr(device_fn, "fn", device_fn),
+                                                                          "__name__", "?"))
     wrapper = generate(structure, [device_fn], call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
                        "b, h, q_idx, kv_idx, args")
     return MaskMod(name, wrapper, torch_fn, args, tile_rule, batch_dependent, head_dependent, structure,

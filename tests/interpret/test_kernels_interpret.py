@@ -147,6 +147,31 @@ def test_a_block_mask_built_from_another_mask_is_refused(compiled):
                                atol=1e-4, rtol=1e-4)
 
 
+def _even_keys_mask():
+    """A factory that defines its device function on every call: each call makes a new mask."""
+    @triton.jit
+    def even_keys(b, h, q_idx, kv_idx):
+        return (kv_idx % 2) == 0
+    return K.custom_mask(even_keys, lambda b, h, q, kv: kv % 2 == 0)
+
+
+def test_a_block_mask_of_another_custom_mask_is_refused_by_name():
+    # the message said "built from custom, the call's mask_mod is custom"
+    @triton.jit
+    def late_keys(b, h, q_idx, kv_idx):
+        return kv_idx >= 20
+
+    q, k, v = qkv(1, 2, 2, 64, 64, 16, torch.float32, seed=9)
+    built = K.build_block_mask(_even_keys_mask(), 1, 2, 64, 64, block_m=32, block_n=16, device="cpu")
+    late = K.custom_mask(late_keys, lambda b, h, q, kv: kv >= 20)
+    with pytest.raises(ValueError, match=r"built from custom_mask\(even_keys\), the call's mask_mod is "
+                                         r"custom_mask\(late_keys\);"):
+        K.attention(q, k, v, mask_mod=late, block_mask=built)
+    with pytest.raises(ValueError, match=r"custom_mask\(even_keys\) \(another @triton.jit function of the same "
+                                         r"name"):
+        K.attention(q, k, v, mask_mod=_even_keys_mask(), block_mask=built)
+
+
 def test_key_padding_table_given_new_storage_is_not_served_a_stale_block_mask():
     # the mask's own table (its argument) given new storage: the tile rule reads it, as the kernel does
     q, k, v = qkv(1, 2, 2, 64, 64, 16, torch.float32, seed=6)
