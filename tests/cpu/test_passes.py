@@ -532,6 +532,42 @@ def test_a_loop_bound_computed_by_an_earlier_loop_is_read():
 
 
 @triton.jit
+def _bound_from_a_reduction(Q, K, Lens, Out, N_CTX, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """A causal loop whose end is a reduction (the lengths of four sequences, summed)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :])
+    end = tl.sum(tl.load(Lens + tl.arange(0, 4)))
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for start_n in range(0, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        qk = tl.dot(q, tl.load(K + offs_n[None, :] * D + offs_d[:, None]))
+        qk = tl.where((offs_m[:, None] >= offs_n[None, :]) & (offs_n[None, :] < N_CTX), qk, float("-inf"))
+        m_i = tl.maximum(m_i, tl.max(qk, 1))
+    tl.store(Out + offs_m, m_i)
+
+
+def test_a_loop_bound_computed_by_a_reduction(monkeypatch):
+    """The loop's end is the result of a tt.reduce, a region op that prints its type on its closing
+    line: its type is read there and the loop split. A type that cannot be read leaves the loop as
+    it is, with the reason in the pass's notes (it made the whole stage fall back)."""
+    signature = {"Q": "*fp16", "K": "*fp16", "Lens": "*i32", "Out": "*fp32", "N_CTX": "i32",
+                 "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "D": "constexpr"}
+    constexprs = {"BLOCK_M": 64, "BLOCK_N": 64, "D": 32}
+    compiled, reports, caught = compile_with(["skip-masked-blocks", "elide-uniform-masks"], _bound_from_a_reduction,
+                                             signature, constexprs)
+    assert not caught
+    assert counts(reports, "elide-uniform-masks") == {"loops_split": 1}
+    from tritonpatch.passes import ir
+    monkeypatch.setattr(ir, "_closing_type", lambda closing: None)
+    compiled, reports, caught = compile_with(["skip-masked-blocks", "elide-uniform-masks"], _bound_from_a_reduction,
+                                             signature, constexprs)
+    assert not caught
+    elide = next(r for r in reports if r.name == "elide-uniform-masks")
+    assert elide.counts == {"loops_split": 0} and "cannot be read" in " ".join(elide.notes), elide.notes
+
+
+@triton.jit
 def _window_written_as_what_it_drops(Q, K, Out, WINDOW, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                      D: tl.constexpr):
     """A sliding window over a loop clipped to it, the select in the negated form ``where(outside, -inf, qk)``

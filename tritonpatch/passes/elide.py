@@ -36,7 +36,9 @@ the copy is not emitted:
   inline assembly, which neither LLVM nor ptxas contracts: the unpatched kernel's rounding, and
   the unpatched loop's instructions exactly (the select consumed the product there, so it was
   never fused);
-* another f32 multiply (one with more users) or a negated one: ``add.rn.f32 x, -0.0``, an add
+* another f32 multiply (one with more users, or the end of a constant chain: InstCombine rewrites
+  ``x * 2.0`` as ``x + x``, which the backend fuses with a product ``x``, so the chain's multiply is
+  not rounded on its own) or a negated one: ``add.rn.f32 x, -0.0``, an add
   with an explicit rounding mode, which ptxas neither contracts nor removes. It returns ``x`` bit
   for bit for every ``x`` except NaN, which it makes the canonical NaN ``0x7fffffff``; products are
   canonical NaNs already (H200: every NaN that FMUL or neg.f32 produces), so on these values it is
@@ -60,7 +62,7 @@ from .iterations import (NARROWED, iteration_bound, loop_uniform_runs, possible_
                          segment_counts)
 from .mask_analysis import Analysis
 from .masked_iteration import NEG_INF, constant_kind
-from .masks import IROps, Mask
+from .masks import IROps, Mask, UnreadableType
 from .report import note
 from .versioning import VERSIONED, version_refused_loop
 
@@ -215,7 +217,9 @@ def specialised_loop(module: Module, loop: int, select: int, keep_true: bool) ->
     if chain:                      # InstCombine moves the chain in front of the select: the boundary follows it
         texts[chain[0]] = substitute(texts[chain[0]], result, kept)
         value, value_line = module.lines[chain[-1]].results[0], chain[-1]
-        plan = boundary(module, loop, value, element, sole_user=True)
+        # a barrier after the chain, never its last multiply rounded on its own: InstCombine rewrites
+        # x * 2.0 as x + x, which the backend fuses with a product x (a * b * 2.0 -> fma(a, b, a * b))
+        plan = boundary(module, loop, value, element, sole_user=False)
     else:
         value, value_line = kept, module.defs.get(base_name(kept))
         plan = boundary(module, loop, kept, element, sole_user=module.users(base_name(kept)) == [select])
@@ -224,8 +228,7 @@ def specialised_loop(module: Module, loop: int, select: int, keep_true: bool) ->
     kind, asm = plan
     register = REGISTER_MOVES[element][1]          # the constraint letter of the element's registers
     if kind == "rounded":          # the product itself, rounded on its own: the select's users read it
-        if not chain:
-            texts = {i: substitute(t, result, kept) for i, t in texts.items()}
+        texts = {i: substitute(t, result, kept) for i, t in texts.items()}
         product = module.lines[value_line]
         texts[value_line] = inline_asm_line(value, asm, register,
                                             [substitute(o, result, kept) for o in product.operands], value_type,
@@ -312,7 +315,9 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
             bodies[kind] = copy
     kinds = [kind if kind in bodies and can_run else "mixed" for kind, can_run in zip(_RUNS, possible)]
     if kinds == ["mixed"] * len(_RUNS):
-        return "; ".join(refusals) or _no_run_reason(mask, head.iv, leading or trailing, false_loops)
+        reason = "; ".join(refusals) or _no_run_reason(mask, head.iv, leading or trailing, false_loops)
+        return reason + (" (all-true and all-false of the select's condition negated: where(c, -inf, x) is read as "
+                         "where(~c, x, -inf))" if negated else "")
     line = module.lines[loop]
     ops = IROps(module, line.indent, module.lines[module.end_of(loop)].loc)
     lower, upper = ops.leaf(head.lower), ops.leaf(head.upper)
@@ -374,7 +379,8 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
         if not any(select_parts(module, index) for index in module.children(loop)):
             note(f"{loop_label(module, loop)} left as it is: {no_select_reason(module, loop)}")
     done: set[str] = set()
-    split = functools.partial(split_loop, max_atoms=options["max_atoms"], all_false_loops=options["all_false_loops"])
+    split = functools.partial(_split_or_reason, max_atoms=options["max_atoms"],
+                              all_false_loops=options["all_false_loops"])
     while True:
         candidates = ((loop, index) for loop in reversed(module.loops())
                       for index in sorted(module.children(loop), key=lambda i: _preference(module, i))
@@ -397,6 +403,15 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
             done.update(parse_line_results(outcome, "arith.select"))
             counts["loops_split"] += 1
     return (module.text() if any(counts.values()) else text), counts
+
+
+def _split_or_reason(module: Module, loop: int, select: int, max_atoms: int, all_false_loops: bool) -> list[str] | str:
+    """:func:`split_loop`, with an integer scalar whose type cannot be read as the reason the loop is
+    left as it is (raised before the module changes)."""
+    try:
+        return split_loop(module, loop, select, max_atoms, all_false_loops)
+    except UnreadableType as unreadable:
+        return str(unreadable)
 
 
 def _preference(module: Module, index: int) -> tuple[int, int]:

@@ -194,6 +194,8 @@ def type_of(module: Module, name: str) -> str | None:
     if line.op == "tt.func" or line.text.lstrip().startswith("^"):
         match = re.search(re.escape(name) + r": ([^ ,)]+(?:<[^>]*>)?)", line.text)
         return match.group(1) if match else None
+    if len(line.results) == 1 and line.opens and ":" not in line.text.split("=", 1)[0]:
+        return _closing_type(module.lines[module.end_of(index)].text)
     if len(line.results) != 1 or line.opens:
         return None
     body = line.body
@@ -211,6 +213,16 @@ def type_of(module: Module, name: str) -> str | None:
         types = split_top_level(body.rsplit(" : ", 1)[1])
         return types[0] if line.op == "tt.addptr" else types[-1]
     return None
+
+
+_CLOSING_TYPE = re.compile(r"^\s*\}\)\s*:\s*\(.*\)\s*->\s*([^()\s]+(?:<[^>]*>)?)\s*(?:loc\(.*)?$")
+
+
+def _closing_type(closing: str) -> str | None:
+    """The one result type of a generic-form region op, printed on its closing line
+    (``%s = "tt.reduce"(%x) <{axis = 0 : i32}> ({ ... }) : (tensor<4xi32>) -> i32``)."""
+    match = _CLOSING_TYPE.match(closing)
+    return match.group(1) if match else None
 
 
 def _result_type(line: Line, name: str) -> str | None:

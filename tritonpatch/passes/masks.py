@@ -120,6 +120,10 @@ class PyOps:
         return a if divisor == 1 else -((-a) // divisor)
 
 
+class UnreadableType(ValueError):
+    """An integer scalar whose type cannot be read from the IR: the loop that needs it is left as it is."""
+
+
 class IROps:
     """Scalar operations emitted as TTIR lines (i64 arithmetic, i1 flags) into ``lines``."""
 
@@ -141,13 +145,13 @@ class IROps:
         return self.as_i64(name)
 
     def as_i64(self, name, typed_as=None):
-        """``name`` (an integer scalar of ``typed_as``'s type, by default its own) widened to i64; a ValueError
-        when that type cannot be read (the stage then keeps its unpatched module, rather than emitting IR
-        Triton rejects)."""
+        """``name`` (an integer scalar of ``typed_as``'s type, by default its own) widened to i64;
+        :class:`UnreadableType` when that type cannot be read (the pass then leaves the loop as it is and
+        says why, rather than emitting IR Triton rejects)."""
         typed_as = typed_as or name
         width = int_width(type_of(self.module, typed_as) or "")
         if width is None:
-            raise ValueError(f"the integer type of {typed_as} cannot be read from its defining line")
+            raise UnreadableType(f"the integer type of {typed_as} cannot be read from its defining line")
         if width == 64:
             return name
         return self.emit(("ext", name), f"arith.extsi {name} : i{width} to i64")

@@ -45,7 +45,7 @@ from .iterations import (NARROWED, PrefixSuffix, iteration_bound, mask_sets, no_
                          loop_uniform_runs, scalars_fixed_in_loop, smax, smin, trip_count)
 from .mask_analysis import Analysis
 from .masked_iteration import NEG_INF, constant_kind, unchanged_when_masked
-from .masks import IROps, Mask
+from .masks import IROps, Mask, UnreadableType
 from .report import note
 from .versioning import version_refused_loop
 
@@ -128,7 +128,11 @@ def skip_loop(module: Module, loop: int, max_atoms: int) -> str | None:
         if proof is None:
             reasons.append(f"{name}: an all-false iteration is not proven to leave the loop state unchanged")
             continue
-        _emit(module, loop, head, step, mask, analysis.checks, steps, proof.positive)
+        try:
+            _emit(module, loop, head, step, mask, analysis.checks, steps, proof.positive)
+        except UnreadableType as unreadable:             # raised before the module changes
+            reasons.append(f"{name}: {unreadable}")
+            continue
         return None
     return "; ".join(reasons) or no_select_reason(module, loop)
 

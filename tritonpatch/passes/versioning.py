@@ -116,7 +116,9 @@ class _Folder:
             return 0                                   # 0 * anything, a loaded jump included
         if left is None or right is None:
             return None
-        width = int_width(type_of(self.module, name) or "") or 64
+        width = int_width(type_of(self.module, name) or "")
+        if width is None:                              # wrapping at an unknown width: no value
+            return None
         value = left + right if line.op == "arith.addi" else left - right if line.op == "arith.subi" else left * right
         return _wrapped(value, width)
 
