@@ -568,6 +568,37 @@ def test_a_loop_bound_computed_by_a_reduction(monkeypatch):
 
 
 @triton.jit
+def _ragged_row_sum(X, Out, N_COLS, BLOCK: tl.constexpr):
+    """A row sum over ``range(0, N_COLS, BLOCK)`` with the ragged last tile masked: no tile of the
+    loop is all-false (the loop ends where the columns do)."""
+    row = tl.program_id(0)
+    total = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, N_COLS, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(X + row * N_COLS + cols, mask=cols < N_COLS, other=0.0)
+        total += tl.where(cols < N_COLS, x, float("-inf"))
+    tl.store(Out + row, tl.sum(total))
+
+
+def test_a_loop_that_ends_with_its_columns_has_no_all_false_tile():
+    """``cols < N_COLS`` in ``range(0, N_COLS, BLOCK)``: the last tile is the one that holds the end
+    of the columns, so no tile is all-false. skip-masked-blocks read max/min of the bounds as
+    unknown and narrowed the loop (skipping nothing), elide-uniform-masks emitted a trailing
+    all-false loop that never runs; they leave it and split it into an all-true loop and the
+    mixed tiles around it."""
+    signature = {"X": "*fp32", "Out": "*fp32", "N_COLS": "i32", "BLOCK": "constexpr"}
+    compiled, reports, caught = compile_with(["skip-masked-blocks", "elide-uniform-masks"], _ragged_row_sum,
+                                             signature, {"BLOCK": 64})
+    assert not caught
+    assert counts(reports, "skip-masked-blocks") == {"loops_narrowed": 0}
+    skip = next(r for r in reports if r.name == "skip-masked-blocks")
+    assert "no tile at the start or end" in " ".join(skip.notes), skip.notes
+    assert counts(reports, "elide-uniform-masks") == {"loops_split": 1}
+    ttir = compiled.asm["ttir"]                     # mixed (a first tile that is also the last), all-true, mixed
+    assert ttir.count("tritonpatch.unmasked_copy") == 1 and "tritonpatch.masked_copy" not in ttir
+
+
+@triton.jit
 def _window_written_as_what_it_drops(Q, K, Out, WINDOW, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                      D: tl.constexpr):
     """A sliding window over a loop clipped to it, the select in the negated form ``where(outside, -inf, qk)``

@@ -36,9 +36,9 @@ the copy is not emitted:
   inline assembly, which neither LLVM nor ptxas contracts: the unpatched kernel's rounding, and
   the unpatched loop's instructions exactly (the select consumed the product there, so it was
   never fused);
-* another f32 multiply (one with more users, or the end of a constant chain: InstCombine rewrites
-  ``x * 2.0`` as ``x + x``, which the backend fuses with a product ``x``, so the chain's multiply is
-  not rounded on its own) or a negated one: ``add.rn.f32 x, -0.0``, an add
+* another f32 multiply (one with more users, or a constant chain's multiply by 2.0: InstCombine
+  rewrites ``x * 2.0`` as ``x + x``, which the backend fuses with a product ``x``, so it is not
+  rounded on its own) or a negated one: ``add.rn.f32 x, -0.0``, an add
   with an explicit rounding mode, which ptxas neither contracts nor removes. It returns ``x`` bit
   for bit for every ``x`` except NaN, which it makes the canonical NaN ``0x7fffffff``; products are
   canonical NaNs already (H200: every NaN that FMUL or neg.f32 produces), so on these values it is
@@ -72,6 +72,7 @@ _CASTS = ("arith.extf", "arith.truncf")          # InstCombine moves a float cas
 _ROUNDED_MULTIPLIES = {"f32": "mul.rn.f32 $0, $1, $2;"}        # the widths whose boundaries were checked on SASS
 _ROUNDED_ADDS = {"f32": "add.rn.f32 $0, $1, 0f80000000;"}       # and on the GPU; x + -0.0: see the module docstring
 _ONE = re.compile(r"\s*(?:dense<)?1\.0*(?:e\+?0+)?>?\s*:")
+_TWO = re.compile(r"\s*(?:dense<)?2\.0*(?:e\+?0+)?>?\s*:")
 
 
 def _single_source(module: Module, name: str):
@@ -148,12 +149,24 @@ def _constant_chain(module: Module, loop: int, start: str) -> list[int] | str:
         value = module.lines[users[0]].results[0]
 
 
-def _is_one(module: Module, name: str) -> bool:
-    """A float constant (or splat of one) equal to 1.0: LLVM folds a multiply by it away."""
+def _is_constant_value(module: Module, name: str, pattern: re.Pattern) -> bool:
+    """A float constant (or splat of one) whose printed value ``pattern`` matches."""
     line = _single_source(module, name)
     if line is not None and line.op == "tt.splat" and len(line.operands) == 1:
-        return _is_one(module, line.operands[0])
-    return line is not None and line.op == "arith.constant" and bool(_ONE.match(line.body))
+        return _is_constant_value(module, line.operands[0], pattern)
+    return line is not None and line.op == "arith.constant" and bool(pattern.match(line.body))
+
+
+def _is_one(module: Module, name: str) -> bool:
+    """1.0: LLVM folds a multiply by it away."""
+    return _is_constant_value(module, name, _ONE)
+
+
+def _doubles(module: Module, index: int) -> bool:
+    """A multiply by 2.0, which InstCombine rewrites as ``x + x``: an add the backend may fuse with
+    a product ``x``."""
+    line = module.lines[index]
+    return line.op == "arith.mulf" and any(_is_constant_value(module, o, _TWO) for o in line.operands)
 
 
 def _producer(module: Module, name: str) -> str | None:
@@ -217,9 +230,10 @@ def specialised_loop(module: Module, loop: int, select: int, keep_true: bool) ->
     if chain:                      # InstCombine moves the chain in front of the select: the boundary follows it
         texts[chain[0]] = substitute(texts[chain[0]], result, kept)
         value, value_line = module.lines[chain[-1]].results[0], chain[-1]
-        # a barrier after the chain, never its last multiply rounded on its own: InstCombine rewrites
-        # x * 2.0 as x + x, which the backend fuses with a product x (a * b * 2.0 -> fma(a, b, a * b))
-        plan = boundary(module, loop, value, element, sole_user=False)
+        # the chain's last multiply rounded on its own, unless it doubles: InstCombine rewrites x * 2.0
+        # as x + x, which the backend fuses with a product x (a * b * 2.0 -> fma(a, b, a * b)); a
+        # barrier after it then keeps the unpatched kernel's work
+        plan = boundary(module, loop, value, element, sole_user=not _doubles(module, chain[-1]))
     else:
         value, value_line = kept, module.defs.get(base_name(kept))
         plan = boundary(module, loop, kept, element, sole_user=module.users(base_name(kept)) == [select])
@@ -228,7 +242,8 @@ def specialised_loop(module: Module, loop: int, select: int, keep_true: bool) ->
     kind, asm = plan
     register = REGISTER_MOVES[element][1]          # the constraint letter of the element's registers
     if kind == "rounded":          # the product itself, rounded on its own: the select's users read it
-        texts = {i: substitute(t, result, kept) for i, t in texts.items()}
+        if not chain:
+            texts = {i: substitute(t, result, kept) for i, t in texts.items()}
         product = module.lines[value_line]
         texts[value_line] = inline_asm_line(value, asm, register,
                                             [substitute(o, result, kept) for o in product.operands], value_type,

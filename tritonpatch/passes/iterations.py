@@ -33,11 +33,13 @@ NARROWED = "tritonpatch.narrowed"   # skip-masked-blocks marks the loops it narr
 
 
 def smin(ops, a, b):
-    return ops.select(ops.cmp("slt", a, b), a, b)
+    folded = getattr(ops, "min_of", None)          # the symbolic reading keeps min(a, b) as such
+    return folded(a, b) if folded else ops.select(ops.cmp("slt", a, b), a, b)
 
 
 def smax(ops, a, b):
-    return ops.select(ops.cmp("sgt", a, b), a, b)
+    folded = getattr(ops, "max_of", None)
+    return folded(a, b) if folded else ops.select(ops.cmp("sgt", a, b), a, b)
 
 
 class PrefixSuffix:
@@ -195,11 +197,44 @@ class _Possible:
 
 
 class _Symbolic:
-    """Scalar operations on affine forms of the kernel's scalars (:class:`~.masks.Affine` without
-    tile axes), read at compile time. A value is None where it is not such a form (a select on a
-    condition that depends on the runtime values, a division that does not divide every term),
-    a condition None where its truth depends on them: a comparison is known only where its two
-    sides differ by a constant."""
+    """Scalar operations on the kernel's scalars read at compile time. A value is an affine form
+    (:class:`~.masks.Affine` without tile axes) or ``("max" | "min" | "either", parts)``: the
+    maximum or minimum of the parts, or one of them (a select on a condition that depends on the
+    runtime values). A value is None where it is none of these (a division that does not divide
+    every term, more than ``_PARTS`` parts), a condition None where its truth depends on the
+    runtime values. A comparison is known where it follows for every program: ``max(a, b) >= c``
+    when ``a >= c`` or ``b >= c`` is, two affine forms when they differ by a constant or by one of
+    ``facts`` (affine forms known to be >= 0 in every program considered) plus a constant."""
+
+    _PARTS = 16
+
+    def __init__(self, facts: tuple = ()):
+        self.facts = facts
+
+    def _nonnegative(self, form: Affine) -> bool:
+        if not form.scalars:
+            return form.const >= 0
+        return any(not rest.scalars and rest.const >= 0 for rest in (form.combine(fact, -1) for fact in self.facts))
+
+    def _node(self, kind, parts):
+        flat = set()
+        for part in parts:
+            if part is None:
+                return None
+            flat |= part[1] if isinstance(part, tuple) and part[0] == kind else {part}
+        if len(flat) == 1:
+            return next(iter(flat))
+        return (kind, frozenset(flat)) if len(flat) <= self._PARTS else None
+
+    def _candidates(self, value):
+        """The affine forms ``value`` is one of."""
+        if isinstance(value, tuple):
+            return set().union(*(self._candidates(part) for part in value[1]))
+        return {value}
+
+    def affine(self, form: Affine):
+        """The value that is ``form``."""
+        return form
 
     def leaf(self, name):
         return Affine(0, ((name, 1),), (), ())
@@ -214,16 +249,56 @@ class _Symbolic:
         return bool(value)
 
     def add(self, a, b):
-        return None if a is None or b is None else a.combine(b, 1)       # combine drops zero coefficients
+        if a is None or b is None:
+            return None
+        if not isinstance(a, tuple) and not isinstance(b, tuple):
+            return a.combine(b, 1)                                     # combine drops zero coefficients
+        if isinstance(b, tuple) and not isinstance(a, tuple):
+            a, b = b, a
+        if not isinstance(b, tuple):                                  # max(x, y) + z = max(x + z, y + z)
+            return self._node(a[0], [self.add(part, b) for part in a[1]])
+        if a[0] == b[0] and a[0] in ("max", "min"):                   # max(x, y) + max(z, w): max of the sums
+            return self._node(a[0], [self.add(x, y) for x in a[1] for y in b[1]])
+        return self._node("either", [x.combine(y, 1) for x in self._candidates(a) for y in self._candidates(b)])
 
     def mul(self, a, factor):
-        return None if a is None else a.scale(factor)
+        if a is None:
+            return None
+        if not isinstance(a, tuple):
+            return a.scale(factor)
+        if factor == 0:
+            return self.const(0)
+        kind = {"max": "min", "min": "max"}.get(a[0], a[0]) if factor < 0 else a[0]
+        return self._node(kind, [self.mul(part, factor) for part in a[1]])
+
+    def max_of(self, a, b):
+        return self._node("max", [a, b])
+
+    def min_of(self, a, b):
+        return self._node("min", [a, b])
+
+    def _at_least(self, a, b, strict: bool):
+        """Whether ``a >= b`` (``a > b``) in every program: True, False, or None (it depends)."""
+        if isinstance(a, tuple):
+            verdicts = [self._at_least(part, b, strict) for part in a[1]]
+            return _verdict({"max": "any", "min": "all"}.get(a[0], "same"), verdicts)
+        if isinstance(b, tuple):
+            verdicts = [self._at_least(a, part, strict) for part in b[1]]
+            return _verdict({"max": "all", "min": "any"}.get(b[0], "same"), verdicts)
+        margin = a.combine(b, -1).combine(self.const(1 if strict else 0), -1)     # a >= b: a - b >= 0
+        if self._nonnegative(margin):
+            return True
+        return False if self._nonnegative(margin.scale(-1).combine(self.const(1), -1)) else None
 
     def cmp(self, pred, a, b):
-        difference = None if a is None or b is None else self.add(a, self.mul(b, -1))
-        if difference is None or difference.scalars:
+        if a is None or b is None:
             return None
-        return PyOps({}).cmp(pred, difference.const, 0)
+        if pred in ("eq", "ne"):
+            above, below = self._at_least(a, b, True), self._at_least(b, a, True)
+            equal = False if True in (above, below) else True if (above, below) == (False, False) else None
+            return equal if pred == "eq" or equal is None else not equal
+        left, right = (a, b) if pred in ("sge", "sgt") else (b, a)
+        return self._at_least(left, right, pred in ("sgt", "slt"))
 
     def or_(self, a, b):
         if a is True or b is True:
@@ -236,14 +311,28 @@ class _Symbolic:
     def select(self, cond, a, b):
         if cond is not None:
             return a if cond else b
-        return a if self.cmp("eq", a, b) is True else None
+        return self._node("either", [a, b])
 
     def ceil_div(self, a, divisor):
         """Exact where ``divisor`` divides every scalar's coefficient: ceil((T + c) / d) = T / d +
-        ceil(c / d) for an integer T / d."""
-        if a is None or any(c % divisor for _, c in a.scalars):
+        ceil(c / d) for an integer T / d; it keeps order, so it goes into a max or min."""
+        if a is None:
+            return None
+        if isinstance(a, tuple):
+            return self._node(a[0], [self.ceil_div(part, divisor) for part in a[1]])
+        if any(c % divisor for _, c in a.scalars):
             return None
         return Affine(-((-a.const) // divisor), tuple((name, c // divisor) for name, c in a.scalars), (), ())
+
+
+def _verdict(rule: str, verdicts: list) -> bool | None:
+    """Combine the verdicts on the parts of a max / min / either: ``any`` part true makes it true
+    (all false: false), ``all`` parts true make it true (any false: false), ``same``: all agree."""
+    if rule == "any":
+        return True if True in verdicts else False if all(v is False for v in verdicts) else None
+    if rule == "all":
+        return False if False in verdicts else True if all(v is True for v in verdicts) else None
+    return verdicts[0] if verdicts and all(v is verdicts[0] for v in verdicts) else None
 
 
 class _Unknown:
@@ -277,15 +366,16 @@ def uniform_runs_possible(mask: Mask, iv: str, lower: Affine | None, upper: Affi
     """(leading all-false, all-true, trailing all-false): whether each uniform run of a loop over
     ``[lower, upper)`` may be non-empty. Beyond :func:`possible_runs`, the set algebras are read on
     affine forms of the bounds and of the mask's scalars (:class:`_Symbolic`), so a run whose end
-    lies at a constant distance at or before its start in every program is known empty: the
+    lies at or before its start in every program whose loop runs is known empty: the
     tutorial's on-band loop ``range(64 * pid, 64 * pid + 64, 32)`` under ``rows >= cols`` on
     64 x 32 tiles has only mixed tiles. ``lower`` / ``upper`` None: not affine (unknown).
     A run said empty runs in a mixed loop (the original body), so a wrong answer here could only
     cost speed, never exactness; where an index computation wraps, every run is mixed anyway."""
     true_possible, false_possible = possible_runs(mask, iv)
-    ops = _Symbolic()
-    lower = lower if lower is not None else ops.leaf("<lower bound>")
-    upper = upper if upper is not None else ops.leaf("<upper bound>")
+    lower = lower if lower is not None else _Symbolic().leaf("<lower bound>")
+    upper = upper if upper is not None else _Symbolic().leaf("<upper bound>")
+    # a run can be non-empty only in a program whose loop is: there upper - lower - 1 >= 0
+    ops = _Symbolic(facts=(upper.combine(lower, -1).combine(Affine(1, (), (), ()), -1),))
     start, end = mask_sets(Interval(ops, lower, upper), mask, iv)[0]
     prefix, suffix = mask_sets(PrefixSuffix(ops, lower, upper), mask, iv)[1]
     return (false_possible and ops.cmp("sle", prefix, lower) is not True,
