@@ -16,6 +16,7 @@ import warnings
 import pytest
 
 import tritonpatch
+from attention_cases import run_interpreter_suite
 from tritonpatch.passes import collect_reports
 from tritonpatch.targets import compile_for_target
 
@@ -48,3 +49,11 @@ def test_the_passes_rewrite_or_leave_each_loop_without_falling_back(name):
         compile_for_target(spec["fn"], spec["signature"], spec["constexprs"], target="sm_90", **spec["options"])
     assert not [str(w.message) for w in caught if "tritonpatch" in str(w.message)]
     assert sorted({r.name for r in reports}) == sorted(ALL) and all(r.kept for r in reports)
+
+
+def test_launch_cases_match_their_references_in_the_interpreter():
+    """tests/interpret/test_unseen_kernels_interpret.py in its own TRITON_INTERPRET=1 process: the
+    launch glue the GPU test uses (tests/gpu/test_passes_unseen_kernels_gpu.py) computes what each
+    module's torch reference does."""
+    passed, _ = run_interpreter_suite("test_unseen_kernels_interpret.py")
+    assert passed >= 40   # the suite really ran

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from .ir import Module
 from .mask_analysis import Analysis
-from .masks import Affine, Mask, PyOps, atom_conditions, no_wrap, scalar_value
+from .masks import Affine, Mask, atom_conditions, no_wrap, scalar_value
 
 
 NARROWED = "tritonpatch.narrowed"   # skip-masked-blocks marks the loops it narrowed (no all-false runs left)

@@ -64,8 +64,9 @@ def reference(q, k, v, scale, causal):
 
 def launch_case(device):
     """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
-    says what the keys mean): IS_CAUSAL = 1, 300 queries (3 programs of 128, the last ragged), 330
-    keys (tiles of 64, the last ragged); the loop ends at the diagonal block, so the tiles it visits are
+    says what the keys mean): IS_CAUSAL = 2 (true; Triton's launcher makes an int argument of 1 a
+    constant and would fold the ``if`` away), 300 queries (3 programs of 128, the last ragged), 330 keys
+    (tiles of 64, the last ragged); the loop ends at the diagonal block, so the tiles it visits are
     all-true or partial (none all-masked). Loads and stores are bounds-masked: the buffers are exact."""
     n_q, n_k, d, scale = 300, 330, 64, 0.125
     gen = torch.Generator().manual_seed(0)
@@ -78,5 +79,5 @@ def launch_case(device):
         s = ((q.float() @ k.float().T) * scale).masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(1),
                                                             float("-inf"))
         return [reference(q.float(), k.float(), v.float(), scale, True).to(device), torch.logsumexp(s, -1).to(device)]
-    args = [q.to(device), k.to(device), v.to(device), out, lse, scale, d, d, d, d, n_q, n_k, 1]
+    args = [q.to(device), k.to(device), v.to(device), out, lse, scale, d, d, d, d, n_q, n_k, 2]
     return dict(grid=(triton.cdiv(n_q, 128),), args=args, outputs=[3, 4], reference=expected, atol=1e-2, rtol=1e-2)

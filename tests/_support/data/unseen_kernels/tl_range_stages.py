@@ -59,8 +59,8 @@ def reference(q, k, v, scale, lo, hi):
 def launch_case(device):
     """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
     says what the keys mean): 384 positions in 2 KV chunks of 192 (3 key tiles of 64 each), 3 x 2
-    programs: diagonal tiles partial, before them all-true, after them all-masked (rows 0..127 of chunk
-    2 see no key at all: m = -inf, l and acc NaN, as in the reference). N_CTX must be a multiple of
+    programs: diagonal tiles partial, before them all-true, after them all-masked (rows 0..191 see no
+    key of chunk 2: m = -inf, l and acc NaN, as in the reference). N_CTX must be a multiple of
     BLOCK_M here: split s stores rows s * N_CTX + 0..(programs * BLOCK_M - 1), so a ragged N_CTX has a
     split's padded rows overwrite the next split's first rows (a race); the buffers are exact."""
     n, chunk, d, scale = 384, 192, 64, 0.125

