@@ -57,6 +57,8 @@ def softmax_scale(scale, head_dim: int) -> float:
     masked scores at -inf before scaling, which a zero or negative scale would turn into NaN or +inf)."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, (str, bytes, bool)):      # float() would read "0.5" and True without a word
+        raise TypeError(f"attention: scale must be a number such as 0.125, got {type(scale).__name__} {scale!r}")
     value = float(scale)
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"attention: scale must be a positive finite number, got {scale!r}; to scale scores by a zero or "

@@ -5,7 +5,7 @@ Importing tritonpatch has no side effects and is cheap (it runs in every Python 
 hooked on the first ``options()`` / ``use_pipeline()`` / ``install()`` (or, with autoload, right
 after the program imports Triton).
 """
-import importlib
+import importlib as _importlib
 
 __version__ = "0.1.0"
 
@@ -29,10 +29,11 @@ def __getattr__(name):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tritonpatch' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    value = getattr(_importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    """The public names (loaded or not) and the subpackages already imported."""
+    return sorted(name for name in set(globals()) | set(_LAZY) if not name.startswith("_") or name == "__version__")

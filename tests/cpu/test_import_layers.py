@@ -13,6 +13,7 @@ import functools
 import pathlib
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -153,3 +154,14 @@ def test_the_scan_tells_module_level_from_function_level_imports(tmp_path, monke
     (tmp_path / "sample_pkg").mkdir()
     (tmp_path / "sample_pkg" / "__init__.py").write_text("from .. import hooks\n")
     assert imports("tritonpatch.sample") == ({"tritonpatch.hooks"}, [])
+
+
+def test_the_package_lists_its_public_names_only():
+    """``dir(tritonpatch)`` shows the documented API (lazy names included), not the modules its
+    ``__init__`` uses (it listed ``importlib``)."""
+    import tritonpatch
+    listed = {name for name in dir(tritonpatch) if not name.startswith("_")}
+    assert set(tritonpatch.__all__) <= listed
+    submodules = {name for name in listed if isinstance(getattr(tritonpatch, name), types.ModuleType)
+                  and getattr(tritonpatch, name).__name__ == f"tritonpatch.{name}"}
+    assert not listed - set(tritonpatch.__all__) - submodules, listed - set(tritonpatch.__all__) - submodules

@@ -38,6 +38,7 @@ def t(*shape, dtype=torch.float16):
     ((t(1, 2, 8, 16, dtype=torch.bfloat16),) * 3, {}, TypeError, "bfloat16 is not supported on cpu"),
     *[((t(1, 2, 8, 16),) * 3, {"mask_mod": K.causal(), "scale": scale}, ValueError,
        "scale must be a positive finite number") for scale in (0.0, -0.25, float("nan"), float("inf"))],
+    *[((t(1, 2, 8, 16),) * 3, {"scale": scale}, TypeError, "scale must be a number such as") for scale in ("0.5", True)],
     # without its mask_mod a block mask's partial tiles would run unmasked
     ((t(1, 2, 8, 16),) * 3, {"block_mask": K.build_block_mask(K.causal(), 1, 2, 8, 8, block_m=16, block_n=16,
                                                               device="cpu")},
