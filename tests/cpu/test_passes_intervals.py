@@ -218,13 +218,17 @@ def test_runs_said_empty_for_affine_bounds_are_empty(loop, s, hidden_bounds):
 def test_tutorial_on_band_loop_has_only_mixed_tiles():
     """The Triton tutorial's on-band loop, ``range(64 * p, 64 * p + 64, 32)`` under ``rows >=
     cols`` on 64 x 32 tiles with ``rows = 64 * p + arange(64)``: both tiles straddle the diagonal
-    in every program, so no uniform run is possible. A wider range has them; a bound that is not
-    affine in the scalars leaves every run possible."""
+    in every program, so no uniform run is possible. A wider range has them. With a bound that is
+    not affine in the scalars, the runs the other bound rules out stay out: an all-false tile
+    starts at ``64 * p + 64`` or later, past an end of ``64 * p + 64``, and an all-true one ends by
+    ``64 * p``, before a start of ``64 * p``; with neither bound affine every run is possible."""
     causal = Mask("atom", pred="sge", diff=Affine(0, (("iv", -1), ("s", 64)), (1, -1), (64, 32)))
     assert uniform_runs_possible(causal, "iv", linear(0, 64), linear(64, 64)) == (False, False, False)
     assert uniform_runs_possible(causal, "iv", linear(0, 64), linear(128, 64)) == (False, False, True)
     assert uniform_runs_possible(causal, "iv", linear(-64, 64), linear(64, 64)) == (False, True, False)
-    assert uniform_runs_possible(causal, "iv", None, linear(64, 64)) == (True, True, True)    # a bound not affine
+    assert uniform_runs_possible(causal, "iv", None, linear(64, 64)) == (False, True, False)   # lower not affine
+    assert uniform_runs_possible(causal, "iv", linear(0, 64), None) == (False, False, True)   # upper not affine
+    assert uniform_runs_possible(causal, "iv", None, None) == (True, True, True)
 
 
 @settings(max_examples=200, deadline=None)
