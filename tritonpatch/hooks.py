@@ -282,10 +282,14 @@ class _PatchedCompile:
         raise :class:`ContractionChanged` where a patched loop fuses multiply-adds differently
         (:mod:`.passes.float_contraction`): its results would differ in the low bits."""
         module, trial = _stored_copy(unpatched), dict(metadata)
-        for stage in self.order[self.order.index(name) + 1:]:
-            module = self.inner[stage](module, trial)
-            if stage == "ptx":
-                break
+        try:
+            for stage in self.order[self.order.index(name) + 1:]:
+                module = self.inner[stage](module, trial)
+                if stage == "ptx":
+                    break
+        except Exception as exc:  # noqa: BLE001 - without the unpatched PTX nothing can be checked
+            raise ContractionChanged(f"the unpatched module, compiled to PTX to check the patched one, failed in the "
+                                     f"{stage} stage ({type(exc).__name__}: {exc})") from exc
         changes = contraction_changes(module, patched_ptx)
         if changes:
             more = f" (and {len(changes) - 3} more)" if len(changes) > 3 else ""
@@ -325,7 +329,8 @@ class OutOfSharedMemory(RuntimeError):
 
 class ContractionChanged(RuntimeError):
     """A patched kernel's loops fuse multiplies and adds into FMAs where the unpatched kernel's do
-    not, or the other way round: it would not compute the unpatched kernel's results bit for bit."""
+    not, or the other way round: it would not compute the unpatched kernel's results bit for bit
+    (or the unpatched module could not be compiled to check that)."""
 
 
 def _stored_copy(module):

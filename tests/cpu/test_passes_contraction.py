@@ -323,3 +323,47 @@ def test_congruent_columns_match_the_unpatched_kernel_bit_for_bit():
     assert torch.isfinite(reference).all()
     differing = (reference.view(torch.int32) != split.view(torch.int32)).sum().item()
     assert differing == 0, f"differs from the unpatched kernel in {differing} elements"
+
+
+@triton.jit
+def _online_softmax_tiles(acc, l_i, m_i, q, K, V, lo, hi, offs_m, scale, MASKED: tl.constexpr,
+                          BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """The tutorial's inner loop: one helper, inlined once unmasked (off the diagonal) and once masked."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    for start in range(lo, hi, BLOCK_N):
+        cols = start + offs_n
+        s = tl.dot(q, tl.load(K + cols[None, :] * D + offs_d[:, None])) * scale
+        if MASKED:
+            s = tl.where(offs_m[:, None] >= cols[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), tl.load(V + cols[:, None] * D + offs_d[None, :]))
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def two_stage_kernel(Q, K, V, Out, N_CTX, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :])
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    middle = tl.program_id(0) * BLOCK_M
+    acc, l_i, m_i = _online_softmax_tiles(acc, l_i, m_i, q, K, V, 0, middle, offs_m, scale, False, BLOCK_N, D)
+    acc, l_i, m_i = _online_softmax_tiles(acc, l_i, m_i, q, K, V, middle, N_CTX, offs_m, scale, True, BLOCK_N, D)
+    tl.store(Out + offs_m[:, None] * D + offs_d[None, :], acc / l_i[:, None])
+
+
+def test_copies_of_the_masked_one_of_two_inlined_loops_are_checked_against_it():
+    """Both loops carry the helper's source locations; the unmasked one fuses ``s * scale - m``, the
+    masked one does not (the select sits between). The masked loop's copies were matched to the
+    unmasked loop (the first of two equally close) and the kernel fell back for no reason."""
+    signature = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "Out": "*fp32", "N_CTX": "i32", "scale": "fp32"}
+    split = compile_like_a_launch(two_stage_kernel, signature, {"BLOCK_M": 64, "BLOCK_N": 32, "D": 32},
+                                  ["elide-uniform-masks"])                   # asserts no fallback warning
+    assert len(loop_facts(split.asm["ttir"])) > 2                             # the masked loop was split

@@ -15,7 +15,9 @@ between an unpatched loop and its copies, and changed low bits of the output:
 
 So after a patched compile the unpatched module is compiled to PTX as well, and each loop of the
 patched PTX is matched to the unpatched loop it came from (by the source locations of its
-instructions). At every source location where both loops do the same number of floating-point
+instructions, then by the number of operations at each; a copy that agrees with one of several
+equally close loops passes: a helper inlined into a masked and an unmasked loop gives both the same
+locations). At every source location where both loops do the same number of floating-point
 operations, the number of FMAs must be the same: an add that became an FMA (or stopped being one)
 keeps its location and its count. A location whose count differs is one where the copy folded work
 away (an all-false copy computing with a constant, a boundary added where the select sat), not a
@@ -101,14 +103,34 @@ def contraction_changes(unpatched_ptx: str, patched_ptx: str) -> list[str]:
     for loop in ptx_loops(patched_ptx):
         if not loop.operations or not originals:
             continue
-        original = max(originals, key=lambda o: len(o.locations() & loop.locations()))
-        for location in sorted(loop.locations() & original.locations()):
-            before, after = original.operations[location], loop.operations[location]
-            if sum(before.values()) == sum(after.values()) and _fused(before) != _fused(after):
-                file, line, column = location
-                changes.append(f"{files.get(file, 'file ' + str(file))}:{line}:{column}: the unpatched loop does "
-                               f"{_describe(before)}, a patched copy {_describe(after)}")
+        verdicts = [_changes(original, loop, files) for original in _closest(originals, loop)]
+        if all(verdicts):          # a copy that agrees with one of the loops it may have come from passes
+            changes += verdicts[0]
     return list(dict.fromkeys(changes))
+
+
+def _closest(originals: list, loop: PtxLoop) -> list:
+    """The unpatched loops ``loop`` most likely came from: most source locations shared, then the
+    closest number of floating-point operations per location (a helper inlined into two loops, one
+    masked and one not, gives both the same locations; the masked one's copies keep its counts)."""
+    def score(original):
+        shared = original.locations() & loop.locations()
+        distance = sum(abs(sum(original.operations.get(at, Counter()).values()) - sum(loop.operations.get(at, Counter()).values()))
+                       for at in original.locations() | loop.locations())
+        return len(shared), -distance
+    best = max(score(original) for original in originals)
+    return [original for original in originals if score(original) == best]
+
+
+def _changes(original: PtxLoop, loop: PtxLoop, files: dict) -> list[str]:
+    changes = []
+    for location in sorted(loop.locations() & original.locations()):
+        before, after = original.operations[location], loop.operations[location]
+        if sum(before.values()) == sum(after.values()) and _fused(before) != _fused(after):
+            file, line, column = location
+            changes.append(f"{files.get(file, 'file ' + str(file))}:{line}:{column}: the unpatched loop does "
+                           f"{_describe(before)}, a patched copy {_describe(after)}")
+    return changes
 
 
 def _describe(counts: Counter) -> str:
