@@ -197,6 +197,7 @@ def _skip_passes_under_ir_locations(pipeline: Pipeline) -> None:
 
 
 _PASS_STAGES = ("ttir", "ttgir")
+_CHECK_COMPILE = "tritonpatch_check_compile"   # in the throwaway metadata of the exactness check's compile
 _MESSAGE_LIMIT = 600
 
 
@@ -281,7 +282,7 @@ class _PatchedCompile:
         """Compile a copy of ``unpatched`` (the output of stage ``name``) to PTX without passes and
         raise :class:`ContractionChanged` where a patched loop fuses multiply-adds differently
         (:mod:`.passes.float_contraction`): its results would differ in the low bits."""
-        module, trial = _stored_copy(unpatched), dict(metadata)
+        module, trial = _stored_copy(unpatched), {**metadata, _CHECK_COMPILE: True}
         try:
             for stage in self.order[self.order.index(name) + 1:]:
                 module = self.inner[stage](module, trial)
@@ -372,6 +373,8 @@ def _record_fallback(metadata: dict, message: str) -> None:
 
 def _log_compile(pipeline: Pipeline) -> Callable:
     def log(metadata):
+        if metadata.get(_CHECK_COMPILE):
+            return                     # the unpatched compile of the exactness check is not the kernel's
         logger.info("%s compiled with %r%s", metadata.get("name", "<kernel>"), pipeline,
                     f" [{pipeline.fingerprint()}]" if pipeline else "")
     return log

@@ -367,3 +367,13 @@ def test_copies_of_the_masked_one_of_two_inlined_loops_are_checked_against_it():
     split = compile_like_a_launch(two_stage_kernel, signature, {"BLOCK_M": 64, "BLOCK_N": 32, "D": 32},
                                   ["elide-uniform-masks"])                   # asserts no fallback warning
     assert len(loop_facts(split.asm["ttir"])) > 2                             # the masked loop was split
+
+
+def test_a_checked_compile_is_logged_once(caplog):
+    """The exactness check compiles the unpatched module through the same stages; the INFO line
+    "<kernel> compiled with <Pipeline>" is the kernel's alone (it was logged twice)."""
+    import logging
+    caplog.set_level(logging.INFO, logger="tritonpatch")
+    compile_like_a_launch(dkdv_kernel, DKDV_SIGNATURE, SHAPES[0], ["elide-uniform-masks"])
+    lines = [r.getMessage() for r in caplog.records if r.name == "tritonpatch" and "compiled with" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("dkdv_kernel compiled with Pipeline(passes="), lines
