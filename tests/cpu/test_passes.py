@@ -499,15 +499,19 @@ def test_a_loop_bound_chosen_by_a_branch_is_read():
 
 
 @triton.jit
-def _bound_from_a_loop(Q, K, Lens, Out, N_CTX, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
-    """A causal loop whose end is the result of an earlier loop (the keys of the sequences before
-    this one and this one, summed)."""
+def _bound_computed_before(Q, K, Lens, Out, N_CTX, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                           END: tl.constexpr):
+    """A causal loop whose end is the sequence lengths summed, by an earlier loop over the sequences
+    up to this one (``END == "loop"``) or by a reduction over four (``"sum"``)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :])
-    end = 0
-    for sequence in range(0, tl.program_id(1) + 1):
-        end += tl.load(Lens + sequence)
+    if END == "loop":
+        end = 0
+        for sequence in range(0, tl.program_id(1) + 1):
+            end += tl.load(Lens + sequence)
+    else:
+        end = tl.sum(tl.load(Lens + tl.arange(0, 4)))
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for start_n in range(0, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -515,53 +519,37 @@ def _bound_from_a_loop(Q, K, Lens, Out, N_CTX, BLOCK_M: tl.constexpr, BLOCK_N: t
         qk = tl.where((offs_m[:, None] >= offs_n[None, :]) & (offs_n[None, :] < N_CTX), qk, float("-inf"))
         m_i = tl.maximum(m_i, tl.max(qk, 1))
     tl.store(Out + offs_m, m_i)
+
+
+BOUND_SIGNATURE = {"Q": "*fp16", "K": "*fp16", "Lens": "*i32", "Out": "*fp32", "N_CTX": "i32",
+                   "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "D": "constexpr", "END": "constexpr"}
+
+
+def compile_bound_computed_before(end: str):
+    return compile_with(["skip-masked-blocks", "elide-uniform-masks"], _bound_computed_before, BOUND_SIGNATURE,
+                        {"BLOCK_M": 64, "BLOCK_N": 64, "D": 32, "END": end})
 
 
 def test_a_loop_bound_computed_by_an_earlier_loop_is_read():
     """The loop's upper bound is the result of an earlier scf.for: its type was read from the wrong
     part of the loop's line (``(i32)  : i32``), so elide-uniform-masks emitted IR Triton rejected and
     the stage fell back."""
-    signature = {"Q": "*fp16", "K": "*fp16", "Lens": "*i32", "Out": "*fp32", "N_CTX": "i32",
-                 "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "D": "constexpr"}
-    constexprs = {"BLOCK_M": 64, "BLOCK_N": 64, "D": 32}
-    compiled, reports, caught = compile_with(["skip-masked-blocks", "elide-uniform-masks"], _bound_from_a_loop,
-                                             signature, constexprs)
+    compiled, reports, caught = compile_bound_computed_before("loop")
     assert not caught
     assert counts(reports, "elide-uniform-masks") == {"loops_split": 1}
     assert len(loop_facts(compiled.asm["ttir"])) > 2
-
-
-@triton.jit
-def _bound_from_a_reduction(Q, K, Lens, Out, N_CTX, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
-    """A causal loop whose end is a reduction (the lengths of four sequences, summed)."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D)
-    q = tl.load(Q + offs_m[:, None] * D + offs_d[None, :])
-    end = tl.sum(tl.load(Lens + tl.arange(0, 4)))
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for start_n in range(0, end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        qk = tl.dot(q, tl.load(K + offs_n[None, :] * D + offs_d[:, None]))
-        qk = tl.where((offs_m[:, None] >= offs_n[None, :]) & (offs_n[None, :] < N_CTX), qk, float("-inf"))
-        m_i = tl.maximum(m_i, tl.max(qk, 1))
-    tl.store(Out + offs_m, m_i)
 
 
 def test_a_loop_bound_computed_by_a_reduction(monkeypatch):
     """The loop's end is the result of a tt.reduce, a region op that prints its type on its closing
     line: its type is read there and the loop split. A type that cannot be read leaves the loop as
     it is, with the reason in the pass's notes (it made the whole stage fall back)."""
-    signature = {"Q": "*fp16", "K": "*fp16", "Lens": "*i32", "Out": "*fp32", "N_CTX": "i32",
-                 "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "D": "constexpr"}
-    constexprs = {"BLOCK_M": 64, "BLOCK_N": 64, "D": 32}
-    compiled, reports, caught = compile_with(["skip-masked-blocks", "elide-uniform-masks"], _bound_from_a_reduction,
-                                             signature, constexprs)
+    compiled, reports, caught = compile_bound_computed_before("sum")
     assert not caught
     assert counts(reports, "elide-uniform-masks") == {"loops_split": 1}
     from tritonpatch.passes import ir
     monkeypatch.setattr(ir, "_closing_type", lambda closing: None)
-    compiled, reports, caught = compile_with(["skip-masked-blocks", "elide-uniform-masks"], _bound_from_a_reduction,
-                                             signature, constexprs)
+    compiled, reports, caught = compile_bound_computed_before("sum")
     assert not caught
     elide = next(r for r in reports if r.name == "elide-uniform-masks")
     assert elide.counts == {"loops_split": 0} and "cannot be read" in " ".join(elide.notes), elide.notes

@@ -9,8 +9,6 @@ run-time flag chooses, made elide-uniform-masks emit IR Triton rejected.) Each m
 ``compile_spec()`` (what ``triton.compile`` needs) and ``reference(...)``, the same computation in torch."""
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 import warnings
 
 import pytest
@@ -19,16 +17,9 @@ import tritonpatch
 from attention_cases import run_interpreter_suite
 from tritonpatch.passes import collect_reports
 from tritonpatch.targets import compile_for_target
+from unseen_kernels import NAMES, load
 
-FOLDER = pathlib.Path(__file__).resolve().parents[1] / "_support" / "data" / "unseen_kernels"
 ALL = ["skip-masked-blocks", "elide-uniform-masks", "hoist-masks"]
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"unseen_kernels.{name}", FOLDER / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -40,7 +31,7 @@ def always_compile(tmp_path_factory):
         yield
 
 
-@pytest.mark.parametrize("name", sorted(path.stem for path in FOLDER.glob("*.py")))
+@pytest.mark.parametrize("name", NAMES)
 def test_the_passes_rewrite_or_leave_each_loop_without_falling_back(name):
     spec = load(name).compile_spec()
     with warnings.catch_warnings(record=True) as caught, collect_reports() as reports, \

@@ -16,27 +16,18 @@ meets an all-masked tile while its max is still -inf comes out NaN, and the kern
 need not (docs/passes.md, "skip-masked-blocks")."""
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 
 import pytest
 import torch
 
 import tritonpatch
 from tritonpatch.passes import collect_reports
+from unseen_kernels import NAMES, load
 
 pytestmark = pytest.mark.gpu
 
-FOLDER = pathlib.Path(__file__).resolve().parents[1] / "_support" / "data" / "unseen_kernels"
 ALL = ["skip-masked-blocks", "elide-uniform-masks", "hoist-masks"]
 PIPELINES = [[name] for name in ALL] + [ALL]
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"unseen_kernels.{name}", FOLDER / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -71,7 +62,7 @@ def assert_bitwise_equal(patched, unpatched, what: str, unless_nan: bool):
 
 
 @pytest.mark.parametrize("passes", PIPELINES, ids="+".join)
-@pytest.mark.parametrize("name", sorted(path.stem for path in FOLDER.glob("*.py")))
+@pytest.mark.parametrize("name", NAMES)
 def test_patched_launch_is_bitwise_equal_to_the_unpatched_one(name, passes):
     module = load(name)
     plain, _ = launch(module, [])

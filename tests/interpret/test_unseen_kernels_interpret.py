@@ -7,9 +7,7 @@ Runs only with ``TRITON_INTERPRET=1`` set before Triton is imported:
 """
 from __future__ import annotations
 
-import importlib.util
 import os
-import pathlib
 
 import pytest
 import torch
@@ -20,19 +18,11 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                        "interpret/test_unseen_kernels_interpret.py)")
 
 from tritonpatch.kernels._runtime.triton_compat import fix_interpreter_index  # noqa: E402
+from unseen_kernels import NAMES, load  # noqa: E402
 
-FOLDER = pathlib.Path(__file__).resolve().parents[1] / "_support" / "data" / "unseen_kernels"
-NAMES = sorted(path.stem for path in FOLDER.glob("*.py"))
 # the interpreter runs a loop's induction variable as a Python int, which has no .to()
 CANNOT_INTERPRET = {name: "start_n.to(tl.int64) on the loop variable: a Python int in the interpreter"
                     for name in ("int64_index", "int64_loop")}
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"unseen_kernels.{name}", FOLDER / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # the NaN rows some cases expect
