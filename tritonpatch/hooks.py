@@ -197,6 +197,7 @@ def _skip_passes_under_ir_locations(pipeline: Pipeline) -> None:
 
 
 _PASS_STAGES = ("ttir", "ttgir")
+_ELIDE = "elide-uniform-masks"          # the pass whose copies drop selects: the one retried without
 _CHECK_COMPILE = "tritonpatch_check_compile"   # in the throwaway metadata of the exactness check's compile
 _MESSAGE_LIMIT = 600
 
@@ -216,7 +217,8 @@ class _PatchedCompile:
     allocator overlaps only where their lifetimes are disjoint) counts as such a failure: it could
     never launch, and so does one whose loops fuse multiply-adds differently from the unpatched
     kernel's (:mod:`.passes.float_contraction`; the unpatched module is compiled to PTX too, to
-    compare): it would not compute the unpatched results bit for bit.
+    compare): it would not compute the unpatched results bit for bit. When the Pipeline has other
+    passes besides elide-uniform-masks, such a kernel is first compiled again without that pass.
     """
 
     def __init__(self, stages: dict, specs: tuple, strict: bool, shared_memory_limit: int | None = None):
@@ -273,10 +275,30 @@ class _PatchedCompile:
         except PassError:
             raise  # a pass failed under strict: apply_stage_passes said why
         except Exception as exc:  # noqa: BLE001 - any later failure of a patched compile: fall back
+            names = {spec[0] for spec in self.specs}
+            if isinstance(exc, ContractionChanged) and not self.strict and _ELIDE in names and len(names) > 1:
+                return self._without_elide(name, unpatched, exc, reports, metadata)
             return self._fall_back(stage, exc, unpatched, reports, metadata)
         metadata.update(trial)
         self.ahead = ahead
         return first_shown
+
+    def _without_elide(self, name: str, unpatched, exc: Exception, reports: list, metadata: dict):
+        """The exactness check refused a compile with elide-uniform-masks (whose loop copies drop the
+        select): compile ``unpatched`` again with the other passes, which keep every loop body as it
+        is; the check runs again on the result."""
+        for report in reports:
+            report.kept = False
+        kernel = reports[0].kernel if reports else "?"
+        message = (f"tritonpatch: kernel {kernel!r}: elide-uniform-masks dropped, its loop copies are not exact "
+                   f"({exc}); compiled with the other passes")
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        _record_fallback(metadata, message)
+        self.specs = tuple(spec for spec in self.specs if spec[0] != _ELIDE)
+        outcome = self._passes(name, unpatched, metadata)
+        if outcome.module is unpatched:
+            return unpatched
+        return self._run_ahead(name, unpatched, outcome, metadata)
 
     def _check_contraction(self, name: str, unpatched, patched_ptx: str, metadata: dict) -> None:
         """Compile a copy of ``unpatched`` (the output of stage ``name``) to PTX without passes and

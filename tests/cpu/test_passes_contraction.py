@@ -290,6 +290,18 @@ def test_a_split_that_fuses_differently_falls_back_to_the_unpatched_kernel(monke
     assert "is not exact" in getattr(checked.metadata, "tritonpatch_fallback", "")
 
 
+def test_the_other_passes_stay_when_the_check_refuses_the_split(monkeypatch):
+    """With skip-masked-blocks and hoist-masks in the Pipeline too, the refused kernel is compiled
+    again without elide-uniform-masks only: one warning saying so, and what the other two compile."""
+    monkeypatch.setenv("TRITON_ALWAYS_COMPILE", "1")
+    others, quiet = _compile_congruent(["skip-masked-blocks", "hoist-masks"])
+    checked, messages = _compile_congruent(["skip-masked-blocks", "elide-uniform-masks", "hoist-masks"])
+    assert not quiet
+    assert len(messages) == 1 and "elide-uniform-masks dropped" in messages[0] and "fma.f32" in messages[0], messages
+    assert checked.asm["ptx"] == others.asm["ptx"]
+    assert "elide-uniform-masks dropped" in getattr(checked.metadata, "tritonpatch_fallback", "")
+
+
 def test_without_the_check_the_split_would_fuse_differently(monkeypatch):
     """What the check prevents, shown with it switched off: the patched PTX has the split loops and
     fewer FMAs at the subtraction than the unpatched loop."""
