@@ -138,13 +138,13 @@ def custom_mask(device_fn, torch_fn: Callable, args: tuple = (), *, name: str | 
     on every tile. Set ``batch_dependent``/``head_dependent`` when the mask differs across them, and
     ``shift_invariant`` when it depends on ``q_idx - kv_idx`` only (it lets D=128 attention run on
     the warp-specialized Hopper kernel)."""
-    name = name or getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
+    function_name = getattr(getattr(device_fn, "fn", device_fn), "__name__", "custom")
+    name = name or function_name
     args = checked_arguments(f"custom_mask {name!r}", args)
     check_signature(f"custom_mask {name!r}", device_fn, torch_fn, ("b", "h", "q_idx", "kv_idx"), args)
     # the device function by identity (kept alive by the generated wrapper's cache, so its id is never
     # reused), its name for messages
-    structure = ("mask-leaf", "custom", id(device_fn), len(args), getattr(getattr(device_fn, "fn", device_fn),
-                                                                          "__name__", "?"))
+    structure = ("mask-leaf", "custom", id(device_fn), len(args), function_name)
     wrapper = generate(structure, [device_fn], call_expr(0, "b, h, q_idx, kv_idx", 0, len(args)),
                        "b, h, q_idx, kv_idx, args")
     return MaskMod(name, wrapper, torch_fn, args, tile_rule, batch_dependent, head_dependent, structure,

@@ -118,8 +118,8 @@ def _closest(originals: list, loop: PtxLoop) -> list:
         distance = sum(abs(sum(original.operations.get(at, Counter()).values()) - sum(loop.operations.get(at, Counter()).values()))
                        for at in original.locations() | loop.locations())
         return len(shared), -distance
-    best = max(score(original) for original in originals)
-    return [original for original in originals if score(original) == best]
+    scores = [score(original) for original in originals]
+    return [original for original, value in zip(originals, scores) if value == max(scores)]
 
 
 def _changes(original: PtxLoop, loop: PtxLoop, files: dict) -> list[str]:

@@ -187,7 +187,7 @@ def type_of(module: Module, name: str) -> str | None:
                 return loop.result_types[position]
         if base_name(name) not in line.results:
             return None
-        position = int(name.split("#", 1)[1]) if "#" in name else 0     # a loop result: %r or %r#k
+        position = _result_position(name)                                # a loop result: %r or %r#k
         return loop.result_types[position] if position < len(loop.result_types) else None
     if line.op == "scf.if":
         return _result_type(line, name)
@@ -234,8 +234,13 @@ def _result_type(line: Line, name: str) -> str | None:
     if listed.startswith("(") and listed.endswith(")"):
         listed = listed[1:-1]
     types = split_top_level(listed)
-    position = int(name.split("#", 1)[1]) if "#" in name else 0
+    position = _result_position(name)
     return types[position].strip() if position < len(types) else None
+
+
+def _result_position(name: str) -> int:
+    """Which result of a multi-result op ``name`` is: ``k`` for ``%r#k``, 0 for ``%r``."""
+    return int(name.split("#", 1)[1]) if "#" in name else 0
 
 
 # --- what an operation may do ------------------------------------------------------------------------

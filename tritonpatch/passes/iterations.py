@@ -232,10 +232,6 @@ class _Symbolic:
             return set().union(*(self._candidates(part) for part in value[1]))
         return {value}
 
-    def affine(self, form: Affine):
-        """The value that is ``form``."""
-        return form
-
     def leaf(self, name):
         return Affine(0, ((name, 1),), (), ())
 
