@@ -44,6 +44,7 @@ from ._current import compile_pipeline, current_cache_tag, environment_pipeline,
 from .errors import PassError, PipelineError
 from .passes import apply_stage_passes, parse_module
 from .passes.float_contraction import contraction_changes
+from .passes.reduction_layouts import reduction_layout_changes
 from .pipeline import Pipeline
 from .targets import shared_memory_per_block
 
@@ -271,7 +272,8 @@ class _PatchedCompile:
                 module, shown = output, output_shown
             if "ptx" in ahead:
                 stage = "ptx"
-                self._check_contraction(name, unpatched, ahead["ptx"][1], metadata)
+                patched_ttgir = first_shown if name == "ttgir" else ahead["ttgir"][1]
+                self._check_contraction(name, unpatched, str(patched_ttgir), ahead["ptx"][1], metadata)
         except PassError:
             raise  # a pass failed under strict: apply_stage_passes said why
         except Exception as exc:  # noqa: BLE001 - any later failure of a patched compile: fall back
@@ -300,19 +302,29 @@ class _PatchedCompile:
             return unpatched
         return self._run_ahead(name, unpatched, outcome, metadata)
 
-    def _check_contraction(self, name: str, unpatched, patched_ptx: str, metadata: dict) -> None:
+    def _check_contraction(self, name: str, unpatched, patched_ttgir: str, patched_ptx: str, metadata: dict) -> None:
         """Compile a copy of ``unpatched`` (the output of stage ``name``) to PTX without passes and
-        raise :class:`ContractionChanged` where a patched loop fuses multiply-adds differently
-        (:mod:`.passes.float_contraction`): its results would differ in the low bits."""
+        raise :class:`ContractionChanged` where a patched reduction runs on another layout
+        (:mod:`.passes.reduction_layouts`) or a patched loop fuses multiply-adds differently
+        (:mod:`.passes.float_contraction`): either way its results would differ in the low bits."""
         module, trial = _stored_copy(unpatched), {**metadata, _CHECK_COMPILE: True}
+        unpatched_ttgir = str(unpatched) if name == "ttgir" else None
         try:
             for stage in self.order[self.order.index(name) + 1:]:
                 module = self.inner[stage](module, trial)
+                if stage == "ttgir":
+                    unpatched_ttgir = str(module)
                 if stage == "ptx":
                     break
         except Exception as exc:  # noqa: BLE001 - without the unpatched PTX nothing can be checked
             raise ContractionChanged(f"the unpatched module, compiled to PTX to check the patched one, failed in the "
                                      f"{stage} stage ({type(exc).__name__}: {exc})") from exc
+        layouts = reduction_layout_changes(unpatched_ttgir, patched_ttgir) if unpatched_ttgir else []
+        if layouts:
+            more = f" (and {len(layouts) - 3} more)" if len(layouts) > 3 else ""
+            raise ContractionChanged("the patched kernel reduces in another order than the unpatched one (Triton laid "
+                                     "the reduced values out differently), which changes the low bits of the results: "
+                                     + "; ".join(layouts[:3]) + more)
         changes = contraction_changes(module, patched_ptx)
         if changes:
             more = f" (and {len(changes) - 3} more)" if len(changes) > 3 else ""
