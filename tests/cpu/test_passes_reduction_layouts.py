@@ -129,29 +129,54 @@ def test_the_passes_keep_the_layouts_of_this_kernel(monkeypatch):
     assert "tritonpatch.unmasked_copy" in kernel.asm["ttir"]
 
 
-def test_reductions_are_keyed_by_source_location_with_layouts_spelled_out():
-    ttgir = "\n".join([
-        "#mma = #ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [8, 1], instrShape = [16, 32, 8]}>",
+def _module(combiner: str = "arith.addf", layout: str = "#ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, "
+            "warpsPerCTA = [8, 1], instrShape = [16, 32, 8]}>", location: str = '"k.py":5:6', mark: str = "") -> str:
+    """A printed TTGIR module with one row reduction (in a loop, marked ``mark``)."""
+    return "\n".join([
+        f"#mma = {layout}",
         "module {",
+        "  scf.for %i = %a to %b step %c {",
         '    %m = "tt.reduce"(%s) <{axis = 1 : i32}> ({',
         "    ^bb0(%a: f32 loc(#loc1), %b: f32 loc(#loc1)):",
-        "      %c = arith.addf %a, %b : f32 loc(#loc1)",
+        f"      %c = {combiner} %a, %b : f32 loc(#loc1)",
         "      tt.reduce.return %c : f32 loc(#loc1)",
         "    }) : (tensor<64x64xf32, #mma>) -> tensor<64xf32, #ttg.slice<{dim = 1, parent = #mma}>> loc(#loc2)",
+        f"  }}{mark}",
         "}",
         '#loc1 = loc("k.py":3:4)',
-        '#loc2 = loc("k.py":5:6)'])
-    [(key, types)] = reductions(ttgir).items()
+        f"#loc2 = loc({location})"])
+
+
+def test_reductions_are_keyed_by_source_location_with_layouts_spelled_out():
+    [(key, types)] = reductions(_module()).items()
     assert key == ("reduce", 'loc("k.py":5:6)')
     assert types == {"tensor<64x64xf32, #ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [8, 1]}>>"}
-    other = ttgir.replace("[8, 1]", "[4, 2]")
-    [change] = reduction_layout_changes(ttgir, other)
+    [change] = reduction_layout_changes(_module(), _module().replace("[8, 1]", "[4, 2]"))
     assert change.startswith("k.py:5:6: a tt.reduce of") and "[4, 2]" in change and "[8, 1]" in change
-    assert reduction_layout_changes(ttgir, ttgir) == []
-    blocked = ttgir.replace("#ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [8, 1], instrShape = "
-                            "[16, 32, 8]}>", "#ttg.blocked<{sizePerThread = [1, 1], threadsPerWarp = [1, 32], "
-                            "warpsPerCTA = [2, 2], order = [1, 0]}>")
-    assert reduction_layout_changes(ttgir, blocked) == []       # no dot's result: an all-false copy's -inf tile
-    assert reduction_layout_changes(ttgir, ttgir.replace("[16, 32, 8]", "[16, 64, 8]")) == []   # the same threads' columns
-    maximum = ttgir.replace("arith.addf", "arith.maxnumf")
+    assert reduction_layout_changes(_module(), _module()) == []
+
+
+def test_the_instruction_shape_counts_only_with_warps_along_n():
+    """One warp along N: each thread holds the same columns for any N of the instruction; several:
+    the N-repetitions are spread over the warps, so the shape changes who holds what."""
+    one = _module()
+    assert reduction_layout_changes(one, one.replace("[16, 32, 8]", "[16, 64, 8]")) == []
+    two = _module().replace("[8, 1]", "[4, 2]")
+    assert reduction_layout_changes(two, two.replace("[16, 32, 8]", "[16, 64, 8]"))
+
+
+def test_order_free_combiners_and_blocked_layouts_are_not_compared():
+    """A max gives the same value in any order; a blocked layout is what an all-false copy's -inf tile
+    gets once its dot is gone (not compared: see the module docstring)."""
+    maximum = _module(combiner="arith.maxnumf")
     assert reductions(maximum) == {} and reduction_layout_changes(maximum, maximum.replace("[8, 1]", "[4, 2]")) == []
+    for rounding in ("tt.extern_elementwise", "tt.elementwise_inline_asm", "arith.addf"):
+        assert reductions(_module(combiner=rounding)), rounding
+    blocked = _module(layout="#ttg.blocked<{sizePerThread = [1, 1], threadsPerWarp = [1, 32], warpsPerCTA = [2, 2], "
+                             "order = [1, 0]}>")
+    assert reduction_layout_changes(_module(), blocked) == []
+
+
+def test_a_rounding_reduction_at_a_new_location_is_refused():
+    [change] = reduction_layout_changes(_module(), _module(location='"k.py":9:9'))
+    assert change.startswith("k.py:9:9:") and "does not have there" in change

@@ -10,18 +10,23 @@ something hides that chain (an ``scf.if`` between the two dots did). The rewritt
 the same values in another order, and its results differ in the low bits, which the PTX comparison
 of contractions (:mod:`.float_contraction`) cannot see: each thread does different work.
 
-So the patched TTGIR's reductions are compared with the unpatched TTGIR's by source location: at every
-location where both have a reduction whose combiner rounds (a sum; a max or min gives the same value in
-any order), each patched one that reduces a dot's result (an operand in an
-MMA layout, the layout AccelerateMatmul chooses from the loop around the dot) must reduce an operand
-of a type (shape, element, layout) that an unpatched one reduces there. A reduction of values no dot
-produced is not compared: in elide-uniform-masks' output that is an all-false copy, whose dot is gone
-and whose tile is -inf or derived from it (the same value in any order), reduced in a blocked layout.
-Dots are not compared either: an MMA's accumulation order along K is the instruction's, whichever
-warps hold which output tiles. Nor is an MMA layout's instruction shape: a wgmma of N=32 repeated
-twice over 64 columns gives each thread the columns, in the registers' order, that one of N=64 does
-(the GPU fuzzer's kernels that differ only there are bitwise equal), so only the layout's version and
-its warps are compared.
+So the patched TTGIR's reductions are compared with the unpatched TTGIR's by source location. Every
+patched reduction whose combiner rounds (anything but max, min, compares, selects and integer ops: a
+float sum, a library or inline-assembly add) and whose operand is a dot's result (an MMA layout, the
+one AccelerateMatmul chooses from the loop around the dot) must reduce an operand of a type (shape,
+element, layout) that an unpatched reduction at the same location reduces; one at a location where
+the unpatched kernel has none is refused too. An MMA layout's instruction shape is left out of the
+comparison where the layout has one warp along N: a wgmma of N=32 repeated twice over 64 columns then
+gives each thread the columns, in the registers' order, that one of N=64 does (with warps along N it
+does not, so there the shape is compared).
+
+Not compared: reductions of operands in other (blocked) layouts. In elide-uniform-masks' output the
+ones that change layout are in all-false copies (the dot gone, a tile of -inf or of zeros and NaNs
+derived from it, the same in any order, reduced in a blocked layout; a loop mark does not survive
+Triton's pipeliner to tell them apart), so comparing them refuses exact kernels; a pass that changes
+the blocked layout of a real sum is not caught here, and the GPU fuzzer remains the check for that.
+Dots are not compared: an MMA's accumulation order along K is the instruction's, whichever warps hold
+which output tiles.
 """
 from __future__ import annotations
 
@@ -30,10 +35,15 @@ import re
 _ALIAS = re.compile(r"^(#[\w.$-]+)\s*=\s*(.*?)\s*$")
 _REFERENCE = re.compile(r"#[A-Za-z_][\w.$-]*")
 _OPENS = re.compile(r'"tt\.(reduce|scan)"\(')
-_MMA = "#ttg.nvidia_mma<"            # the layout of a dot's result (resolved), as AccelerateMatmul chose it
-_ROUNDING = re.compile(r"\b(?:arith\.(?:addf|subf|mulf|divf)|math\.fma)\b")   # a combiner whose result depends on the order
-_INSTRUCTION_SHAPE = re.compile(r",\s*instrShape\s*=\s*\[[^\]]*\]")
 _CLOSES = re.compile(r"^\s*\}\)\s*:\s*\((.*)\)\s*->\s*(.*?)\s*loc\((.*)\)\s*$")
+_OP = re.compile(r"^\s*(?:%[\w.$#:-]+(?:\s*,\s*%[\w.$#:-]+)*\s*=\s*)?\"?([a-z_]+\.[\w.]+)")
+_EXACT_COMBINERS = {"arith.maxnumf", "arith.minnumf", "arith.maximumf", "arith.minimumf", "arith.cmpf", "arith.cmpi",
+                    "arith.select", "arith.maxsi", "arith.minsi", "arith.maxui", "arith.minui", "arith.addi",
+                    "arith.subi", "arith.muli", "arith.andi", "arith.ori", "arith.xori", "arith.constant",
+                    "tt.reduce.return", "tt.scan.return"}
+_MMA = "#ttg.nvidia_mma<"            # the layout of a dot's result (resolved), as AccelerateMatmul chose it
+_ONE_WARP_ALONG_N = re.compile(r"warpsPerCTA\s*=\s*\[\d+,\s*1\]")
+_INSTRUCTION_SHAPE = re.compile(r",\s*instrShape\s*=\s*\[[^\]]*\]")
 
 
 def _aliases(lines: list[str]) -> dict:
@@ -49,10 +59,19 @@ def _resolved(text: str, aliases: dict, depth: int = 0) -> str:
                           else m.group(0), text)
 
 
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _normalised(operand: str) -> str:
+    """An operand type with an MMA layout's instruction shape left out where the layout has one warp
+    along N (see the module docstring)."""
+    return _INSTRUCTION_SHAPE.sub("", operand) if _ONE_WARP_ALONG_N.search(operand) else operand
+
+
 def reductions(ttgir: str) -> dict:
     """``(kind, source location) -> set of operand types`` of the module's reductions and scans whose
-    combiner rounds (a float add, multiply, ...: a sum, not a max), with layouts and locations spelled
-    out (aliases resolved, an MMA layout's instruction shape left out)."""
+    combiner rounds, with layouts and locations spelled out (aliases resolved)."""
     lines = ttgir.splitlines()
     aliases = _aliases(lines)
     found: dict = {}
@@ -60,31 +79,37 @@ def reductions(ttgir: str) -> dict:
     for line in lines:
         opened = _OPENS.search(line)
         if opened:
-            open_kinds.append([opened.group(1), len(line) - len(line.lstrip()), False])
+            open_kinds.append([opened.group(1), _indent(line), False])
             continue
-        if open_kinds and _ROUNDING.search(line):
-            open_kinds[-1][2] = True
         closed = _CLOSES.match(line)
-        if closed and open_kinds and len(line) - len(line.lstrip()) == open_kinds[-1][1]:
+        if closed and open_kinds and _indent(line) == open_kinds[-1][1]:
             kind, _, rounds = open_kinds.pop()
             if rounds:
                 location = _resolved(closed.group(3), aliases)
-                operand = _INSTRUCTION_SHAPE.sub("", _resolved(closed.group(1), aliases))
-                found.setdefault((kind, location), set()).add(operand)
+                found.setdefault((kind, location), set()).add(_normalised(_resolved(closed.group(1), aliases)))
+            continue
+        op = _OP.match(line)
+        if open_kinds and op and not line.lstrip().startswith("^") and op.group(1) not in _EXACT_COMBINERS:
+            open_kinds[-1][2] = True
     return found
 
 
 def reduction_layout_changes(unpatched_ttgir: str, patched_ttgir: str) -> list[str]:
-    """Where a reduction of a dot's result in ``patched_ttgir`` runs on an operand layout that no
-    reduction of ``unpatched_ttgir`` at the same source location has: one line per location (empty:
-    none)."""
+    """Where a rounding reduction of a dot's result in ``patched_ttgir`` runs on an operand layout that
+    no reduction of ``unpatched_ttgir`` at the same source location has, or has no counterpart there:
+    one line per case (empty: none)."""
     before, after = reductions(unpatched_ttgir), reductions(patched_ttgir)
     changes = []
-    for (kind, location), types in sorted(after.items()):
+    for (kind, location), all_types in sorted(after.items()):
+        types = {t for t in all_types if _MMA in t}
         known = before.get((kind, location))
-        if known is None:
+        if not types:
             continue
-        for operand in sorted(t for t in types - known if _MMA in t):
+        if known is None:
+            changes.append(f"{_short(location)}: a tt.{kind} that the unpatched kernel does not have there, so its "
+                           "order cannot be compared")
+            continue
+        for operand in sorted(types - known):
             changes.append(f"{_short(location)}: a tt.{kind} of {_layout(operand)}, where the unpatched kernel reduces "
                            f"{' or '.join(sorted(_layout(t) for t in known))}")
     return changes
@@ -97,8 +122,8 @@ def _short(location: str) -> str:
 
 
 def _layout(operand: str) -> str:
-    """The part of an operand type that says how it is spread: the layout's warps, threads and
-    registers per thread where they are given."""
-    parts = [m.group(0) for m in re.finditer(r"(warpsPerCTA|threadsPerWarp|sizePerThread)\s*=\s*\[[^\]]*\]",
+    """The part of an operand type that says how it is spread: the layout's warps, threads, registers
+    per thread and instruction shape where they are given."""
+    parts = [m.group(0) for m in re.finditer(r"(warpsPerCTA|threadsPerWarp|sizePerThread|instrShape)\s*=\s*\[[^\]]*\]",
                                              operand)]
     return f"{operand.split(',', 1)[0]}, ...> ({', '.join(parts)})" if parts else operand[:160]
