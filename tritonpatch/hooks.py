@@ -321,15 +321,13 @@ class _PatchedCompile:
                                      f"{stage} stage ({type(exc).__name__}: {exc})") from exc
         layouts = reduction_layout_changes(unpatched_ttgir, patched_ttgir) if unpatched_ttgir else []
         if layouts:
-            more = f" (and {len(layouts) - 3} more)" if len(layouts) > 3 else ""
             raise ContractionChanged("the patched kernel reduces in another order than the unpatched one (Triton laid "
                                      "the reduced values out differently), which changes the low bits of the results: "
-                                     + "; ".join(layouts[:3]) + more)
+                                     + _first_three(layouts))
         changes = contraction_changes(module, patched_ptx)
         if changes:
-            more = f" (and {len(changes) - 3} more)" if len(changes) > 3 else ""
             raise ContractionChanged("the patched loops fuse multiply-adds differently from the unpatched loop, "
-                                     "which changes the low bits of the results: " + "; ".join(changes[:3]) + more)
+                                     "which changes the low bits of the results: " + _first_three(changes))
 
     def _check_resources(self, metadata: dict) -> None:
         shared = metadata.get("shared")
@@ -366,6 +364,12 @@ class ContractionChanged(RuntimeError):
     """A patched kernel's loops fuse multiplies and adds into FMAs where the unpatched kernel's do
     not, or the other way round: it would not compute the unpatched kernel's results bit for bit
     (or the unpatched module could not be compiled to check that)."""
+
+
+def _first_three(changes: list[str]) -> str:
+    """The first three of the exactness check's findings, and how many more there are."""
+    more = f" (and {len(changes) - 3} more)" if len(changes) > 3 else ""
+    return "; ".join(changes[:3]) + more
 
 
 def _stored_copy(module):

@@ -119,7 +119,8 @@ def _closest(originals: list, loop: PtxLoop) -> list:
                        for at in original.locations() | loop.locations())
         return len(shared), -distance
     scores = [score(original) for original in originals]
-    return [original for original, value in zip(originals, scores) if value == max(scores)]
+    best = max(scores)
+    return [original for original, value in zip(originals, scores) if value == best]
 
 
 def _changes(original: PtxLoop, loop: PtxLoop, files: dict) -> list[str]:

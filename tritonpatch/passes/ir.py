@@ -243,6 +243,13 @@ def _result_position(name: str) -> int:
     return int(name.split("#", 1)[1]) if "#" in name else 0
 
 
+def region_ops(module: Module, index: int) -> list[str]:
+    """The operation names inside the region(s) of the op at ``index`` (a ``tt.reduce``'s combiner),
+    in order; block labels and closing braces left out."""
+    return [module.lines[i].op for i in range(index + 1, module.end_of(index))
+            if module.lines[i].op and not module.lines[i].closes and not module.lines[i].text.lstrip().startswith("^")]
+
+
 # --- what an operation may do ------------------------------------------------------------------------
 _TRAPPING_ARITH = ("arith.divsi", "arith.divui", "arith.remsi", "arith.remui", "arith.ceildivsi", "arith.floordivsi",
                    "arith.ceildivui")

@@ -41,7 +41,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .ir import Module, type_of
+from .ir import Module, region_ops, type_of
 from .ir_syntax import TensorType, base_name, int_width, parse_for, parse_type
 
 NEG_INF, ZERO, ONE, POSITIVE = ("-inf",), ("0",), ("1",), ("+",)
@@ -102,9 +102,7 @@ def _guards_neg_inf(module: Module, line) -> bool:
 
 def _reduce_kind(module: Module, index: int):
     """"max" or "add" for a single-operand tt.reduce with that combiner, else None."""
-    ops = [module.lines[i].op for i in range(index + 1, module.end_of(index))
-           if module.lines[i].op and not module.lines[i].text.lstrip().startswith("^")]
-    ops = [op for op in ops if op not in ("tt.reduce.return", "}")]
+    ops = [op for op in region_ops(module, index) if op != "tt.reduce.return"]
     if len(module.lines[index].operands) != 1 or len(ops) != 1:
         return None
     return {"arith.maxnumf": "max", "arith.maximumf": "max", "arith.addf": "add"}.get(ops[0])

@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import re
 
+from .ir import Module, region_ops
+
 _ALIAS = re.compile(r"^(#[\w.$-]+)\s*=\s*(.*?)\s*$")
 _REFERENCE = re.compile(r"#[A-Za-z_][\w.$-]*")
-_OPENS = re.compile(r'"tt\.(reduce|scan)"\(')
 _CLOSES = re.compile(r"^\s*\}\)\s*:\s*\((.*)\)\s*->\s*(.*?)\s*loc\((.*)\)\s*$")
-_OP = re.compile(r"^\s*(?:%[\w.$#:-]+(?:\s*,\s*%[\w.$#:-]+)*\s*=\s*)?\"?([a-z_]+\.[\w.]+)")
 _EXACT_COMBINERS = {"arith.maxnumf", "arith.minnumf", "arith.maximumf", "arith.minimumf", "arith.cmpf", "arith.cmpi",
                     "arith.select", "arith.maxsi", "arith.minsi", "arith.maxui", "arith.minui", "arith.addi",
                     "arith.subi", "arith.muli", "arith.andi", "arith.ori", "arith.xori", "arith.constant",
@@ -59,10 +59,6 @@ def _resolved(text: str, aliases: dict, depth: int = 0) -> str:
                           else m.group(0), text)
 
 
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip())
-
-
 def _normalised(operand: str) -> str:
     """An operand type with an MMA layout's instruction shape left out where the layout has one warp
     along N (see the module docstring)."""
@@ -72,25 +68,16 @@ def _normalised(operand: str) -> str:
 def reductions(ttgir: str) -> dict:
     """``(kind, source location) -> set of operand types`` of the module's reductions and scans whose
     combiner rounds, with layouts and locations spelled out (aliases resolved)."""
-    lines = ttgir.splitlines()
-    aliases = _aliases(lines)
+    module = Module(ttgir)
+    aliases = _aliases(ttgir.splitlines())
     found: dict = {}
-    open_kinds: list[list] = []       # [kind, indentation, whether its combiner rounds] of the reductions being read
-    for line in lines:
-        opened = _OPENS.search(line)
-        if opened:
-            open_kinds.append([opened.group(1), _indent(line), False])
+    for index, line in enumerate(module.lines):
+        if line.op not in ("tt.reduce", "tt.scan") or set(region_ops(module, index)) <= _EXACT_COMBINERS:
             continue
-        closed = _CLOSES.match(line)
-        if closed and open_kinds and _indent(line) == open_kinds[-1][1]:
-            kind, _, rounds = open_kinds.pop()
-            if rounds:
-                location = _resolved(closed.group(3), aliases)
-                found.setdefault((kind, location), set()).add(_normalised(_resolved(closed.group(1), aliases)))
-            continue
-        op = _OP.match(line)
-        if open_kinds and op and not line.lstrip().startswith("^") and op.group(1) not in _EXACT_COMBINERS:
-            open_kinds[-1][2] = True
+        closed = _CLOSES.match(module.lines[module.end_of(index)].text)
+        if closed:
+            location = _resolved(closed.group(3), aliases)
+            found.setdefault((line.op[3:], location), set()).add(_normalised(_resolved(closed.group(1), aliases)))
     return found
 
 
