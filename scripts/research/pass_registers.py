@@ -30,7 +30,7 @@ from tritonpatch.inspection.tools import tool_path  # noqa: E402
 from tritonpatch.targets import compile_for_target  # noqa: E402
 
 SUPPORT = pathlib.Path(__file__).resolve().parents[2] / "tests" / "_support"
-FLEX = SUPPORT / "data" / "flex"
+FLEX = pathlib.Path(os.environ.get("FLEX_DIR", SUPPORT / "data" / "flex"))
 DEFAULT_PIPELINES = ";skip-masked-blocks;elide-uniform-masks;skip-masked-blocks,elide-uniform-masks;" \
                     "skip-masked-blocks,elide-uniform-masks,hoist-masks"
 

@@ -27,7 +27,8 @@ from unseen_kernels import NAMES, load
 pytestmark = pytest.mark.gpu
 
 ALL = ["skip-masked-blocks", "elide-uniform-masks", "hoist-masks"]
-PIPELINES = [[name] for name in ALL] + [ALL]
+BRANCH = "elide-uniform-masks(branch=true)"
+PIPELINES = [[name] for name in ALL] + [ALL, [BRANCH], ["skip-masked-blocks", BRANCH, "hoist-masks"]]
 
 
 @pytest.fixture(scope="module", autouse=True)

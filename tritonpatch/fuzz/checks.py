@@ -56,6 +56,7 @@ def static_findings(kernel: Kernel, reference: Compiled, case: Compiled, samples
         arguments = _ttir_arguments(kernel, env)
         pids = (env["pid"][0], env["pid"][1], 0)
         by_line, runs = defaultdict(list), defaultdict(list)
+        values = patched.evaluate(arguments, pids)
         for loop, bounds in patched.loop_bounds(arguments, pids):
             by_line[loop.line].append(bounds)
             runs[loop.line].append((loop, bounds))
@@ -75,6 +76,8 @@ def static_findings(kernel: Kernel, reference: Compiled, case: Compiled, samples
                     kind, problem = "skipped-live-tile", _live_tile_dropped(kernel, bounds, segments, loop.width, env)
                 if problem is None:
                     kind, problem = "elided-mixed-tile", _mixed_tile_elided(kernel, loop, runs[loop.line], env)
+                if problem is None:
+                    kind, problem = "branched-mixed-tile", _branch_claim_broken(kernel, runs[loop.line], values, env)
             if problem:
                 findings.append(Finding(kernel.seed, case.pipeline, kind, f"{problem} [{_describe_env(kernel, env)}]"))
                 return findings, checked
@@ -118,6 +121,44 @@ def _mixed_tile_elided(kernel: Kernel, original, runs: list, env: dict) -> str |
                 state = "unmasked" if values.all() else "all-masked"
                 return (f"elide-uniform-masks runs {where} with the select's "
                         f"{'constant arm' if loop.claim == 'masked' else 'computed value'}, but the tile is {state}")
+    return None
+
+
+def _branch_claim_broken(kernel: Kernel, runs: list, values: dict, env: dict) -> str | None:
+    """Where elide-uniform-masks' branch form gives a loop's mask as a constant on the tiles whose
+    iteration satisfies an ``scf.if`` condition, the kernel's single mask must be that constant on
+    each of them: checked on the first and last iterations of the loop and on those next to every
+    bound the condition compares with (where a wrong bound shows first)."""
+    masks = {select.mask for select in kernel.selects}
+    if len(masks) != 1:
+        return None
+    (mask,) = masks
+    for loop, (lower, upper, step) in runs:
+        if not loop.branches:
+            continue
+        if None in loop.branches:
+            return "elide-uniform-masks put a branch in the loop whose condition the check cannot read"
+        first, count = iterations(lower, upper, step)
+        picked = set(range(min(count, DROPPED_CHECKED))) | set(range(max(0, count - DROPPED_CHECKED), count))
+        for branch in loop.branches:
+            for _, bound in (branch.first, branch.second):
+                if bound in values:
+                    near = (values[bound] - first) // step
+                    picked |= {k for k in range(near - 2, near + 3) if 0 <= k < count}
+        for k in sorted(picked):
+            start = first + k * step
+            for branch in loop.branches:
+                holds = branch.holds(start, values, loop.width)
+                if holds is None:
+                    return "a bound of an elide-uniform-masks branch is not computable from the arguments"
+                if not holds:
+                    continue
+                tile = mask.evaluate(kernel.tile_at(env, start, loop.width))
+                if not (tile.all() if branch.constant else not tile.any()):
+                    state = "mixed" if tile.any() and not tile.all() else ("all-true" if tile.all() else "all-false")
+                    claim = "unmasked" if branch.constant else "all-masked"
+                    return (f"elide-uniform-masks branches on the tile at iteration start={start} of [{lower}, {upper}) "
+                            f"step {step} as {claim}, but the mask is {state} on that tile")
     return None
 
 

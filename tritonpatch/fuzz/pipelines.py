@@ -1,12 +1,16 @@
 """The pipelines a fuzzer case compiles under: the unpatched reference and the combinations of
-the three mask passes, named by short names joined with ``+`` (``skip+elide``)."""
+the three mask passes, named by short names joined with ``+`` (``skip+elide``). ``branch`` is
+elide-uniform-masks in its branch form (one loop, the mask computed under an ``if``): not in the
+default combinations, named with ``--pipeline`` (``skip+branch``)."""
 from __future__ import annotations
 
 import itertools
 
-PASSES = {"skip": "skip-masked-blocks", "elide": "elide-uniform-masks", "hoist": "hoist-masks"}
+PASSES = {"skip": "skip-masked-blocks", "elide": "elide-uniform-masks", "hoist": "hoist-masks",
+          "branch": "elide-uniform-masks(branch=true)"}
 REFERENCE = "unpatched"
-PIPELINES = tuple("+".join(combo) for size in (1, 2, 3) for combo in itertools.combinations(PASSES, size))
+PIPELINES = tuple("+".join(combo) for size in (1, 2, 3)
+                  for combo in itertools.combinations(("skip", "elide", "hoist"), size))
 
 
 def pass_names(pipeline: str) -> list[str]:

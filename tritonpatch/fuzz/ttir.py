@@ -70,17 +70,65 @@ class Loop:
     width: int
     masked_selects: int = 0
     claim: str | None = None        # a copy elide-uniform-masks marked: "masked" or "unmasked" tiles only
+    branches: tuple = ()            # the Branch-es of the mask elide-uniform-masks' branch form put in its body
+
+
+@dataclass(frozen=True)
+class Branch:
+    """An ``scf.if`` in a loop body whose then-arm gives a select's mask as a constant: its
+    condition is ``combine`` of two compares of the induction variable with function-level values
+    (``(predicate, value name)`` each); on every tile where it holds the mask, read as
+    ``where(mask, x, fill)``, must be uniformly ``constant``."""
+    combine: str
+    first: tuple[str, str]
+    second: tuple[str, str]
+    constant: bool
+
+    def holds(self, iv: int, values: dict, width: int) -> bool | None:
+        """Whether the condition holds at ``iv``; None where a bound is not a known value."""
+        compares = []
+        for predicate, bound in (self.first, self.second):
+            if bound not in values:
+                return None
+            compares.append(_compare(predicate, iv, values[bound], width))
+        return bool(compares[0] & compares[1] if self.combine == "arith.andi" else compares[0] | compares[1])
 
 
 # The unit attributes elide-uniform-masks puts on a copy's scf.for: it runs the select's constant arm
 # (every tile all-masked) or its computed value (every tile unmasked).
 _CLAIMS = {"tritonpatch.masked_copy": "masked", "tritonpatch.unmasked_copy": "unmasked"}
+# The unit attributes of elide-uniform-masks' branch form on an scf.if: where its condition holds the
+# select keeps its computed value everywhere (the mask, as where(mask, x, fill), is all-true), or nowhere.
+_BRANCH_CLAIMS = {"tritonpatch.unmasked_branch": True, "tritonpatch.masked_branch": False}
+_IF = re.compile(r"scf\.if (" + _NAME + r")\b")
+_IV_COMPARE = re.compile(r"^([a-z]+), (" + _NAME + r"), (" + _NAME + r")$")
+
+
+def _attributes(closing: str) -> set[str]:
+    attributes = re.match(r"\}\s*\{([^}]*)\}", closing)
+    return {name.strip() for name in attributes.group(1).split(",")} if attributes else set()
 
 
 def _claim(closing: str) -> str | None:
-    attributes = re.match(r"\}\s*\{([^}]*)\}", closing)
-    names = {name.strip() for name in attributes.group(1).split(",")} if attributes else set()
+    names = _attributes(closing)
     return next((claim for name, claim in _CLAIMS.items() if name in names), None)
+
+
+def _branch(flag: str, constant: bool, iv: str, defs: dict) -> Branch | None:
+    """The :class:`Branch` of an scf.if on ``flag`` (the body's ops in ``defs``: name -> (op, rest)),
+    None where ``flag`` is not a combination of two compares of ``iv`` with other values."""
+    op, rest = defs.get(flag, (None, ""))
+    operands = _OPERANDS.findall(rest.rpartition(" : ")[0])
+    if op not in ("arith.andi", "arith.ori") or len(operands) != 2:
+        return None
+    compares = []
+    for operand in operands:
+        compare_op, compare_rest = defs.get(operand, (None, ""))
+        match = _IV_COMPARE.match(compare_rest.rpartition(" : ")[0].strip())
+        if compare_op != "arith.cmpi" or not match or match.group(2) != iv:
+            return None
+        compares.append((match.group(1), match.group(3)))
+    return Branch(op, compares[0], compares[1], constant)
 
 
 class ScalarProgram:
@@ -94,21 +142,31 @@ class ScalarProgram:
         self.loops: list[Loop] = []
         locations = dict(m.groups() for m in map(_LOC_DEF.match, lines) if m)
         depth, opened, selects = 0, [], 0
+        body_defs, branches, iv = {}, [], None     # of the top-level loop being read
         for text_line in lines:
             stripped = text_line.strip()
             if stripped.startswith("tt.func"):
                 self.arguments = [name for name, _ in _ARG.findall(stripped.split("(", 1)[1])]
             if depth > 2 and _MASKED_SELECT.search(stripped):
                 selects += 1
+            carried = None                                   # an scf.if's flag, on to its else arm
             if stripped.startswith("}"):
                 depth -= 1
                 if opened and opened[-1][0] == depth:
                     _, head = opened.pop()
-                    if head is not None:
+                    if isinstance(head, str) and stripped.endswith("{"):
+                        carried = head
+                    elif isinstance(head, str):
+                        names = _attributes(stripped)
+                        claims = [constant for name, constant in _BRANCH_CLAIMS.items() if name in names]
+                        if claims:
+                            branches.append(_branch(head, claims[0], iv, body_defs))
+                    elif head is not None:
                         ref = _LOC_REF.search(stripped)
                         line = _resolve_line(ref.group(1), locations) if ref else None
-                        self.loops.append(Loop(line, *head, masked_selects=selects, claim=_claim(stripped)))
-                        selects = 0
+                        self.loops.append(Loop(line, *head, masked_selects=selects, claim=_claim(stripped),
+                                               branches=tuple(branches)))
+                        selects, body_defs, branches = 0, {}, []
             if depth == 2 and not stripped.startswith("}"):   # module { tt.func { <here>
                 loop = _FOR.search(stripped)
                 if loop:
@@ -118,8 +176,16 @@ class ScalarProgram:
                     match = _DEF.match(text_line)
                     if match and not stripped.endswith("{"):
                         self.ops.append(match.groups())
+            elif depth > 2:                                  # inside a top-level loop
+                match = _DEF.match(text_line)
+                if match:
+                    body_defs[match.group(1)] = match.group(2, 3)
             if stripped.endswith("{"):
-                if not (depth == 2 and _FOR.search(stripped)):
+                if carried is not None:
+                    opened.append((depth, carried))
+                elif depth > 2 and (branch := _IF.search(stripped)):
+                    opened.append((depth, branch.group(1)))
+                elif not (depth == 2 and _FOR.search(stripped)):
                     opened.append((depth, None))
                 depth += 1
 

@@ -20,7 +20,11 @@ def register_builtin_passes() -> None:
                   {"max_atoms": _MAX_ATOMS,
                    "all_false_loops": PassOption(bool, True, "also give the leading and trailing all-false tiles loops "
                                                              "of their own (skip-masked-blocks drops them where it "
-                                                             "applies)")},
+                                                             "applies)"),
+                   "branch": PassOption(bool, False, "keep each loop whole and compute the mask under a branch on "
+                                                     "the induction variable instead: uniform tiles take it as a "
+                                                     "constant, the selects and every float op stay as they are "
+                                                     "(no copies of the loop, so no register growth from them)")},
                   order=1)(elide.run)
     register_pass("skip-masked-blocks", "ttir",
                   "narrow loop bounds to drop leading/trailing tiles whose mask is all-false when such a tile "

@@ -54,9 +54,10 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import dataclass
 
 from .ir import (REGISTER_MOVES, Module, constant_step, inline_asm_line, is_movable, loop_label, no_select_reason, renamed,
-                 select_parts, substitute, without_dead_ops)
+                 select_parts, substitute, type_of, without_dead_ops)
 from .ir_syntax import NAME_END, base_name, parse_for, parse_type, with_attribute, without_attribute
 from .iterations import (NARROWED, iteration_bound, loop_uniform_runs, possible_runs, scalars_fixed_in_loop,
                          segment_counts)
@@ -296,9 +297,20 @@ def _marked(closing: str, module: Module, parts, keep_true: bool | None) -> str:
     return closing
 
 
-def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false_loops: bool) -> list[str] | str:
-    """Replace ``loop`` by one loop per uniform run of its iterations and the mixed runs between
-    them; returns the emitted lines, or why not (module untouched)."""
+@dataclass(frozen=True)
+class LoopMask:
+    """A loop and the mask of one select in its body, read as index compares; ``negated``: the
+    select is ``where(c, -inf, x)`` and ``mask`` is ``~c``."""
+    head: object
+    step: int
+    parts: tuple
+    analysis: Analysis
+    mask: Mask
+    negated: bool
+
+
+def loop_mask(module: Module, loop: int, select: int, max_atoms: int) -> LoopMask | str:
+    """The select's mask, analysable for the loop; or why not."""
     head = parse_for(module.lines[loop])
     step = constant_step(module, head.step)
     parts = select_parts(module, select)
@@ -317,6 +329,35 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
         mask = Mask("not", children=(mask,))
     if not scalars_fixed_in_loop(module, loop, mask, head.iv, analysis.checks):
         return "its mask uses a scalar computed inside the loop"
+    return LoopMask(head, step, parts, analysis, mask, negated)
+
+
+def run_bounds(module: Module, loop: int, found: LoopMask) -> tuple[IROps, list[str]]:
+    """The ops computing, in front of the loop, the six i32 bounds of the five runs of :data:`_RUNS`
+    (the loop's own lower and upper bound first and last)."""
+    head, line = found.head, module.lines[loop]
+    ops = IROps(module, line.indent, module.lines[module.end_of(loop)].loc)
+    lower, upper = ops.leaf(head.lower), ops.leaf(head.upper)
+    bounds = [head.lower]
+    for count in segment_counts(ops, lower, upper, found.step, found.mask, head.iv, found.analysis.checks):
+        bound = iteration_bound(ops, lower, upper, count, found.step)
+        bounds.append(ops.emit(("trunc", bound), f"arith.trunci {bound} : i64 to i32"))   # exact: in the i32 range
+    bounds.append(head.upper)
+    return ops, bounds
+
+
+def _negated_suffix(found: LoopMask) -> str:
+    return (" (all-true and all-false of the select's condition negated: where(c, -inf, x) is read as "
+            "where(~c, x, -inf))" if found.negated else "")
+
+
+def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false_loops: bool) -> list[str] | str:
+    """Replace ``loop`` by one loop per uniform run of its iterations and the mixed runs between
+    them; returns the emitted lines, or why not (module untouched)."""
+    found = loop_mask(module, loop, select, max_atoms)
+    if isinstance(found, str):
+        return found
+    head, parts, mask, negated = found.head, found.parts, found.mask, found.negated
     original = [module.lines[i].text for i in range(loop, module.end_of(loop) + 1)]
     leading, true_possible, trailing = loop_uniform_runs(module, head, mask)
     false_loops = all_false_loops and NARROWED not in original[-1]  # skip-masked-blocks dropped those runs already
@@ -331,16 +372,8 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
     kinds = [kind if kind in bodies and can_run else "mixed" for kind, can_run in zip(_RUNS, possible)]
     if kinds == ["mixed"] * len(_RUNS):
         reason = "; ".join(refusals) or _no_run_reason(mask, head.iv, leading or trailing, false_loops)
-        return reason + (" (all-true and all-false of the select's condition negated: where(c, -inf, x) is read as "
-                         "where(~c, x, -inf))" if negated else "")
-    line = module.lines[loop]
-    ops = IROps(module, line.indent, module.lines[module.end_of(loop)].loc)
-    lower, upper = ops.leaf(head.lower), ops.leaf(head.upper)
-    bounds = [head.lower]
-    for count in segment_counts(ops, lower, upper, step, mask, head.iv, analysis.checks):
-        bound = iteration_bound(ops, lower, upper, count, step)
-        bounds.append(ops.emit(("trunc", bound), f"arith.trunci {bound} : i64 to i32"))   # exact: in the i32 range
-    bounds.append(head.upper)
+        return reason + _negated_suffix(found)
+    ops, bounds = run_bounds(module, loop, found)
     segments = []                  # (kind, low, high), adjacent mixed runs merged
     for position, kind in enumerate(kinds):
         if segments and kind == "mixed" == segments[-1][0]:
@@ -363,6 +396,112 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
     module.replace(texts[:loop] + emitted + texts[module.end_of(loop) + 1:])
     for refusal in refusals:
         note(f"loop {head.iv}: {refusal}; split without it")
+    return emitted
+
+
+# --- the branch form ---------------------------------------------------------------------------------
+# What a branch claims about its tiles, as a unit attribute of its scf.if (read by the fuzzer's static
+# check, which evaluates the mask on the tiles where the if's condition holds): there the select keeps
+# its computed value everywhere (the mask, read as where(mask, x, fill), is all-true), or nowhere.
+UNMASKED_BRANCH = "tritonpatch.unmasked_branch"
+MASKED_BRANCH = "tritonpatch.masked_branch"
+_DEFINED = re.compile(r"^\s*(%[A-Za-z0-9_$.\-]+)(?::\d+)?\s*=")
+
+
+def _mask_ops(module: Module, loop: int, condition: str) -> list[int]:
+    """The ops of the loop body that compute ``condition`` and nothing else: the op defining it
+    and every pure op (movable, one result, no region) whose results feed only those ops."""
+    body = range(loop + 1, module.end_of(loop))
+    root = module.defs.get(base_name(condition))
+    children = module.children(loop)
+    if root is None or root not in children:
+        return []
+    exclusive = {root}
+    for index in reversed([i for i in children if i < root]):
+        line = module.lines[index]
+        if line.opens or len(line.results) != 1 or not is_movable(line):
+            continue
+        users = module.users(line.results[0], body)
+        if users and all(user in exclusive for user in users):
+            exclusive.add(index)
+    return sorted(exclusive)
+
+
+def _fresh_names(module: Module, lines: list[str], hint: str) -> tuple[list[str], dict[str, str]]:
+    """``lines`` with every value they define renamed to a fresh name, and the renaming."""
+    names = {}
+    for text in lines:
+        match = _DEFINED.match(text)
+        if match:
+            names[match.group(1)] = module.fresh(hint)
+    for old, new in names.items():
+        lines = [substitute(text, old, new) for text in lines]
+    return lines, names
+
+
+def _uniform_arm(module: Module, value: bool, type_text: str, indent: str, loc: str) -> list[str]:
+    """The lines of an arm that yields the mask as the constant ``value`` of ``type_text``."""
+    name = module.fresh("uniform_mask")
+    literal = "true" if value else "false"
+    constant = literal if type_text == "i1" else f"dense<{literal}>"
+    return [f"{indent}{name} = arith.constant {constant} : {type_text} {loc}".rstrip(),
+            f"{indent}scf.yield {name} : {type_text} {loc}".rstrip()]
+
+
+def branch_mask_loop(module: Module, loop: int, select: int, max_atoms: int, all_false_loops: bool) -> list[str] | str:
+    """Keep ``loop`` whole and compute the select's mask under a branch on the induction variable:
+    a tile of the all-true run (bounds computed in front of the loop as for the split) takes the
+    mask as a constant, as does a tile of a leading or trailing all-false run; every other tile
+    runs the ops that compute the mask. The selects themselves, the loads and the dots stay where
+    they were, so every floating-point value is computed by the unpatched kernel's operations in
+    the unpatched order; Triton pipelines the one loop as before, its dots keep their layouts (the
+    chain from one dot through the selects to the next stays visible to Triton), and no
+    loop-invariant value lives across copies of the loop. Every select on the same mask (the
+    backward's ``where(m, s, -inf)`` and ``where(m, ds, 0)``) reads the branched mask. Returns the
+    emitted lines, or why not (module untouched)."""
+    found = loop_mask(module, loop, select, max_atoms)
+    if isinstance(found, str):
+        return found
+    head, condition = found.head, found.parts[0]
+    closing = module.lines[module.end_of(loop)].text
+    leading, true_possible, trailing = loop_uniform_runs(module, head, found.mask)
+    false_arm = all_false_loops and NARROWED not in closing and (leading or trailing)
+    if not true_possible and not false_arm:
+        return _no_run_reason(found.mask, head.iv, leading or trailing, all_false_loops and NARROWED not in closing) \
+            + _negated_suffix(found)
+    moved = _mask_ops(module, loop, condition)
+    if not moved:
+        return "its mask is computed outside the loop body (hoist-masks' work, nothing to branch)"
+    type_text = type_of(module, base_name(condition))
+    if type_text is None:
+        return f"the type of its mask {condition} cannot be read"
+    ops, bounds = run_bounds(module, loop, found)
+    levels = ([("andi", ("sge", bounds[2]), ("slt", bounds[3]), True)] if true_possible else []) + \
+        ([("ori", ("slt", bounds[1]), ("sge", bounds[4]), False)] if false_arm else [])   # _RUNS' bounds
+    line = module.lines[moved[-1]]
+    loc = line.loc
+    masked, names = _fresh_names(module, [module.lines[i].text.strip() for i in moved], "mask")
+
+    def nested(depth: int, indent: str, result: str) -> list[str]:
+        """The lines giving ``result`` the mask: under the branches of ``levels[depth:]``."""
+        if depth == len(levels):
+            return [indent + substitute(text, names[base_name(condition)], result) for text in masked]
+        combine, (first_predicate, first_bound), (second_predicate, second_bound), uniform = levels[depth]
+        flags = [module.fresh("in_run") for _ in range(3)]
+        inner, value = indent + "  ", module.fresh("mask")
+        return [f"{indent}{flags[0]} = arith.cmpi {first_predicate}, {head.iv}, {first_bound} : i32 {loc}".rstrip(),
+                f"{indent}{flags[1]} = arith.cmpi {second_predicate}, {head.iv}, {second_bound} : i32 {loc}".rstrip(),
+                f"{indent}{flags[2]} = arith.{combine} {flags[0]}, {flags[1]} : i1 {loc}".rstrip(),
+                f"{indent}{result} = scf.if {flags[2]} -> ({type_text}) {{",
+                *_uniform_arm(module, uniform != found.negated, type_text, inner, loc),
+                f"{indent}}} else {{",
+                *nested(depth + 1, inner, value),
+                f"{inner}scf.yield {value} : {type_text} {loc}".rstrip(),
+                f"{indent}}} {{{UNMASKED_BRANCH if uniform else MASKED_BRANCH}}} {loc}".rstrip()]
+    emitted = nested(0, line.indent, base_name(condition))
+    texts = [other.text for other in module.lines]
+    body = [texts[i] for i in range(loop, moved[-1]) if i not in moved] + emitted
+    module.replace(texts[:loop] + ops.lines + body + texts[moved[-1] + 1:])
     return emitted
 
 
@@ -389,13 +528,14 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
     carried offsets (:mod:`.versioning`) where that makes the mask analysable; log why each loop
     or select was left as it is (``tritonpatch.passes.note``)."""
     module = Module(text)
-    counts = {"loops_split": 0}
+    counts = {"masks_branched" if options["branch"] else "loops_split": 0}
+    done_key = next(iter(counts))
     for loop in module.loops():
         if not any(select_parts(module, index) for index in module.children(loop)):
             note(f"{loop_label(module, loop)} left as it is: {no_select_reason(module, loop)}")
     done: set[str] = set()
     split = functools.partial(_split_or_reason, max_atoms=options["max_atoms"],
-                              all_false_loops=options["all_false_loops"])
+                              all_false_loops=options["all_false_loops"], branch=options["branch"])
     while True:
         candidates = ((loop, index) for loop in reversed(module.loops())
                       for index in sorted(module.children(loop), key=lambda i: _preference(module, i))
@@ -416,15 +556,17 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
             note(f"{loop_label(module, loop)} not split on {name}: {outcome}")
         else:
             done.update(parse_line_results(outcome, "arith.select"))
-            counts["loops_split"] += 1
+            counts[done_key] += 1
     return (module.text() if any(counts.values()) else text), counts
 
 
-def _split_or_reason(module: Module, loop: int, select: int, max_atoms: int, all_false_loops: bool) -> list[str] | str:
-    """:func:`split_loop`, with an integer scalar whose type cannot be read as the reason the loop is
-    left as it is (raised before the module changes)."""
+def _split_or_reason(module: Module, loop: int, select: int, max_atoms: int, all_false_loops: bool,
+                     branch: bool) -> list[str] | str:
+    """:func:`split_loop` (:func:`branch_mask_loop` where ``branch``), with an integer scalar whose
+    type cannot be read as the reason the loop is left as it is (raised before the module changes)."""
     try:
-        return split_loop(module, loop, select, max_atoms, all_false_loops)
+        shape = branch_mask_loop if branch else split_loop
+        return shape(module, loop, select, max_atoms, all_false_loops)
     except UnreadableType as unreadable:
         return str(unreadable)
 
