@@ -319,6 +319,37 @@ def test_elision_check_flags_a_copy_that_runs_the_wrong_arm(causal_reference, tm
     assert findings and findings[0].kind == "elided-mixed-tile" and "but the tile is" in findings[0].detail, findings
 
 
+def test_branch_check_flags_a_branch_whose_claim_is_false(causal_reference, tmp_path, monkeypatch):
+    """elide-uniform-masks' branch form marks each scf.if that gives the mask as a constant with the
+    tiles it claims (unmasked or all-masked); the check evaluates the mask on the tiles where the
+    if's condition holds. With the claims swapped, as a branch on the wrong run would read, it
+    reports the tile."""
+    from triton.backends.compiler import GPUTarget
+    kernel, reference = causal_reference
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    _, branched = compile_case(kernel, "branch", str(tmp_path), GPUTarget("cuda", 90, 32))
+    (loop,) = ScalarProgram(branched.ttir).loops
+    assert loop.branches and None not in loop.branches and True in {b.constant for b in loop.branches}, loop
+    assert static_findings(kernel, reference, branched, samples=24)[0] == []
+    swapped = (branched.ttir.replace("tritonpatch.masked_branch", "tritonpatch.swap")
+               .replace("tritonpatch.unmasked_branch", "tritonpatch.masked_branch")
+               .replace("tritonpatch.swap", "tritonpatch.unmasked_branch"))
+    findings, _ = static_findings(kernel, reference, Compiled(kernel.seed, "branch", "ok", 0.0, [], [], swapped),
+                                  samples=24)
+    assert findings and findings[0].kind == "branched-mixed-tile" and "but the mask is" in findings[0].detail, findings
+
+
+def test_branch_form_kernels_compile_and_their_branches_hold():
+    """The branch form on the CI seeds: every case compiles without a fallback, and every branch's
+    claim holds on the tiles the static check evaluates."""
+    result = run(CI_SEEDS, ["branch", "skip+branch+hoist"], jobs=2)
+    assert_clean(result)
+    assert not [case for case in result.cases if case.status == "fallback"]
+    branched = [case for case in result.cases for name, counts, kept in case.reports
+                if name == "elide-uniform-masks" and kept and counts.get("masks_branched")]
+    assert len(branched) >= 8
+
+
 # --- the fuzz run ---------------------------------------------------------------------------------------------
 def assert_clean(result):
     assert result.ok, "\n" + summary(result)

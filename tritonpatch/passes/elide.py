@@ -453,10 +453,11 @@ def branch_mask_loop(module: Module, loop: int, select: int, max_atoms: int, all
     a tile of the all-true run (bounds computed in front of the loop as for the split) takes the
     mask as a constant, as does a tile of a leading or trailing all-false run; every other tile
     runs the ops that compute the mask. The selects themselves, the loads and the dots stay where
-    they were, so every floating-point value is computed by the unpatched kernel's operations in
-    the unpatched order; Triton pipelines the one loop as before, its dots keep their layouts (the
-    chain from one dot through the selects to the next stays visible to Triton), and no
-    loop-invariant value lives across copies of the loop. Every select on the same mask (the
+    they were, so the IR computes every floating-point value with the unpatched kernel's operations
+    in the unpatched order (LLVM may still fold a select into the branch's arms and contract
+    differently: the exactness check compares, as for every patched kernel); Triton pipelines the
+    one loop as before, its dots keep their layouts (the chain from one dot through the selects to
+    the next stays visible to Triton), and no loop-invariant value lives across copies of the loop. Every select on the same mask (the
     backward's ``where(m, s, -inf)`` and ``where(m, ds, 0)``) reads the branched mask. Returns the
     emitted lines, or why not (module untouched)."""
     found = loop_mask(module, loop, select, max_atoms)
@@ -540,7 +541,8 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
         candidates = ((loop, index) for loop in reversed(module.loops())
                       for index in sorted(module.children(loop), key=lambda i: _preference(module, i))
                       if VERSIONED not in module.lines[module.end_of(loop)].text
-                      and select_parts(module, index) is not None and module.lines[index].results[0] not in done)
+                      and select_parts(module, index) is not None and module.lines[index].results[0] not in done
+                      and not _reads_branched_mask(module, index))
         loop, select = next(candidates, (None, None))
         if loop is None:
             break
@@ -553,11 +555,21 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
             if versioned:
                 counts["loops_versioned"] = counts.get("loops_versioned", 0) + 1  # only when one was
         if isinstance(outcome, str):
-            note(f"{loop_label(module, loop)} not split on {name}: {outcome}")
+            note(f"{loop_label(module, loop)} not {'branched' if options['branch'] else 'split'} on {name}: {outcome}")
         else:
             done.update(parse_line_results(outcome, "arith.select"))
             counts[done_key] += 1
     return (module.text() if any(counts.values()) else text), counts
+
+
+def _reads_branched_mask(module: Module, select: int) -> bool:
+    """Whether the select's mask is one the branch form gives already (another select on the same
+    mask was branched: the backward's ``where(m, s, -inf)`` and ``where(m, ds, 0)``)."""
+    index = module.defs.get(base_name(select_parts(module, select)[0]))
+    if index is None or index < 0 or module.lines[index].op != "scf.if":
+        return False
+    closing = module.lines[module.end_of(index)].text
+    return UNMASKED_BRANCH in closing or MASKED_BRANCH in closing
 
 
 def _split_or_reason(module: Module, loop: int, select: int, max_atoms: int, all_false_loops: bool,
