@@ -10,7 +10,8 @@ one Triton ships, for sm_90a) reports: registers per thread and spill-store byte
 
 ``--pipelines``: pipelines separated by ``;``, each a comma-separated pass list as
 ``TRITONPATCH_PASSES`` takes it (an empty item: unpatched). Default: unpatched, skip, elide,
-skip+elide, all three.
+skip+elide, all three. ``FLEX_DIR``: read the FlexAttention fixtures from another folder of the
+same layout (a fixture with its mask edited, say).
 """
 from __future__ import annotations
 

@@ -211,25 +211,31 @@ def boundary(module: Module, loop: int, value: str, element: str, sole_user: boo
     return f"no exact contraction barrier for the {element} product {value} that the select passes on"
 
 
-def specialised_loop(module: Module, loop: int, select: int, keep_true: bool) -> list[str] | str:
-    """The loop's lines (head to closing brace) with the select replaced by its true (or false)
-    operand, a boundary that keeps the unpatched kernel's contraction (:func:`boundary`), and the
-    ops left dead removed; or why no exact copy exists."""
+@dataclass(frozen=True)
+class SelectCopy:
+    """How a copy of the loop replaces one select by its kept operand: ``changed`` maps a body line
+    to its new text (None: deleted); ``renamed``, where set, is ``(result, kept)``: every other
+    reader of the select's result reads the kept operand instead."""
+    changed: dict
+    renamed: tuple[str, str] | None
+
+
+def select_copy(module: Module, loop: int, select: int, keep_true: bool) -> SelectCopy | str:
+    """The select replaced by its true (or false) operand, with a boundary that keeps the unpatched
+    kernel's contraction (:func:`boundary`); or why no exact replacement exists."""
     _, true_value, false_value, value_type = select_parts(module, select)
     kept, other = (true_value, false_value) if keep_true else (false_value, true_value)
     line = module.lines[select]
     result = line.results[0]
     element = parse_type(value_type).element
-    texts = {i: module.lines[i].text for i in range(loop, module.end_of(loop) + 1)}
-    del texts[select]
     if element not in REGISTER_MOVES or is_constant(module, kept):      # nothing to contract with
-        texts = {i: substitute(t, result, kept) for i, t in texts.items()}
-        return remove_dead_ops("\n".join(texts[i] for i in sorted(texts)).split("\n"))
+        return SelectCopy({select: None}, (result, kept))
     chain = _constant_chain(module, loop, result) if is_constant(module, other) else []
     if isinstance(chain, str):
         return chain
+    changed = {select: None}
     if chain:                      # InstCombine moves the chain in front of the select: the boundary follows it
-        texts[chain[0]] = substitute(texts[chain[0]], result, kept)
+        changed[chain[0]] = substitute(module.lines[chain[0]].text, result, kept)
         value, value_line = module.lines[chain[-1]].results[0], chain[-1]
         # the chain's last multiply rounded on its own, unless it doubles: InstCombine rewrites x * 2.0
         # as x + x, which the backend fuses with a product x (a * b * 2.0 -> fma(a, b, a * b)); a
@@ -243,19 +249,56 @@ def specialised_loop(module: Module, loop: int, select: int, keep_true: bool) ->
     kind, asm = plan
     register = REGISTER_MOVES[element][1]          # the constraint letter of the element's registers
     if kind == "rounded":          # the product itself, rounded on its own: the select's users read it
-        if not chain:
-            texts = {i: substitute(t, result, kept) for i, t in texts.items()}
         product = module.lines[value_line]
-        texts[value_line] = inline_asm_line(value, asm, register,
-                                            [substitute(o, result, kept) for o in product.operands], value_type,
-                                            product.indent, product.loc)
-    elif chain:
+        changed[value_line] = inline_asm_line(value, asm, register,
+                                              [substitute(o, result, kept) for o in product.operands], value_type,
+                                              product.indent, product.loc)
+        return SelectCopy(changed, None if chain else (result, kept))
+    if chain:
         before = module.fresh("contracted")
         last = module.lines[value_line]
-        texts[value_line] = substitute(texts[value_line], value, before) + "\n" + inline_asm_line(
-            value, asm, register, [before], value_type, last.indent, last.loc)
-    else:
-        texts[select] = inline_asm_line(result, asm, register, [kept], value_type, line.indent, line.loc)
+        changed[value_line] = substitute(changed.get(value_line, last.text), value, before) + "\n" + \
+            inline_asm_line(value, asm, register, [before], value_type, last.indent, last.loc)
+        return SelectCopy(changed, None)
+    changed[select] = inline_asm_line(result, asm, register, [kept], value_type, line.indent, line.loc)
+    return SelectCopy(changed, None)
+
+
+def same_mask_selects(module: Module, loop: int, select: int) -> list[int]:
+    """The other selects directly in the loop body on the same mask value as ``select`` (Inductor's
+    FlexAttention backward applies its mask twice: ``where(m, s, -inf)``, then ``where(m, ds, 0)``),
+    except those that read another select's result or whose result another select reads."""
+    condition = select_parts(module, select)[0]
+    selects = [i for i in module.children(loop) if select_parts(module, i) is not None
+               and select_parts(module, i)[0] == condition]
+    results = {module.lines[i].results[0] for i in selects}
+    return [i for i in selects if i != select
+            and not any(base_name(o) in results for o in module.lines[i].operands[1:])
+            and not any(base_name(o) == module.lines[i].results[0] for j in selects for o in module.lines[j].operands)]
+
+
+def specialised_loop(module: Module, loop: int, select: int, keep_true: bool) -> list[str] | str:
+    """The loop's lines (head to closing brace) with the select, and every other select on its mask
+    that can be (:func:`same_mask_selects`), replaced by the true (or false) operand
+    (:func:`select_copy`), and the ops left dead removed; or why no exact copy exists."""
+    primary = select_copy(module, loop, select, keep_true)
+    if isinstance(primary, str):
+        return primary
+    copies = [primary]
+    for other in same_mask_selects(module, loop, select):
+        copy = select_copy(module, loop, other, keep_true)
+        if isinstance(copy, SelectCopy) and not set(copy.changed) & {i for c in copies for i in c.changed}:
+            copies.append(copy)
+    texts = {i: module.lines[i].text for i in range(loop, module.end_of(loop) + 1)}
+    for copy in copies:
+        for index, text in copy.changed.items():
+            if text is None:
+                del texts[index]
+            else:
+                texts[index] = text
+    for copy in copies:
+        if copy.renamed is not None:
+            texts = {i: substitute(t, *copy.renamed) for i, t in texts.items()}
     return remove_dead_ops("\n".join(texts[i] for i in sorted(texts)).split("\n"))
 
 
@@ -414,7 +457,7 @@ def _mask_ops(module: Module, loop: int, condition: str) -> list[int]:
     body = range(loop + 1, module.end_of(loop))
     root = module.defs.get(base_name(condition))
     children = module.children(loop)
-    if root is None or root not in children:
+    if root is None or root not in children or module.lines[root].opens or not is_movable(module.lines[root]):
         return []
     exclusive = {root}
     for index in reversed([i for i in children if i < root]):
@@ -472,7 +515,8 @@ def branch_mask_loop(module: Module, loop: int, select: int, max_atoms: int, all
             + _negated_suffix(found)
     moved = _mask_ops(module, loop, condition)
     if not moved:
-        return "its mask is computed outside the loop body (hoist-masks' work, nothing to branch)"
+        return ("its mask is not computed by pure ops of the loop body (computed in front of the loop, "
+                "nothing to branch, or by an op that cannot move under a branch)")
     type_text = type_of(module, base_name(condition))
     if type_text is None:
         return f"the type of its mask {condition} cannot be read"
