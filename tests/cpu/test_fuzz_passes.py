@@ -339,15 +339,18 @@ def test_branch_check_flags_a_branch_whose_claim_is_false(causal_reference, tmp_
     assert findings and findings[0].kind == "branched-mixed-tile" and "but the mask is" in findings[0].detail, findings
 
 
-def test_branch_form_kernels_compile_and_their_branches_hold():
-    """The branch form on the CI seeds: every case compiles without a fallback, and every branch's
-    claim holds on the tiles the static check evaluates."""
-    result = run(CI_SEEDS, ["branch", "skip+branch+hoist"], jobs=2)
+def test_the_opt_in_elide_variants_hold_on_the_ci_seeds():
+    """The branch form and ``same_mask_selects`` on the CI seeds: every case compiles without a
+    fallback, every rewritten loop passes the static checks, and every branch's claim holds on the
+    tiles they evaluate."""
+    result = run(CI_SEEDS, ["branch", "skip+branch+hoist", "skip+elide-same-mask+hoist"], jobs=2)
     assert_clean(result)
     assert not [case for case in result.cases if case.status == "fallback"]
     branched = [case for case in result.cases for name, counts, kept in case.reports
                 if name == "elide-uniform-masks" and kept and counts.get("masks_branched")]
-    assert len(branched) >= 8
+    split = [case for case in result.cases for name, counts, kept in case.reports
+             if name == "elide-uniform-masks" and kept and counts.get("loops_split")]
+    assert len(branched) >= 8 and len(split) >= 8
 
 
 # --- the fuzz run ---------------------------------------------------------------------------------------------

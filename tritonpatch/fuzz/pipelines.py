@@ -1,13 +1,15 @@
 """The pipelines a fuzzer case compiles under: the unpatched reference and the combinations of
-the three mask passes, named by short names joined with ``+`` (``skip+elide``). ``branch`` is
-elide-uniform-masks in its branch form (one loop, the mask computed under an ``if``): not in the
-default combinations, named with ``--pipeline`` (``skip+branch``)."""
+the three mask passes, named by short names joined with ``+`` (``skip+elide``). Two variants
+of elide-uniform-masks are not in the default combinations and are named with ``--pipeline``:
+``branch``, its branch form (one loop, the mask computed under an ``if``; ``skip+branch``), and
+``elide-same-mask``, whose copies replace every select on the split mask (``same_mask_selects``)."""
 from __future__ import annotations
 
 import itertools
 
 PASSES = {"skip": "skip-masked-blocks", "elide": "elide-uniform-masks", "hoist": "hoist-masks",
-          "branch": "elide-uniform-masks(branch=true)"}
+          "branch": "elide-uniform-masks(branch=true)",
+          "elide-same-mask": "elide-uniform-masks(same_mask_selects=true)"}
 REFERENCE = "unpatched"
 PIPELINES = tuple("+".join(combo) for size in (1, 2, 3)
                   for combo in itertools.combinations(("skip", "elide", "hoist"), size))

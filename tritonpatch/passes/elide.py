@@ -277,15 +277,15 @@ def same_mask_selects(module: Module, loop: int, select: int) -> list[int]:
             and not any(base_name(o) == module.lines[i].results[0] for j in selects for o in module.lines[j].operands)]
 
 
-def specialised_loop(module: Module, loop: int, select: int, keep_true: bool) -> list[str] | str:
-    """The loop's lines (head to closing brace) with the select, and every other select on its mask
-    that can be (:func:`same_mask_selects`), replaced by the true (or false) operand
-    (:func:`select_copy`), and the ops left dead removed; or why no exact copy exists."""
+def specialised_loop(module: Module, loop: int, select: int, keep_true: bool, same_mask: bool = False) -> list[str] | str:
+    """The loop's lines (head to closing brace) with the select, and (``same_mask``) every other
+    select on its mask that can be (:func:`same_mask_selects`), replaced by the true (or false)
+    operand (:func:`select_copy`), and the ops left dead removed; or why no exact copy exists."""
     primary = select_copy(module, loop, select, keep_true)
     if isinstance(primary, str):
         return primary
     copies = [primary]
-    for other in same_mask_selects(module, loop, select):
+    for other in same_mask_selects(module, loop, select) if same_mask else []:
         copy = select_copy(module, loop, other, keep_true)
         if isinstance(copy, SelectCopy) and not set(copy.changed) & {i for c in copies for i in c.changed}:
             copies.append(copy)
@@ -394,7 +394,8 @@ def _negated_suffix(found: LoopMask) -> str:
             "where(~c, x, -inf))" if found.negated else "")
 
 
-def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false_loops: bool) -> list[str] | str:
+def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false_loops: bool,
+               same_mask: bool = False) -> list[str] | str:
     """Replace ``loop`` by one loop per uniform run of its iterations and the mixed runs between
     them; returns the emitted lines, or why not (module untouched)."""
     found = loop_mask(module, loop, select, max_atoms)
@@ -407,7 +408,7 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
     possible = (leading and false_loops, True, true_possible, True, trailing and false_loops)   # per run of _RUNS
     bodies, refusals = {"mixed": original}, []
     for kind, wanted in (("true", true_possible), ("false", possible[0] or possible[4])):
-        copy = specialised_loop(module, loop, select, keep_true=(kind == "true") != negated) if wanted else None
+        copy = specialised_loop(module, loop, select, (kind == "true") != negated, same_mask) if wanted else None
         if isinstance(copy, str):
             refusals.append(f"its all-{kind} copy: {copy}")
         elif copy is not None:
@@ -580,7 +581,8 @@ def run(text: str, options) -> tuple[str, dict[str, int]]:
             note(f"{loop_label(module, loop)} left as it is: {no_select_reason(module, loop)}")
     done: set[str] = set()
     split = functools.partial(_split_or_reason, max_atoms=options["max_atoms"],
-                              all_false_loops=options["all_false_loops"], branch=options["branch"])
+                              all_false_loops=options["all_false_loops"], branch=options["branch"],
+                              same_mask=options["same_mask_selects"])
     while True:
         candidates = ((loop, index) for loop in reversed(module.loops())
                       for index in sorted(module.children(loop), key=lambda i: _preference(module, i))
@@ -617,12 +619,13 @@ def _reads_branched_mask(module: Module, select: int) -> bool:
 
 
 def _split_or_reason(module: Module, loop: int, select: int, max_atoms: int, all_false_loops: bool,
-                     branch: bool) -> list[str] | str:
+                     branch: bool, same_mask: bool) -> list[str] | str:
     """:func:`split_loop` (:func:`branch_mask_loop` where ``branch``), with an integer scalar whose
     type cannot be read as the reason the loop is left as it is (raised before the module changes)."""
     try:
-        shape = branch_mask_loop if branch else split_loop
-        return shape(module, loop, select, max_atoms, all_false_loops)
+        if branch:
+            return branch_mask_loop(module, loop, select, max_atoms, all_false_loops)
+        return split_loop(module, loop, select, max_atoms, all_false_loops, same_mask)
     except UnreadableType as unreadable:
         return str(unreadable)
 
