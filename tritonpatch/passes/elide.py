@@ -449,7 +449,6 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
 # its computed value everywhere (the mask, read as where(mask, x, fill), is all-true), or nowhere.
 UNMASKED_BRANCH = "tritonpatch.unmasked_branch"
 MASKED_BRANCH = "tritonpatch.masked_branch"
-_DEFINED = re.compile(r"^\s*(%[A-Za-z0-9_$.\-]+)(?::\d+)?\s*=")
 
 
 def _mask_ops(module: Module, loop: int, condition: str) -> list[int]:
@@ -471,13 +470,11 @@ def _mask_ops(module: Module, loop: int, condition: str) -> list[int]:
     return sorted(exclusive)
 
 
-def _fresh_names(module: Module, lines: list[str], hint: str) -> tuple[list[str], dict[str, str]]:
-    """``lines`` with every value they define renamed to a fresh name, and the renaming."""
-    names = {}
-    for text in lines:
-        match = _DEFINED.match(text)
-        if match:
-            names[match.group(1)] = module.fresh(hint)
+def _fresh_copy(module: Module, indices: list[int], hint: str) -> tuple[list[str], dict[str, str]]:
+    """The lines of the ops at ``indices`` (unindented) with every value they define renamed to a
+    fresh name, and the renaming."""
+    names = {result: module.fresh(hint) for i in indices for result in module.lines[i].results}
+    lines = [module.lines[i].text.strip() for i in indices]
     for old, new in names.items():
         lines = [substitute(text, old, new) for text in lines]
     return lines, names
@@ -501,19 +498,19 @@ def branch_mask_loop(module: Module, loop: int, select: int, max_atoms: int, all
     in the unpatched order (LLVM may still fold a select into the branch's arms and contract
     differently: the exactness check compares, as for every patched kernel); Triton pipelines the
     one loop as before, its dots keep their layouts (the chain from one dot through the selects to
-    the next stays visible to Triton), and no loop-invariant value lives across copies of the loop. Every select on the same mask (the
-    backward's ``where(m, s, -inf)`` and ``where(m, ds, 0)``) reads the branched mask. Returns the
-    emitted lines, or why not (module untouched)."""
+    the next stays visible to Triton), and no loop-invariant value lives across copies of the loop.
+    Every select on the same mask (the backward's ``where(m, s, -inf)`` and ``where(m, ds, 0)``)
+    reads the branched mask. Returns the emitted lines, or why not (module untouched)."""
     found = loop_mask(module, loop, select, max_atoms)
     if isinstance(found, str):
         return found
     head, condition = found.head, found.parts[0]
     closing = module.lines[module.end_of(loop)].text
     leading, true_possible, trailing = loop_uniform_runs(module, head, found.mask)
-    false_arm = all_false_loops and NARROWED not in closing and (leading or trailing)
+    false_loops = all_false_loops and NARROWED not in closing  # skip-masked-blocks dropped those runs already
+    false_arm = false_loops and (leading or trailing)
     if not true_possible and not false_arm:
-        return _no_run_reason(found.mask, head.iv, leading or trailing, all_false_loops and NARROWED not in closing) \
-            + _negated_suffix(found)
+        return _no_run_reason(found.mask, head.iv, leading or trailing, false_loops) + _negated_suffix(found)
     moved = _mask_ops(module, loop, condition)
     if not moved:
         return ("its mask is not computed by pure ops of the loop body (computed in front of the loop, "
@@ -526,7 +523,7 @@ def branch_mask_loop(module: Module, loop: int, select: int, max_atoms: int, all
         ([("ori", ("slt", bounds[1]), ("sge", bounds[4]), False)] if false_arm else [])   # _RUNS' bounds
     line = module.lines[moved[-1]]
     loc = line.loc
-    masked, names = _fresh_names(module, [module.lines[i].text.strip() for i in moved], "mask")
+    masked, names = _fresh_copy(module, moved, "mask")
 
     def nested(depth: int, indent: str, result: str) -> list[str]:
         """The lines giving ``result`` the mask: under the branches of ``levels[depth:]``."""
