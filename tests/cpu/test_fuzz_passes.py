@@ -287,15 +287,58 @@ def test_a_compile_that_kills_its_process_is_an_error_and_the_run_goes_on(tmp_pa
     assert "died" in next(r for r in results if r.seed == 3).messages[0]
 
 
+_MASKED_SELECT = re.compile(r"^ *(%\S+) = arith\.select %\S+, (%\S+), %\S+ : tensor<[^>]*xi1>,[^\n]*\n", re.M)
+
+
+def _without_select(ttir: str, index: int) -> str:
+    """``ttir`` with its ``index``-th select on a tensor mask removed, its value replaced by the
+    select's true operand (the loop then runs that select's computed value on every tile)."""
+    select = list(_MASKED_SELECT.finditer(ttir))[index]
+    result, kept = select.group(1), select.group(2)
+    return re.sub(re.escape(result) + r"(?![A-Za-z0-9_$.\-])", kept, ttir.replace(select.group(0), "", 1))
+
+
 def test_elision_check_flags_a_mixed_tile_run_without_its_mask(causal_reference):
     kernel, reference = causal_reference
     (loop,) = ScalarProgram(reference.ttir).loops
     assert loop.masked_selects >= 1
-    select = re.search(r"^ *(%\S+) = arith\.select %\S+, (%\S+), %\S+ : tensor<[^\n]*\n", reference.ttir, re.M)
-    result, kept = select.group(1), select.group(2)
-    unmasked = re.sub(re.escape(result) + r"(?![A-Za-z0-9_$.\-])", kept, reference.ttir.replace(select.group(0), "", 1))
+    unmasked = _without_select(reference.ttir, 0)
     assert ScalarProgram(unmasked).loops[0].masked_selects == loop.masked_selects - 1
     case = Compiled(kernel.seed, "elide", "ok", 0.0, [], [], unmasked)
+    findings, _ = static_findings(kernel, reference, case, samples=24)
+    assert findings and findings[0].kind == "elided-mixed-tile", findings
+
+
+@pytest.fixture(scope="module")
+def two_mask_reference(tmp_path_factory):
+    """A forward kernel with two different masks (``keep``, ``keep2``) in its loop, compiled
+    unpatched and under the branch form (which gives ``keep2`` a branch), and the index of the
+    select on ``keep2`` among the loop's masked selects."""
+    from triton.backends.compiler import GPUTarget
+    directory = str(tmp_path_factory.mktemp("kernels"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        for seed in range(1000):
+            kernel = generate(seed)
+            if kernel.family != "attention_fwd" or kernel.carried or len({s.mask for s in kernel.selects}) != 2:
+                continue
+            second = next(select.line for select in kernel.selects if select.mask != kernel.selects[0].mask)
+            _, branched = compile_case(kernel, "branch", directory, GPUTarget("cuda", 90, 32))
+            (loop,) = ScalarProgram(branched.ttir).loops
+            if any(select.line == second and select.mask in {b.root for b in loop.branches} for select in loop.selects):
+                break
+        _, reference = compile_case(kernel, REFERENCE, directory, GPUTarget("cuda", 90, 32))
+    assert reference.status == "ok", reference.messages
+    (loop,) = ScalarProgram(reference.ttir).loops
+    return kernel, reference, branched, [select.line for select in loop.selects].index(second)
+
+
+def test_elision_check_follows_a_dropped_select_to_its_own_mask(two_mask_reference):
+    """In a kernel with two masks, the check finds the mask of the select a loop dropped by the
+    select's source line and evaluates that one: dropping the select on the second mask is a
+    mixed-tile finding (the check read only single-mask kernels before)."""
+    kernel, reference, _, index = two_mask_reference
+    case = Compiled(kernel.seed, "elide", "ok", 0.0, [], [], _without_select(reference.ttir, index))
     findings, _ = static_findings(kernel, reference, case, samples=24)
     assert findings and findings[0].kind == "elided-mixed-tile", findings
 
@@ -319,23 +362,56 @@ def test_elision_check_flags_a_copy_that_runs_the_wrong_arm(causal_reference, tm
     assert findings and findings[0].kind == "elided-mixed-tile" and "but the tile is" in findings[0].detail, findings
 
 
-def test_branch_check_flags_a_branch_whose_claim_is_false(causal_reference, tmp_path, monkeypatch):
-    """elide-uniform-masks' branch form marks each scf.if that gives the mask as a constant with the
-    tiles it claims (unmasked or all-masked); the check evaluates the mask on the tiles where the
-    if's condition holds. With the claims swapped, as a branch on the wrong run would read, it
-    reports the tile."""
+def _widened_branches(ttir: str) -> str:
+    """``ttir`` with every ``iv >= bound`` compare in its first loop made ``iv >= lower bound``:
+    each branch then claims its constant from the loop's first tile on, as a branch computed with a
+    wrong bound would."""
+    head = next(line for line in ttir.splitlines() if "scf.for" in line)
+    iv, lower = re.search(r"scf\.for (%\S+) = (%\S+) to", head).groups()
+    return re.sub(r"(arith\.cmpi sge, " + re.escape(iv) + r", )%[\w$.\-]+", lambda m: m.group(1) + lower, ttir)
+
+
+def _branched(kernel, tmp_path, monkeypatch) -> Compiled:
     from triton.backends.compiler import GPUTarget
-    kernel, reference = causal_reference
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
     _, branched = compile_case(kernel, "branch", str(tmp_path), GPUTarget("cuda", 90, 32))
     (loop,) = ScalarProgram(branched.ttir).loops
-    assert loop.branches and None not in loop.branches and True in {b.constant for b in loop.branches}, loop
+    assert loop.branches and None not in loop.branches, loop
+    return branched
+
+
+def test_branch_check_flags_a_branch_whose_claim_is_false(causal_reference, tmp_path, monkeypatch):
+    """elide-uniform-masks' branch form marks each scf.if that gives the mask as a constant with the
+    tiles it claims (unmasked or all-masked); the check evaluates the mask on the tiles where the
+    if's condition holds. With a bound moved, it reports the tile."""
+    kernel, reference = causal_reference
+    branched = _branched(kernel, tmp_path, monkeypatch)
     assert static_findings(kernel, reference, branched, samples=24)[0] == []
+    case = Compiled(kernel.seed, "branch", "ok", 0.0, [], [], _widened_branches(branched.ttir))
+    findings, _ = static_findings(kernel, reference, case, samples=24)
+    assert findings and findings[0].kind == "branched-mixed-tile" and "but the mask is" in findings[0].detail, findings
+
+
+def test_branch_check_reads_the_constant_the_branch_yields(causal_reference, tmp_path, monkeypatch):
+    """The claim is checked against what the branch computes, not only its attribute: with the
+    attributes swapped, the constant each then-arm yields contradicts them."""
+    kernel, reference = causal_reference
+    branched = _branched(kernel, tmp_path, monkeypatch)
     swapped = (branched.ttir.replace("tritonpatch.masked_branch", "tritonpatch.swap")
                .replace("tritonpatch.unmasked_branch", "tritonpatch.masked_branch")
                .replace("tritonpatch.swap", "tritonpatch.unmasked_branch"))
     findings, _ = static_findings(kernel, reference, Compiled(kernel.seed, "branch", "ok", 0.0, [], [], swapped),
                                   samples=24)
+    assert findings and findings[0].kind == "branched-mixed-tile" and "then-arm yields" in findings[0].detail, findings
+
+
+def test_branch_check_follows_each_select_to_its_own_mask(two_mask_reference):
+    """In a kernel with two masks, each branch's claim is evaluated on the mask of the selects that
+    read it (the check read only single-mask kernels before)."""
+    kernel, reference, branched, _ = two_mask_reference
+    assert static_findings(kernel, reference, branched, samples=24)[0] == []
+    case = Compiled(kernel.seed, "branch", "ok", 0.0, [], [], _widened_branches(branched.ttir))
+    findings, _ = static_findings(kernel, reference, case, samples=24)
     assert findings and findings[0].kind == "branched-mixed-tile" and "but the mask is" in findings[0].detail, findings
 
 

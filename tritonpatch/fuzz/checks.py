@@ -12,7 +12,7 @@ checks; their GPU comparison is what checks them.
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from .compiling import Compiled
 from .kernel import Kernel
@@ -99,55 +99,73 @@ def _live_tile_dropped(kernel: Kernel, original, segments, iv_width: int, env: d
     return None
 
 
+def _checked_iterations(count: int) -> set[int]:
+    """The indices of up to ``DROPPED_CHECKED`` first and last of ``count`` iterations."""
+    return set(range(min(count, DROPPED_CHECKED))) | set(range(max(0, count - DROPPED_CHECKED), count))
+
+
 def _mixed_tile_elided(kernel: Kernel, original, runs: list, env: dict) -> str | None:
-    """A rewritten loop with fewer masked selects than the original runs without a mask: where
-    the kernel has a single mask, that mask must be uniform on each of its tiles, and all-false
-    on a copy marked as running the select's constant arm, all-true on one marked as running the
-    computed value (up to 8 first and last iterations checked)."""
-    masks = {select.mask for select in kernel.selects}
-    if len(masks) != 1:
-        return None
-    (mask,) = masks
+    """A rewritten loop with fewer masked selects than the original runs without the mask of the
+    selects it dropped (found by their source lines): that mask must be uniform on each of its
+    tiles, and all-false on a copy marked as running the select's constant arm, all-true on one
+    marked as running the computed value (up to 8 first and last iterations checked)."""
     for loop, (lower, upper, step) in runs:
-        if loop.masked_selects >= original.masked_selects:
+        dropped = Counter(s.line for s in original.selects) - Counter(s.line for s in loop.selects)
+        masks = {kernel.mask_at(line) for line in dropped} - {None}
+        if loop.masked_selects >= original.masked_selects or not masks:
             continue
         first, count = iterations(lower, upper, step)
-        for k in sorted(set(range(min(count, DROPPED_CHECKED))) | set(range(max(0, count - DROPPED_CHECKED), count))):
-            values = mask.evaluate(kernel.tile_at(env, first + k * step, loop.width))
+        for k in sorted(_checked_iterations(count)):
+            tile = kernel.tile_at(env, first + k * step, loop.width)
             where = f"iteration start={first + k * step} in a loop without the mask ([{lower}, {upper}) step {step})"
-            if values.any() and not values.all():
-                return f"elide-uniform-masks runs {where}, but the mask is mixed on that tile"
-            if loop.claim == "masked" and values.all() or loop.claim == "unmasked" and not values.any():
-                state = "unmasked" if values.all() else "all-masked"
-                return (f"elide-uniform-masks runs {where} with the select's "
-                        f"{'constant arm' if loop.claim == 'masked' else 'computed value'}, but the tile is {state}")
+            for mask in masks:
+                values = mask.evaluate(tile)
+                if values.any() and not values.all():
+                    return f"elide-uniform-masks runs {where}, but the mask is mixed on that tile"
+                if loop.claim == "masked" and values.all() or loop.claim == "unmasked" and not values.any():
+                    state = "unmasked" if values.all() else "all-masked"
+                    return (f"elide-uniform-masks runs {where} with the select's "
+                            f"{'constant arm' if loop.claim == 'masked' else 'computed value'}, but the tile is {state}")
     return None
 
 
 def _branch_claim_broken(kernel: Kernel, runs: list, values: dict, env: dict) -> str | None:
     """Where elide-uniform-masks' branch form gives a loop's mask as a constant on the tiles whose
-    iteration satisfies an ``scf.if`` condition, the kernel's single mask must be that constant on
-    each of them: checked on the first and last iterations of the loop and on those next to every
-    bound the condition compares with (where a wrong bound shows first)."""
-    masks = {select.mask for select in kernel.selects}
-    if len(masks) != 1:
-        return None
-    (mask,) = masks
+    iteration satisfies an ``scf.if`` condition, the constant its then-arm yields must be what its
+    attribute claims for each select reading it, and the mask of each such select (found by its
+    source line) must be that constant on each of those tiles: checked on the first and last
+    iterations of the loop and on those next to every bound the condition compares with (where a
+    wrong bound shows first)."""
     for loop, (lower, upper, step) in runs:
         if not loop.branches:
             continue
         if None in loop.branches:
             return "elide-uniform-masks put a branch in the loop whose condition the check cannot read"
-        first, count = iterations(lower, upper, step)
-        picked = set(range(min(count, DROPPED_CHECKED))) | set(range(max(0, count - DROPPED_CHECKED), count))
+        checked = []                                    # (branch, mask) pairs to evaluate
         for branch in loop.branches:
+            readers = [select for select in loop.selects if select.mask == branch.root]
+            if not readers:
+                return "no select reads the mask elide-uniform-masks put under a branch"
+            for select in readers:
+                if branch.yielded is None or branch.yielded != (branch.constant != select.fill_first):
+                    kept = {True: "its computed value", False: "its fill"}
+                    actual = ("no constant" if branch.yielded is None else f"{str(branch.yielded).lower()}, so the "
+                              f"select keeps {kept[branch.yielded != select.fill_first]}")
+                    return (f"an elide-uniform-masks branch claims the select at line {select.line} keeps "
+                            f"{kept[branch.constant]}, but its then-arm yields {actual}")
+                mask = kernel.mask_at(select.line)
+                if mask is not None:
+                    checked.append((branch, mask))
+        first, count = iterations(lower, upper, step)
+        picked = _checked_iterations(count)
+        for branch, _ in checked:
             for _, bound in (branch.first, branch.second):
                 if bound in values:
                     near = (values[bound] - first) // step
                     picked |= {k for k in range(near - 2, near + 3) if 0 <= k < count}
         for k in sorted(picked):
             start = first + k * step
-            for branch in loop.branches:
+            for branch, mask in checked:
                 holds = branch.holds(start, values, loop.width)
                 if holds is None:
                     return "a bound of an elide-uniform-masks branch is not computable from the arguments"

@@ -4,7 +4,6 @@ reductions. Each writes its body through the :class:`~.pieces.Draft` helpers and
 buffers."""
 from __future__ import annotations
 
-from .kernel import Select
 from .pieces import (DTYPES, Draft, advance_pointers, carried_columns, carried_pointers, choose_effects, declare_masks,
                      effects_after_loop, effects_before_loop, effects_in_loop, loop_bounds, opaque_move, scale_suffix,
                      select_before)
@@ -68,8 +67,7 @@ def _attention_fwd(d: Draft, sizes: dict) -> None:
     d.line(2, "m_ij = tl.maximum(m_i, tl.max(s, 1))")
     d.line(2, "p = tl.math.exp2(s - m_ij[:, None])")
     if after:
-        d.line(2, f"p = tl.where({masks[0][0]}, p, 0.0)")
-        d.selects.append(Select(masks[0][1], False))
+        d.select(2, f"p = tl.where({masks[0][0]}, p, 0.0)", masks[0][1], False)
         d.features.append("select-after-exp")
     d.line(2, "alpha = tl.math.exp2(m_i - m_ij)")
     d.line(2, "l_i = l_i * alpha + tl.sum(p, 1)")
@@ -126,8 +124,7 @@ def _attention_bwd(d: Draft, sizes: dict) -> None:
         d.line(2, f"s = s{scale}")
     d.line(2, "p = tl.math.exp2(s - lse[None, :])")
     if after:
-        d.line(2, f"p = tl.where({masks[0][0]}, p, 0.0)")
-        d.selects.append(Select(masks[0][1], False))
+        d.select(2, f"p = tl.where({masks[0][0]}, p, 0.0)", masks[0][1], False)
         d.features.append("select-after-exp")
     d.line(2, f"dv += tl.dot(p.to({dt}), do)")
     d.line(2, "dp = tl.dot(v, tl.trans(do))")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import replace
 
 from .families import FAMILIES, FAMILY_WEIGHTS
 from .kernel import Kernel
@@ -100,13 +101,14 @@ def generate(seed: int) -> Kernel:
                     f"# tritonpatch pass fuzzer, seed {seed}: {family}, {dtype}, BM={bm} BN={bn} D={dim}",
                     "@triton.jit", f"def {name}({header}):"]
     source = "\n".join(source_lines + d.lines) + "\n"
+    selects = [replace(select, line=len(source_lines) + select.line) for select in d.selects]
     options = {"num_warps": rng.choice((4, 4, 8)), "num_stages": rng.choice((1, 2, 2, 3))}
     scalars = {n: d.scalars.get(n, 1.0 if t == "fp32" else 0) for n, t in params if not t.startswith("*")}
     pools = {n: d.pools.get(n, (scalars[n],)) for n in scalars}
     features = [family, dtype, f"index-i{sizes['index_width']}"] + sorted(set(d.features))
     return Kernel(seed=seed, family=family, name=name, source=source,
                   params=params + [(c, "constexpr") for c in constexprs], constexprs=constexprs, scalars=scalars,
-                  pools=pools, buffers=d.buffers, grid=grid, options=options, features=features, selects=d.selects,
+                  pools=pools, buffers=d.buffers, grid=grid, options=options, features=features, selects=selects,
                   rows_axis="kv" if family == "attention_bwd" else "q",
                   tile=(bn, bm) if family == "attention_bwd" else (bm, bn),
                   index_width=sizes["index_width"],

@@ -24,10 +24,12 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Select:
-    """A ``tl.where`` in the loop body: its mask and whether its fill is ``-inf`` (an iteration
-    ``skip-masked-blocks`` may drop must have at least one such mask all-false on the tile)."""
+    """A ``tl.where`` in the loop body: its mask, whether its fill is ``-inf`` (an iteration
+    ``skip-masked-blocks`` may drop must have at least one such mask all-false on the tile), and its
+    source line (how the static checks find the mask of a select in the TTIR, by its location)."""
     mask: Node
     neg_inf: bool
+    line: int
 
 
 @dataclass
@@ -60,6 +62,14 @@ class Kernel:
     @property
     def signature(self) -> dict[str, str]:
         return dict(self.params)
+
+    def mask_at(self, line: int | None) -> Node | None:
+        """The mask of the ``tl.where`` at source ``line``; with ``line`` unknown, the kernel's mask
+        where it has only one; else None."""
+        if line is None:
+            masks = {select.mask for select in self.selects}
+            return next(iter(masks)) if len(masks) == 1 else None
+        return next((select.mask for select in self.selects if select.line == line), None)
 
     def samples(self, count: int) -> list[dict]:
         """``count`` assignments of the runtime scalars and program ids for the static checks:

@@ -49,6 +49,12 @@ class Draft:
     def line(self, depth: int, text: str) -> None:
         self.lines.append("    " * depth + text)
 
+    def select(self, depth: int, text: str, mask: Node, neg_inf: bool) -> None:
+        """The line ``text`` (a ``tl.where`` on ``mask``) and its :class:`Select`, which records the
+        line's place in the body (:func:`generate` makes it the source line)."""
+        self.line(depth, text)
+        self.selects.append(Select(mask, neg_inf, len(self.lines)))
+
 
 MASK_SCALARS_I32 = (0, 1, -1, 3, 17, 64, 100, 1000, -64, -1000, (1 << 31) - 100, -(1 << 31) + 100)
 MASK_SCALARS_I64 = MASK_SCALARS_I32 + (1 << 40, -(1 << 40), 1 << 33)
@@ -167,14 +173,14 @@ def select_before(d: Draft, depth: int, var: str, mask_name: str, mask: Node, st
     """``var = tl.where(...)`` in one of ``styles``: neg_inf, negated, zero, constant."""
     style = d.rng.choice(styles)
     if style == "neg_inf":
-        d.line(depth, f"{var} = tl.where({mask_name}, {var}, {NEG_INF})")
+        text = f"{var} = tl.where({mask_name}, {var}, {NEG_INF})"
     elif style == "negated":
-        d.line(depth, f"{var} = tl.where(~{mask_name}, {NEG_INF}, {var})")
+        text = f"{var} = tl.where(~{mask_name}, {NEG_INF}, {var})"
     elif style == "zero":
-        d.line(depth, f"{var} = tl.where({mask_name}, {var}, 0.0)")
+        text = f"{var} = tl.where({mask_name}, {var}, 0.0)"
     else:
-        d.line(depth, f"{var} = tl.where({mask_name}, {var}, {d.rng.choice(('-1.0e4', '1.5', '-3.0'))})")
-    d.selects.append(Select(mask, style in ("neg_inf", "negated")))
+        text = f"{var} = tl.where({mask_name}, {var}, {d.rng.choice(('-1.0e4', '1.5', '-3.0'))})"
+    d.select(depth, text, mask, style in ("neg_inf", "negated"))
     d.features.append(f"select-{style}")
 
 

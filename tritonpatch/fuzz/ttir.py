@@ -22,7 +22,6 @@ _FILE_LOC = re.compile(r'^"[^"]*":(\d+):\d+$')
 _NAMED_LOC = re.compile(r'^"[^"]*"\((#loc\d*)\)$')
 _CALLSITE = re.compile(r"^callsite\((#loc\d*) at (#loc\d*)\)$")
 _OPERANDS = re.compile(_NAME)
-_MASKED_SELECT = re.compile(r"= arith\.select " + _NAME + ", " + _NAME + ", " + _NAME + r" : tensor<[^>]*xi1[,>]")
 
 _BINARY = {
     "arith.addi": lambda a, b: a + b, "arith.subi": lambda a, b: a - b, "arith.muli": lambda a, b: a * b,
@@ -60,29 +59,48 @@ def _compare(pred: str, a: int, b: int, width: int) -> int:
 
 
 @dataclass(frozen=True)
+class MaskedSelect:
+    """An ``arith.select`` with a tensor mask in a loop body: its mask's value name, whether its
+    true operand is a constant (``where(~m, fill, x)``: the select keeps its computed value where
+    the mask is false), and the source line of its location."""
+    mask: str
+    fill_first: bool
+    line: int | None
+
+
+@dataclass(frozen=True)
 class Loop:
     """A top-level ``scf.for``: the source line of its location, its bound value names, the width
-    of its induction variable, and how many selects with a tensor mask its body holds."""
+    of its induction variable, and the selects with a tensor mask its body holds."""
     line: int | None
     lower: str
     upper: str
     step: str
     width: int
-    masked_selects: int = 0
+    selects: tuple[MaskedSelect, ...] = ()
     claim: str | None = None        # a copy elide-uniform-masks marked: "masked" or "unmasked" tiles only
     branches: tuple = ()            # the Branch-es of the mask elide-uniform-masks' branch form put in its body
+
+    @property
+    def masked_selects(self) -> int:
+        return len(self.selects)
 
 
 @dataclass(frozen=True)
 class Branch:
     """An ``scf.if`` in a loop body whose then-arm gives a select's mask as a constant: its
     condition is ``combine`` of two compares of the induction variable with function-level values
-    (``(predicate, value name)`` each); on every tile where it holds the mask, read as
-    ``where(mask, x, fill)``, must be uniformly ``constant``."""
+    (``(predicate, value name)`` each); on every tile where it holds, the mask of each select that
+    reads ``root`` (this if's result, or that of the if whose else-arm yields it), read as
+    ``where(mask, x, fill)``, must be uniformly ``constant`` -- the claim of the if's attribute.
+    ``yielded`` is the constant its then-arm yields (None: not a constant), which together with
+    each select's arm order must say the same."""
     combine: str
     first: tuple[str, str]
     second: tuple[str, str]
     constant: bool
+    root: str | None = None
+    yielded: bool | None = None
 
     def holds(self, iv: int, values: dict, width: int) -> bool | None:
         """Whether the condition holds at ``iv``; None where a bound is not a known value."""
@@ -94,13 +112,27 @@ class Branch:
         return bool(compares[0] & compares[1] if self.combine == "arith.andi" else compares[0] | compares[1])
 
 
+@dataclass
+class _OpenIf:
+    """An ``scf.if`` being read: its condition and result, the result its value reaches the selects
+    through (``root``), which arm is being read, and the value its then-arm yields."""
+    condition: str
+    result: str | None
+    root: str | None
+    in_else: bool = False
+    yielded: str | None = None
+
+
 # The unit attributes elide-uniform-masks puts on a copy's scf.for: it runs the select's constant arm
 # (every tile all-masked) or its computed value (every tile unmasked).
 _CLAIMS = {"tritonpatch.masked_copy": "masked", "tritonpatch.unmasked_copy": "unmasked"}
 # The unit attributes of elide-uniform-masks' branch form on an scf.if: where its condition holds the
 # select keeps its computed value everywhere (the mask, as where(mask, x, fill), is all-true), or nowhere.
 _BRANCH_CLAIMS = {"tritonpatch.unmasked_branch": True, "tritonpatch.masked_branch": False}
-_IF = re.compile(r"scf\.if (" + _NAME + r")\b")
+_IF = re.compile(r"^(?:(" + _NAME + r")(?::\d+)? = )?scf\.if (" + _NAME + r")\b")
+_YIELD = re.compile(r"^scf\.yield (" + _NAME + r")")
+_SELECT = re.compile(r"= arith\.select (" + _NAME + "), (" + _NAME + "), " + _NAME + r" : tensor<[^>]*xi1[,>]")
+_DENSE_BOOL = {"dense<true>": True, "dense<false>": False}
 _IV_COMPARE = re.compile(r"^([a-z]+), (" + _NAME + r"), (" + _NAME + r")$")
 
 
@@ -114,10 +146,11 @@ def _claim(closing: str) -> str | None:
     return next((claim for name, claim in _CLAIMS.items() if name in names), None)
 
 
-def _branch(flag: str, constant: bool, iv: str, defs: dict) -> Branch | None:
-    """The :class:`Branch` of an scf.if on ``flag`` (the body's ops in ``defs``: name -> (op, rest)),
-    None where ``flag`` is not a combination of two compares of ``iv`` with other values."""
-    op, rest = defs.get(flag, (None, ""))
+def _branch(head: _OpenIf, constant: bool, iv: str, defs: dict, constants: dict) -> Branch | None:
+    """The :class:`Branch` of the scf.if ``head`` (the body's ops in ``defs``: name -> (op, rest);
+    ``constants``: name -> text of every ``arith.constant``), None where its condition is not a
+    combination of two compares of ``iv`` with other values."""
+    op, rest = defs.get(head.condition, (None, ""))
     operands = _OPERANDS.findall(rest.rpartition(" : ")[0])
     if op not in ("arith.andi", "arith.ori") or len(operands) != 2:
         return None
@@ -128,7 +161,8 @@ def _branch(flag: str, constant: bool, iv: str, defs: dict) -> Branch | None:
         if compare_op != "arith.cmpi" or not match or match.group(2) != iv:
             return None
         compares.append((match.group(1), match.group(3)))
-    return Branch(op, compares[0], compares[1], constant)
+    yielded = _DENSE_BOOL.get(constants.get(head.yielded, "").partition(" : ")[0].strip())
+    return Branch(op, compares[0], compares[1], constant, head.root, yielded)
 
 
 class ScalarProgram:
@@ -141,50 +175,60 @@ class ScalarProgram:
         self.ops: list[tuple[str, str, str]] = []     # (result, op, rest), function-level, in order
         self.loops: list[Loop] = []
         locations = dict(m.groups() for m in map(_LOC_DEF.match, lines) if m)
-        depth, opened, selects = 0, [], 0
-        body_defs, branches, iv = {}, [], None     # of the top-level loop being read
+        constants = {}                             # name -> text of every arith.constant
+        depth, opened = 0, []                      # opened: (depth, head) of each open region
+        body_defs, branches, selects, iv = {}, [], [], None     # of the top-level loop being read
         for text_line in lines:
             stripped = text_line.strip()
             if stripped.startswith("tt.func"):
                 self.arguments = [name for name, _ in _ARG.findall(stripped.split("(", 1)[1])]
-            if depth > 2 and _MASKED_SELECT.search(stripped):
-                selects += 1
-            carried = None                                   # an scf.if's flag, on to its else arm
+            definition = _DEF.match(text_line)
+            if definition and definition.group(2) == "arith.constant":
+                constants[definition.group(1)] = definition.group(3)
+            if depth > 2 and (select := _SELECT.search(stripped)):
+                ref = _LOC_REF.search(stripped)
+                selects.append(MaskedSelect(select.group(1), select.group(2) in constants,
+                                            _resolve_line(ref.group(1), locations) if ref else None))
+            if depth > 2 and (yielded := _YIELD.match(stripped)) and opened and opened[-1][0] == depth - 1:
+                head = opened[-1][1]
+                if isinstance(head, _OpenIf) and not head.in_else:
+                    head.yielded = yielded.group(1)
+            carried = None                                   # an scf.if, on to its else arm
             if stripped.startswith("}"):
                 depth -= 1
                 if opened and opened[-1][0] == depth:
                     _, head = opened.pop()
-                    if isinstance(head, str) and stripped.endswith("{"):
-                        carried = head
-                    elif isinstance(head, str):
+                    if isinstance(head, _OpenIf) and stripped.endswith("{"):
+                        head.in_else, carried = True, head
+                    elif isinstance(head, _OpenIf):
                         names = _attributes(stripped)
                         claims = [constant for name, constant in _BRANCH_CLAIMS.items() if name in names]
                         if claims:
-                            branches.append(_branch(head, claims[0], iv, body_defs))
+                            branches.append(_branch(head, claims[0], iv, body_defs, constants))
                     elif head is not None:
                         ref = _LOC_REF.search(stripped)
                         line = _resolve_line(ref.group(1), locations) if ref else None
-                        self.loops.append(Loop(line, *head, masked_selects=selects, claim=_claim(stripped),
+                        self.loops.append(Loop(line, *head, selects=tuple(selects), claim=_claim(stripped),
                                                branches=tuple(branches)))
-                        selects, body_defs, branches = 0, {}, []
+                        selects, body_defs, branches = [], {}, []
             if depth == 2 and not stripped.startswith("}"):   # module { tt.func { <here>
                 loop = _FOR.search(stripped)
                 if loop:
                     iv, lower, upper, step, iv_type = loop.groups()
                     opened.append((depth, (lower, upper, step, _width(iv_type))))
-                else:
-                    match = _DEF.match(text_line)
-                    if match and not stripped.endswith("{"):
-                        self.ops.append(match.groups())
-            elif depth > 2:                                  # inside a top-level loop
-                match = _DEF.match(text_line)
-                if match:
-                    body_defs[match.group(1)] = match.group(2, 3)
+                elif definition and not stripped.endswith("{"):
+                    self.ops.append(definition.groups())
+            elif depth > 2 and definition:                   # inside a top-level loop
+                body_defs[definition.group(1)] = definition.group(2, 3)
             if stripped.endswith("{"):
                 if carried is not None:
                     opened.append((depth, carried))
-                elif depth > 2 and (branch := _IF.search(stripped)):
-                    opened.append((depth, branch.group(1)))
+                elif depth > 2 and (branch := _IF.match(stripped)):
+                    result = branch.group(1)
+                    parent = opened[-1][1] if opened else None
+                    # an if in the else-arm of a branch gives its value through that branch's result
+                    root = parent.root if isinstance(parent, _OpenIf) and parent.in_else else result
+                    opened.append((depth, _OpenIf(branch.group(2), result, root)))
                 elif not (depth == 2 and _FOR.search(stripped)):
                     opened.append((depth, None))
                 depth += 1
