@@ -10,12 +10,14 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
+from dataclasses import asdict
 
 import pytest
 
 from tritonpatch.fuzz import PIPELINES, REFERENCE, generate, run, summary
 from tritonpatch.fuzz.generate import POINTER_SEEDS
 from tritonpatch.fuzz.__main__ import main
+from tritonpatch.fuzz.run import _check_kernel
 from tritonpatch.fuzz.checks import static_findings
 from tritonpatch.fuzz.compiling import Compiled, compile_all, compile_case
 from tritonpatch.fuzz.masks import Arith, Compare, Const, Index, Loaded, Logic, Not, Scalar
@@ -413,6 +415,17 @@ def test_branch_check_follows_each_select_to_its_own_mask(two_mask_reference):
     case = Compiled(kernel.seed, "branch", "ok", 0.0, [], [], _widened_branches(branched.ttir))
     findings, _ = static_findings(kernel, reference, case, samples=24)
     assert findings and findings[0].kind == "branched-mixed-tile" and "but the mask is" in findings[0].detail, findings
+
+
+def test_a_case_that_fell_back_keeps_why_for_the_log(causal_reference):
+    """A case whose pass fell back (the compile-time exactness check refused its output) records
+    the warning that says why, which the JSON log writes with the case."""
+    kernel, reference = causal_reference
+    why = "tritonpatch: kernel 'k' compiled with the IR passes ['elide-uniform-masks'] is not exact: ..."
+    fell_back = Compiled(kernel.seed, "branch", "fallback", 0.0, [], [why], reference.ttir)
+    cases, findings = _check_kernel(kernel, {REFERENCE: reference, "branch": fell_back}, ["branch"], samples=4)
+    assert findings == [] and [case.messages for case in cases] == [[], [why]]
+    assert asdict(cases[1])["messages"] == [why]
 
 
 def test_the_opt_in_elide_variants_hold_on_the_ci_seeds():

@@ -78,3 +78,27 @@ def test_the_backward_selects_on_one_mask_read_one_branch():
         readers[result] = [i for i, line in enumerate(module.lines) if select_parts(module, i)
                            and base_name(select_parts(module, i)[0]) == base_name(result)]
     assert len(readers) >= 2 and sorted(len(r) for r in readers.values())[-2:] == [2, 2], readers
+
+
+def test_a_mask_defined_by_an_op_with_several_results_stays_in_place():
+    """Only an op defining one value moves under the branch: moving ``%s:2`` for ``%s#1`` would
+    hide ``%s#0`` from its other users."""
+    from tritonpatch.passes.elide import _mask_ops
+    module = Module("""module {
+  tt.func public @k(%n: i32, %x: i32) {
+    %c0 = arith.constant 0 : i32
+    %c1 = arith.constant 1 : i32
+    %r = scf.for %iv = %c0 to %n step %c1 iter_args(%a = %c0) -> (i32) : i32 {
+      %s:2 = arith.addui_extended %iv, %x : i32, i1
+      %t = arith.cmpi slt, %iv, %x : i32
+      %v = arith.select %s#1, %s#0, %iv : i32
+      %w = arith.select %t, %a, %v : i32
+      scf.yield %w : i32
+    }
+    tt.return
+  }
+}
+""")
+    (loop,) = module.loops()
+    assert _mask_ops(module, loop, "%s#1") == []
+    assert [module.lines[i].op for i in _mask_ops(module, loop, "%t")] == ["arith.cmpi"]

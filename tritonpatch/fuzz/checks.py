@@ -105,27 +105,39 @@ def _checked_iterations(count: int) -> set[int]:
 
 
 def _mixed_tile_elided(kernel: Kernel, original, runs: list, env: dict) -> str | None:
-    """A rewritten loop with fewer masked selects than the original runs without the mask of the
-    selects it dropped (found by their source lines): that mask must be uniform on each of its
-    tiles, and all-false on a copy marked as running the select's constant arm, all-true on one
-    marked as running the computed value (up to 8 first and last iterations checked)."""
+    """A rewritten loop with fewer masked selects than the original runs without the mask it was
+    split on (up to 8 first and last iterations checked). The selects it dropped are found by their
+    source lines, and their masks evaluated on its tiles: a copy marked as running the computed
+    value (unmasked tiles) must have every dropped mask all-true -- it drops only selects on the
+    split mask; a copy marked as running the constant arm (all-masked tiles) must have one dropped
+    mask all-false on every tile -- the others are selects the constant made dead."""
     for loop, (lower, upper, step) in runs:
         dropped = Counter(s.line for s in original.selects) - Counter(s.line for s in loop.selects)
-        masks = {kernel.mask_at(line) for line in dropped} - {None}
+        masks = [mask for mask in dict.fromkeys(kernel.mask_at(line) for line in sorted(dropped, key=str)) if mask]
         if loop.masked_selects >= original.masked_selects or not masks:
             continue
         first, count = iterations(lower, upper, step)
-        for k in sorted(_checked_iterations(count)):
-            tile = kernel.tile_at(env, first + k * step, loop.width)
-            where = f"iteration start={first + k * step} in a loop without the mask ([{lower}, {upper}) step {step})"
-            for mask in masks:
-                values = mask.evaluate(tile)
-                if values.any() and not values.all():
-                    return f"elide-uniform-masks runs {where}, but the mask is mixed on that tile"
-                if loop.claim == "masked" and values.all() or loop.claim == "unmasked" and not values.any():
-                    state = "unmasked" if values.all() else "all-masked"
-                    return (f"elide-uniform-masks runs {where} with the select's "
-                            f"{'constant arm' if loop.claim == 'masked' else 'computed value'}, but the tile is {state}")
+        starts = [first + k * step for k in sorted(_checked_iterations(count))]
+        problems = [_claim_broken(kernel, mask, loop, starts, env, f"([{lower}, {upper}) step {step})")
+                    for mask in masks]
+        broken = [problem for problem in problems if problem]
+        if loop.claim == "unmasked" and broken or len(broken) == len(masks):
+            return broken[0]
+    return None
+
+
+def _claim_broken(kernel: Kernel, mask, loop, starts: list, env: dict, loop_text: str) -> str | None:
+    """Where ``mask`` is not uniform, or not the uniform value ``loop``'s claim says, on the tile of
+    one of the iterations ``starts``."""
+    for start in starts:
+        values = mask.evaluate(kernel.tile_at(env, start, loop.width))
+        where = f"iteration start={start} in a loop without the mask {loop_text}"
+        if values.any() and not values.all():
+            return f"elide-uniform-masks runs {where}, but the mask is mixed on that tile"
+        if loop.claim == "masked" and values.all() or loop.claim == "unmasked" and not values.any():
+            state = "unmasked" if values.all() else "all-masked"
+            return (f"elide-uniform-masks runs {where} with the select's "
+                    f"{'constant arm' if loop.claim == 'masked' else 'computed value'}, but the tile is {state}")
     return None
 
 

@@ -86,9 +86,12 @@ def summary(result: RunResult) -> str:
                  f"{timings['launch_compare_s']} s launching and comparing)")
     fallbacks = [c for c in result.cases if c.status == "fallback"]
     if fallbacks:
-        lines.append("fallbacks (documented warning, unpatched IR kept): "
-                     + ", ".join(f"seed {c.seed} {c.pipeline}" for c in fallbacks[:20])
-                     + (" ..." if len(fallbacks) > 20 else ""))
+        lines.append("fallbacks (documented warning, unpatched IR kept; why: in the log's cases):")
+        for case in fallbacks[:20]:
+            why = " ".join(" ".join(case.messages).split())
+            lines.append(f"  seed {case.seed} [{case.pipeline}]: {why[:300]}")
+        if len(fallbacks) > 20:
+            lines.append(f"  ... {len(fallbacks) - 20} more in the log")
     kinds = Counter(f.kind for f in result.findings)
     lines.append(f"findings: {len(result.findings)}" + (f" ({', '.join(f'{k}: {n}' for k, n in sorted(kinds.items()))})"
                                                         if kinds else ""))

@@ -30,6 +30,7 @@ class Case:
     loops_checked: int = 0
     compared: bool = False
     findings: list = field(default_factory=list)
+    messages: list = field(default_factory=list)    # the warnings of a case that fell back (why)
 
 
 @dataclass

@@ -176,7 +176,8 @@ def _check_kernel(kernel: Kernel, results: dict, pipelines, samples: int):
         result = results[pipeline]
         case_findings, checked = static_findings(kernel, reference, result, samples)
         cases.append(Case(kernel.seed, kernel.family, pipeline, result.status, result.seconds, result.reports,
-                          checked, findings=[f.kind for f in case_findings]))
+                          checked, findings=[f.kind for f in case_findings],
+                          messages=[] if result.status == "ok" else list(result.messages)))
         findings += case_findings
     return cases, findings
 

@@ -457,12 +457,13 @@ def _mask_ops(module: Module, loop: int, condition: str) -> list[int]:
     body = range(loop + 1, module.end_of(loop))
     root = module.defs.get(base_name(condition))
     children = module.children(loop)
-    if root is None or root not in children or module.lines[root].opens or not is_movable(module.lines[root]):
+    if (root is None or root not in children or module.lines[root].opens or module.lines[root].values != 1
+            or not is_movable(module.lines[root])):
         return []
     exclusive = {root}
     for index in reversed([i for i in children if i < root]):
         line = module.lines[index]
-        if line.opens or len(line.results) != 1 or not is_movable(line):
+        if line.opens or line.values != 1 or not is_movable(line):
             continue
         users = module.users(line.results[0], body)
         if users and all(user in exclusive for user in users):

@@ -81,6 +81,7 @@ class Line:
     text: str
     indent: str = ""
     results: list[str] = field(default_factory=list)   # defined names, e.g. ["%acc"] for "%acc:5 = ..."
+    values: int = 0                                    # how many values it defines (5 for "%acc:5 = ...")
     op: str = ""                                       # "arith.addi", "scf.for", "}" for closers
     body: str = ""                                     # text after the op name, without location
     loc: str = ""
@@ -102,7 +103,9 @@ def parse_line(text: str) -> Line:
     match = _RESULTS_RE.match(head)
     rest = head
     if match:
-        line.results = [r.split(":")[0] for r in match.group(2).split(", ")]
+        names = match.group(2).split(", ")
+        line.results = [r.split(":")[0] for r in names]
+        line.values = sum(int(r.split(":")[1]) if ":" in r else 1 for r in names)
         rest = match.group(3)
     if line.closes:
         line.op = "}"
