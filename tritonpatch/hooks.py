@@ -286,13 +286,13 @@ class _PatchedCompile:
         return first_shown
 
     def _without_elide(self, name: str, unpatched, exc: Exception, reports: list, metadata: dict):
-        """The exactness check refused a compile with elide-uniform-masks (whose loop copies drop the
+        """The exactness check refused a compile with elide-uniform-masks (whose rewritten loops drop the
         select): compile ``unpatched`` again with the other passes, which keep every loop body as it
         is; the check runs again on the result."""
         for report in reports:
             report.kept = False
         kernel = reports[0].kernel if reports else "?"
-        message = (f"tritonpatch: kernel {kernel!r}: elide-uniform-masks dropped, its loop copies are not exact "
+        message = (f"tritonpatch: kernel {kernel!r}: elide-uniform-masks dropped, its rewritten loops are not exact "
                    f"({exc}); compiled with the other passes")
         warnings.warn(message, RuntimeWarning, stacklevel=2)
         _record_fallback(metadata, message)

@@ -130,7 +130,7 @@ def _changes(original: PtxLoop, loop: PtxLoop, files: dict) -> list[str]:
         if sum(before.values()) == sum(after.values()) and _fused(before) != _fused(after):
             file, line, column = location
             changes.append(f"{files.get(file, 'file ' + str(file))}:{line}:{column}: the unpatched loop does "
-                           f"{_describe(before)}, a patched copy {_describe(after)}")
+                           f"{_describe(before)}, a patched loop {_describe(after)}")
     return changes
 
 
