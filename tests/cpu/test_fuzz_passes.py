@@ -294,7 +294,8 @@ _MASKED_SELECT = re.compile(r"^ *(%\S+) = arith\.select %\S+, (%\S+), %\S+ : ten
 
 def _without_select(ttir: str, index: int) -> str:
     """``ttir`` with its ``index``-th select on a tensor mask removed, its value replaced by the
-    select's true operand (the loop then runs that select's computed value on every tile)."""
+    select's true operand (the loop then runs that operand on every tile: the computed value, or
+    for a negated ``where(~m, -inf, x)`` the fill)."""
     select = list(_MASKED_SELECT.finditer(ttir))[index]
     result, kept = select.group(1), select.group(2)
     return re.sub(re.escape(result) + r"(?![A-Za-z0-9_$.\-])", kept, ttir.replace(select.group(0), "", 1))
@@ -329,6 +330,8 @@ def two_mask_reference(tmp_path_factory):
             (loop,) = ScalarProgram(branched.ttir).loops
             if any(select.line == second and select.mask in {b.root for b in loop.branches} for select in loop.selects):
                 break
+        else:
+            pytest.fail("no attention forward with two masks whose second mask the branch form branches")
         _, reference = compile_case(kernel, REFERENCE, directory, GPUTarget("cuda", 90, 32))
     assert reference.status == "ok", reference.messages
     (loop,) = ScalarProgram(reference.ttir).loops
@@ -364,6 +367,34 @@ def test_elision_check_flags_a_copy_that_runs_the_wrong_arm(causal_reference, tm
     assert findings and findings[0].kind == "elided-mixed-tile" and "but the tile is" in findings[0].detail, findings
 
 
+def test_elision_check_evaluates_the_select_a_copy_was_split_on(two_mask_reference, tmp_path, monkeypatch):
+    """A copy elide-uniform-masks marks names the select it was split on
+    (``tritonpatch.split_select``), and the check evaluates that select's mask: a copy naming a
+    select it keeps, or claiming the constant arm of a select whose mask is not all-false, is a
+    finding."""
+    from triton.backends.compiler import GPUTarget
+    kernel, reference, _, _ = two_mask_reference
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    _, split = compile_case(kernel, "elide", str(tmp_path), GPUTarget("cuda", 90, 32))
+    marked = [loop for loop in ScalarProgram(split.ttir).loops if loop.claim]
+    assert marked and all(loop.split_line for loop in marked), marked
+    assert static_findings(kernel, reference, split, samples=24)[0] == []
+    (loop,) = ScalarProgram(reference.ttir).loops
+    split_line, kept_line = marked[0].split_line, next(s.line for s in loop.selects if s.line != marked[0].split_line)
+    renamed = split.ttir.replace(f'.py:{split_line}"', f'.py:{kept_line}"')
+    findings, _ = static_findings(kernel, reference, Compiled(kernel.seed, "elide", "ok", 0.0, [], [], renamed), 24)
+    assert findings and "which it keeps" in findings[0].detail, findings
+    last = max(range(len(loop.selects)), key=lambda i: loop.selects[i].line)    # where(keep, p, 0.0): mixed
+    claimed = re.sub(r"^(\s*)\} (loc\(#loc\d*\)\s*)$",
+                     lambda m: f'{m.group(1)}}} {{tritonpatch.split_select = "k.py:{loop.selects[last].line}", '
+                               f'tritonpatch.masked_copy}} {m.group(2)}',
+                     _without_select(reference.ttir, last), count=1, flags=re.M)
+    program = ScalarProgram(claimed)
+    assert program.loops[0].claim == "masked" and program.loops[0].split_line == loop.selects[last].line, claimed
+    findings, _ = static_findings(kernel, reference, Compiled(kernel.seed, "elide", "ok", 0.0, [], [], claimed), 24)
+    assert findings and findings[0].kind == "elided-mixed-tile", findings
+
+
 def _widened_branches(ttir: str) -> str:
     """``ttir`` with every ``iv >= bound`` compare in its first loop made ``iv >= lower bound``:
     each branch then claims its constant from the loop's first tile on, as a branch computed with a
@@ -391,7 +422,8 @@ def test_branch_check_flags_a_branch_whose_claim_is_false(causal_reference, tmp_
     assert static_findings(kernel, reference, branched, samples=24)[0] == []
     case = Compiled(kernel.seed, "branch", "ok", 0.0, [], [], _widened_branches(branched.ttir))
     findings, _ = static_findings(kernel, reference, case, samples=24)
-    assert findings and findings[0].kind == "branched-mixed-tile" and "but the mask is" in findings[0].detail, findings
+    assert findings and findings[0].kind == "branched-mixed-tile", findings
+    assert "but the mask of the select" in findings[0].detail, findings
 
 
 def test_branch_check_reads_the_constant_the_branch_yields(causal_reference, tmp_path, monkeypatch):
@@ -414,7 +446,8 @@ def test_branch_check_follows_each_select_to_its_own_mask(two_mask_reference):
     assert static_findings(kernel, reference, branched, samples=24)[0] == []
     case = Compiled(kernel.seed, "branch", "ok", 0.0, [], [], _widened_branches(branched.ttir))
     findings, _ = static_findings(kernel, reference, case, samples=24)
-    assert findings and findings[0].kind == "branched-mixed-tile" and "but the mask is" in findings[0].detail, findings
+    assert findings and findings[0].kind == "branched-mixed-tile", findings
+    assert "but the mask of the select" in findings[0].detail, findings
 
 
 def test_a_case_that_fell_back_keeps_why_for_the_log(causal_reference):

@@ -107,33 +107,48 @@ def _checked_iterations(count: int) -> set[int]:
 def _mixed_tile_elided(kernel: Kernel, original, runs: list, env: dict) -> str | None:
     """A rewritten loop with fewer masked selects than the original runs without the mask it was
     split on (up to 8 first and last iterations checked). The selects it dropped are found by their
-    source lines, and their masks evaluated on its tiles: a copy marked as running the computed
-    value (unmasked tiles) must have every dropped mask all-true -- it drops only selects on the
-    split mask; a copy marked as running the constant arm (all-masked tiles) must have one dropped
-    mask all-false on every tile -- the others are selects the constant made dead."""
+    source lines, and their masks evaluated on its tiles. A copy elide-uniform-masks marked names the
+    select it was split on (``tritonpatch.split_select``): that select's mask must be all-false on
+    every checked tile of a copy running the select's constant arm, all-true on those of a copy
+    running its computed value, where every other dropped mask must be all-true too (such a copy
+    drops only selects on the split mask; a constant arm can also make other selects dead, which
+    Triton drops). Without the name, one dropped mask must be uniform (all-true where every one must
+    be, for an unmasked copy) on every checked tile."""
     for loop, (lower, upper, step) in runs:
+        if loop.masked_selects >= original.masked_selects:
+            continue
         dropped = Counter(s.line for s in original.selects) - Counter(s.line for s in loop.selects)
-        masks = [mask for mask in dict.fromkeys(kernel.mask_at(line) for line in sorted(dropped, key=str)) if mask]
-        if loop.masked_selects >= original.masked_selects or not masks:
+        lines = list(dict.fromkeys(s.line for s in original.selects if s.line in dropped))
+        if loop.split_line is not None:
+            if loop.split_line not in lines:
+                return (f"elide-uniform-masks marked a copy ([{lower}, {upper}) step {step}) as split on the select "
+                        f"at line {loop.split_line}, which it keeps")
+            if kernel.mask_at(loop.split_line) is None:
+                return (f"elide-uniform-masks split a copy on the select at line {loop.split_line}, which is not a "
+                        f"tl.where of the generated kernel (the check cannot evaluate its mask)")
+            lines = lines if loop.claim == "unmasked" else [loop.split_line]
+        checked = [(line, kernel.mask_at(line)) for line in lines if kernel.mask_at(line) is not None]
+        if not checked:
             continue
         first, count = iterations(lower, upper, step)
         starts = [first + k * step for k in sorted(_checked_iterations(count))]
-        problems = [_claim_broken(kernel, mask, loop, starts, env, f"([{lower}, {upper}) step {step})")
-                    for mask in masks]
-        broken = [problem for problem in problems if problem]
-        if loop.claim == "unmasked" and broken or len(broken) == len(masks):
+        broken = [problem for line, mask in checked
+                  if (problem := _claim_broken(kernel, mask, line, loop, starts, env, (lower, upper, step)))]
+        if broken and (loop.split_line is not None or loop.claim == "unmasked" or len(broken) == len(checked)):
             return broken[0]
     return None
 
 
-def _claim_broken(kernel: Kernel, mask, loop, starts: list, env: dict, loop_text: str) -> str | None:
-    """Where ``mask`` is not uniform, or not the uniform value ``loop``'s claim says, on the tile of
-    one of the iterations ``starts``."""
+def _claim_broken(kernel: Kernel, mask, line, loop, starts: list, env: dict, bounds: tuple) -> str | None:
+    """Where ``mask`` (of the select at source ``line``) is not uniform, or not the uniform value
+    ``loop``'s claim says, on the tile of one of the iterations ``starts``."""
+    lower, upper, step = bounds
     for start in starts:
         values = mask.evaluate(kernel.tile_at(env, start, loop.width))
-        where = f"iteration start={start} in a loop without the mask {loop_text}"
+        where = (f"iteration start={start} in a loop without the select at line {line} "
+                 f"([{lower}, {upper}) step {step})")
         if values.any() and not values.all():
-            return f"elide-uniform-masks runs {where}, but the mask is mixed on that tile"
+            return f"elide-uniform-masks runs {where}, but its mask is mixed on that tile"
         if loop.claim == "masked" and values.all() or loop.claim == "unmasked" and not values.any():
             state = "unmasked" if values.all() else "all-masked"
             return (f"elide-uniform-masks runs {where} with the select's "
@@ -153,7 +168,7 @@ def _branch_claim_broken(kernel: Kernel, runs: list, values: dict, env: dict) ->
             continue
         if None in loop.branches:
             return "elide-uniform-masks put a branch in the loop whose condition the check cannot read"
-        checked = []                                    # (branch, mask) pairs to evaluate
+        checked = []                                    # (branch, select line, mask) to evaluate
         for branch in loop.branches:
             readers = [select for select in loop.selects if select.mask == branch.root]
             if not readers:
@@ -167,17 +182,17 @@ def _branch_claim_broken(kernel: Kernel, runs: list, values: dict, env: dict) ->
                             f"{kept[branch.constant]}, but its then-arm yields {actual}")
                 mask = kernel.mask_at(select.line)
                 if mask is not None:
-                    checked.append((branch, mask))
+                    checked.append((branch, select.line, mask))
         first, count = iterations(lower, upper, step)
         picked = _checked_iterations(count)
-        for branch, _ in checked:
+        for branch, _, _ in checked:
             for _, bound in (branch.first, branch.second):
                 if bound in values:
                     near = (values[bound] - first) // step
                     picked |= {k for k in range(near - 2, near + 3) if 0 <= k < count}
         for k in sorted(picked):
             start = first + k * step
-            for branch, mask in checked:
+            for branch, line, mask in checked:
                 holds = branch.holds(start, values, loop.width)
                 if holds is None:
                     return "a bound of an elide-uniform-masks branch is not computable from the arguments"
@@ -187,8 +202,9 @@ def _branch_claim_broken(kernel: Kernel, runs: list, values: dict, env: dict) ->
                 if not (tile.all() if branch.constant else not tile.any()):
                     state = "mixed" if tile.any() and not tile.all() else ("all-true" if tile.all() else "all-false")
                     claim = "unmasked" if branch.constant else "all-masked"
-                    return (f"elide-uniform-masks branches on the tile at iteration start={start} of [{lower}, {upper}) "
-                            f"step {step} as {claim}, but the mask is {state} on that tile")
+                    return (f"elide-uniform-masks branches on the tile at iteration start={start} of "
+                            f"[{lower}, {upper}) step {step} as {claim}, but the mask of the select at line {line} "
+                            f"is {state} on that tile")
     return None
 
 

@@ -79,6 +79,7 @@ class Loop:
     width: int
     selects: tuple[MaskedSelect, ...] = ()
     claim: str | None = None        # a copy elide-uniform-masks marked: "masked" or "unmasked" tiles only
+    split_line: int | None = None   # the source line of the select a marked copy was split on
     branches: tuple = ()            # the Branch-es of the mask elide-uniform-masks' branch form put in its body
 
     @property
@@ -114,10 +115,11 @@ class Branch:
 
 @dataclass
 class _OpenIf:
-    """An ``scf.if`` being read: its condition and result, the result its value reaches the selects
-    through (``root``), which arm is being read, and the value its then-arm yields."""
+    """An ``scf.if`` being read: its condition, the result its value reaches the selects through
+    (``root``: its own, or, for an if in the else-arm of another, that one's -- assumed, not read, to
+    yield it; the GPU comparison checks what the else-arms compute), which arm is being read, and the
+    value its then-arm yields."""
     condition: str
-    result: str | None
     root: str | None
     in_else: bool = False
     yielded: str | None = None
@@ -136,14 +138,23 @@ _DENSE_BOOL = {"dense<true>": True, "dense<false>": False}
 _IV_COMPARE = re.compile(r"^([a-z]+), (" + _NAME + r"), (" + _NAME + r")$")
 
 
-def _attributes(closing: str) -> set[str]:
+_SPLIT_SELECT = "tritonpatch.split_select"   # = "file.py:LINE" of the select a marked copy was split on
+
+
+def _attributes(closing: str) -> dict[str, str]:
+    """The attribute dictionary of a region op's closing line: name -> value text (unit: "")."""
     attributes = re.match(r"\}\s*\{([^}]*)\}", closing)
-    return {name.strip() for name in attributes.group(1).split(",")} if attributes else set()
+    pairs = (item.partition("=") for item in attributes.group(1).split(",")) if attributes else ()
+    return {name.strip(): value.strip() for name, _, value in pairs}
 
 
-def _claim(closing: str) -> str | None:
-    names = _attributes(closing)
-    return next((claim for name, claim in _CLAIMS.items() if name in names), None)
+def _claim(attributes: dict) -> str | None:
+    return next((claim for name, claim in _CLAIMS.items() if name in attributes), None)
+
+
+def _split_line(attributes: dict) -> int | None:
+    line = re.fullmatch(r'"[^"]*:(\d+)"', attributes.get(_SPLIT_SELECT, ""))
+    return int(line.group(1)) if line else None
 
 
 def _branch(head: _OpenIf, constant: bool, iv: str, defs: dict, constants: dict) -> Branch | None:
@@ -208,8 +219,9 @@ class ScalarProgram:
                     elif head is not None:
                         ref = _LOC_REF.search(stripped)
                         line = _resolve_line(ref.group(1), locations) if ref else None
-                        self.loops.append(Loop(line, *head, selects=tuple(selects), claim=_claim(stripped),
-                                               branches=tuple(branches)))
+                        attributes = _attributes(stripped)
+                        self.loops.append(Loop(line, *head, selects=tuple(selects), claim=_claim(attributes),
+                                               split_line=_split_line(attributes), branches=tuple(branches)))
                         selects, body_defs, branches = [], {}, []
             if depth == 2 and not stripped.startswith("}"):   # module { tt.func { <here>
                 loop = _FOR.search(stripped)
@@ -224,11 +236,10 @@ class ScalarProgram:
                 if carried is not None:
                     opened.append((depth, carried))
                 elif depth > 2 and (branch := _IF.match(stripped)):
-                    result = branch.group(1)
                     parent = opened[-1][1] if opened else None
                     # an if in the else-arm of a branch gives its value through that branch's result
-                    root = parent.root if isinstance(parent, _OpenIf) and parent.in_else else result
-                    opened.append((depth, _OpenIf(branch.group(2), result, root)))
+                    root = parent.root if isinstance(parent, _OpenIf) and parent.in_else else branch.group(1)
+                    opened.append((depth, _OpenIf(branch.group(2), root)))
                 elif not (depth == 2 and _FOR.search(stripped)):
                     opened.append((depth, None))
                 depth += 1

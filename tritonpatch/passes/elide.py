@@ -57,7 +57,7 @@ import re
 from dataclasses import dataclass
 
 from .ir import (REGISTER_MOVES, Module, constant_step, inline_asm_line, is_movable, loop_label, no_select_reason, renamed,
-                 select_parts, substitute, type_of, without_dead_ops)
+                 select_parts, source_line, substitute, type_of, without_dead_ops)
 from .ir_syntax import NAME_END, base_name, parse_for, parse_type, with_attribute, without_attribute
 from .iterations import (NARROWED, iteration_bound, loop_uniform_runs, possible_runs, scalars_fixed_in_loop,
                          segment_counts)
@@ -327,17 +327,31 @@ _RUNS = ("false", "mixed", "true", "mixed", "false")   # the five runs segment_c
 # a computed one, the copy runs the constant (every tile all-masked) or the computed value (unmasked).
 MASKED_COPY = "tritonpatch.masked_copy"
 UNMASKED_COPY = "tritonpatch.unmasked_copy"
+# The source line (``file.py:LINE``) of the select a marked copy was split on, so that the check evaluates
+# that select's mask (a copy also loses selects its constant made dead, whose masks say nothing).
+SPLIT_SELECT = "tritonpatch.split_select"
 
 
-def _marked(closing: str, module: Module, parts, keep_true: bool | None) -> str:
-    """The closing line of a copy that replaced the select by its true (``keep_true``) or false
-    operand, with :data:`MASKED_COPY` or :data:`UNMASKED_COPY` when exactly one arm is a constant."""
-    if keep_true is None:
-        return closing
+def _keeps_computed(module: Module, parts, keep_true: bool) -> bool | None:
+    """Whether the select, taking its true (``keep_true``) or false operand, keeps its computed value
+    (True) or its constant (False); None unless exactly one of its arms is a constant."""
     kept, other = (parts[1], parts[2]) if keep_true else (parts[2], parts[1])
-    if is_constant(module, kept) != is_constant(module, other):
-        return with_attribute(closing, MASKED_COPY if is_constant(module, kept) else UNMASKED_COPY)
-    return closing
+    if is_constant(module, kept) == is_constant(module, other):
+        return None
+    return not is_constant(module, kept)
+
+
+def _marked(closing: str, module: Module, select: int, parts, keep_true: bool | None) -> str:
+    """The closing line of a copy that replaced the select at ``select`` by its true (``keep_true``)
+    or false operand, with :data:`MASKED_COPY` or :data:`UNMASKED_COPY` (and :data:`SPLIT_SELECT`)
+    when exactly one arm is a constant."""
+    computed = None if keep_true is None else _keeps_computed(module, parts, keep_true)
+    if computed is None:
+        return closing
+    line = source_line(module, select)
+    if line is not None:
+        closing = with_attribute(closing, f'{SPLIT_SELECT} = "{line}"')
+    return with_attribute(closing, UNMASKED_COPY if computed else MASKED_COPY)
 
 
 @dataclass(frozen=True)
@@ -424,7 +438,7 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
             segments[-1] = ("mixed", segments[-1][1], bounds[position + 1])
         else:
             segments.append((kind, bounds[position], bounds[position + 1]))
-    bodies = {kind: lines[:-1] + [_marked(without_attribute(lines[-1], NARROWED), module, parts,
+    bodies = {kind: lines[:-1] + [_marked(without_attribute(lines[-1], NARROWED), module, select, parts,
                                           None if kind == "mixed" else (kind == "true") != negated)]
               for kind, lines in bodies.items()}
     emitted, inits, original_names = list(ops.lines), None, True
@@ -446,7 +460,8 @@ def split_loop(module: Module, loop: int, select: int, max_atoms: int, all_false
 # --- the branch form ---------------------------------------------------------------------------------
 # What a branch claims about its tiles, as a unit attribute of its scf.if (read by the fuzzer's static
 # check, which evaluates the mask on the tiles where the if's condition holds): there the select keeps
-# its computed value everywhere (the mask, read as where(mask, x, fill), is all-true), or nowhere.
+# its computed value everywhere (the mask, read as where(mask, x, fill), is all-true), or its constant
+# (as for the split's copies, by which arm is a constant; by the mask's reading where neither or both are).
 UNMASKED_BRANCH = "tritonpatch.unmasked_branch"
 MASKED_BRANCH = "tritonpatch.masked_branch"
 
@@ -531,6 +546,8 @@ def branch_mask_loop(module: Module, loop: int, select: int, max_atoms: int, all
         if depth == len(levels):
             return [indent + substitute(text, names[base_name(condition)], result) for text in masked]
         combine, (first_predicate, first_bound), (second_predicate, second_bound), uniform = levels[depth]
+        computed = _keeps_computed(module, found.parts, uniform != found.negated)
+        claim = UNMASKED_BRANCH if (uniform if computed is None else computed) else MASKED_BRANCH
         flags = [module.fresh("in_run") for _ in range(3)]
         inner, value = indent + "  ", module.fresh("mask")
         return [f"{indent}{flags[0]} = arith.cmpi {first_predicate}, {head.iv}, {first_bound} : i32 {loc}".rstrip(),
@@ -541,7 +558,7 @@ def branch_mask_loop(module: Module, loop: int, select: int, max_atoms: int, all
                 f"{indent}}} else {{",
                 *nested(depth + 1, inner, value),
                 f"{inner}scf.yield {value} : {type_text} {loc}".rstrip(),
-                f"{indent}}} {{{UNMASKED_BRANCH if uniform else MASKED_BRANCH}}} {loc}".rstrip()]
+                f"{indent}}} {{{claim}}} {loc}".rstrip()]
     emitted = nested(0, line.indent, base_name(condition))
     texts = [other.text for other in module.lines]
     body = [texts[i] for i in range(loop, moved[-1]) if i not in moved] + emitted
