@@ -77,14 +77,13 @@ TILE_F32 = re.compile(r"tensor<\d+x\d+xf32>")
 
 def test_the_backward_copies_drop_every_select_on_the_mask():
     """The backward applies its mask twice per loop (``where(m, s, -inf)``, then ``where(m, ds, 0)``):
-    with ``same_mask_selects`` the all-true copies replace both selects, so the mask's compares leave
-    them too (with one of the two left, its compares and selects run on every tile: 462 SASS
+    by default (``same_mask_selects``) the all-true copies replace both selects, so the mask's compares
+    leave them too (with one of the two left, its compares and selects run on every tile: 462 SASS
     instructions per dQ step against the block mask's 293). The prefix-LM backward has that one mask
     in each loop."""
     from tritonpatch.passes.elide import UNMASKED_COPY
     from tritonpatch.passes.ir import Module, select_parts
-    kernel, reports = compile_template("score_mod_prefix_lm_bwd",
-                                       ["skip-masked-blocks", "elide-uniform-masks(same_mask_selects=true)"])
+    kernel, reports = compile_template("score_mod_prefix_lm_bwd", ["skip-masked-blocks", "elide-uniform-masks"])
     assert reports["elide-uniform-masks"].counts["loops_split"] == 2
     module = Module(kernel.asm["ttir"])
     copies = [loop for loop in module.loops() if UNMASKED_COPY in module.lines[module.end_of(loop)].text]

@@ -2,14 +2,15 @@
 the three mask passes, named by short names joined with ``+`` (``skip+elide``). Two variants
 of elide-uniform-masks are not in the default combinations and are named with ``--pipeline``:
 ``branch``, its branch form (one loop, the mask computed under an ``if``; ``skip+branch``), and
-``elide-same-mask``, whose copies replace every select on the split mask (``same_mask_selects``)."""
+``elide-one-select``, whose copies replace only the select the loop was split on, not every select
+on its mask (``same_mask_selects=false``)."""
 from __future__ import annotations
 
 import itertools
 
 PASSES = {"skip": "skip-masked-blocks", "elide": "elide-uniform-masks", "hoist": "hoist-masks",
           "branch": "elide-uniform-masks(branch=true)",
-          "elide-same-mask": "elide-uniform-masks(same_mask_selects=true)"}
+          "elide-one-select": "elide-uniform-masks(same_mask_selects=false)"}
 REFERENCE = "unpatched"
 PIPELINES = tuple("+".join(combo) for size in (1, 2, 3)
                   for combo in itertools.combinations(("skip", "elide", "hoist"), size))

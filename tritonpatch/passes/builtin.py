@@ -25,9 +25,10 @@ def register_builtin_passes() -> None:
                                                      "the induction variable instead: uniform tiles take it as a "
                                                      "constant, the selects and every float op stay as they are "
                                                      "(no copies of the loop, so no register growth from them)"),
-                   "same_mask_selects": PassOption(bool, False, "in each uniform copy also replace the other selects "
+                   "same_mask_selects": PassOption(bool, True, "in each uniform copy also replace the other selects "
                                                                 "on the same mask (FlexAttention's backward applies "
-                                                                "its mask twice), so the mask's ops leave the copy")},
+                                                                "its mask twice), so the mask's ops leave the copy; "
+                                                                "false: replace only the select split on")},
                   order=1)(elide.run)
     register_pass("skip-masked-blocks", "ttir",
                   "narrow loop bounds to drop leading/trailing tiles whose mask is all-false when such a tile "
