@@ -25,7 +25,7 @@ import triton.language as tl
 import tritonpatch
 from tritonpatch.passes import collect_reports
 from tritonpatch.passes.masks import PyOps
-from tritonpatch.passes.versioning import JumpCompare, MIN_MODULUS, _no_jump_condition
+from tritonpatch.passes.versioning import JumpCompare, MIN_MODULUS, _no_jump_condition, restore_carried_offsets
 from tritonpatch.targets import compile_for_target
 
 FLEX = pathlib.Path(__file__).resolve().parents[1] / "_support" / "data" / "flex"
@@ -43,7 +43,8 @@ def flex_template(stem: str):
 
 def compile_template(stem: str, passes: list[str]):
     """(CompiledKernel, pass reports) of a fixture compiled for sm_90 as torch.compile launches it
-    (16-byte aligned tensors), strict."""
+    (16-byte aligned tensors), strict, and always compiled (another test process may have put the
+    same kernel in the shared Triton cache, and a cached kernel runs no pass)."""
     return _compiled_template(stem, tuple(passes))
 
 
@@ -52,6 +53,7 @@ def _compiled_template(stem: str, passes: tuple[str, ...]):
     fn, meta = flex_template(stem)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRITONPATCH_STRICT", "1")
+        patch.setenv("TRITON_ALWAYS_COMPILE", "1")
         with collect_reports() as reports, tritonpatch.options(passes=list(passes)):
             kernel = compile_for_target(fn, meta["signature"], {}, target="sm_90", aligned_pointers=True,
                                         num_warps=meta["num_warps"], num_stages=meta["num_stages"])
@@ -141,9 +143,13 @@ def carried_offset_sum(X, OUT, N, J0, BLOCK: tl.constexpr, JUMP_EVERY: tl.conste
 
 
 def compile_carried(jump_every: int, passes: list[str]):
-    with collect_reports() as reports, tritonpatch.options(passes=passes):
-        kernel = compile_for_target(carried_offset_sum, {"X": "*fp32", "OUT": "*fp32", "N": "i32", "J0": "i32"},
-                                    {"BLOCK": 64, "JUMP_EVERY": jump_every}, target="sm_90", num_warps=4)
+    """(CompiledKernel, pass reports) of :func:`carried_offset_sum`, always compiled (see
+    :func:`compile_template`)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_ALWAYS_COMPILE", "1")
+        with collect_reports() as reports, tritonpatch.options(passes=passes):
+            kernel = compile_for_target(carried_offset_sum, {"X": "*fp32", "OUT": "*fp32", "N": "i32", "J0": "i32"},
+                                        {"BLOCK": 64, "JUMP_EVERY": jump_every}, target="sm_90", num_warps=4)
     return kernel, {report.name: report for report in reports}
 
 
@@ -151,6 +157,89 @@ def test_a_hand_written_loop_with_a_carried_offset_is_versioned():
     kernel, reports = compile_carried(MIN_MODULUS * 4, ["skip-masked-blocks"])
     assert reports["skip-masked-blocks"].counts == {"loops_narrowed": 1, "loops_versioned": 1}
     assert "scf.if" in kernel.asm["ttir"] and "tritonpatch.versioned" in kernel.asm["ttir"]
+
+
+@triton.jit
+def carried_offset_sum_keeping_position(X, OUT, END, N, J0, BLOCK: tl.constexpr, JUMP_EVERY: tl.constexpr):
+    """:func:`carried_offset_sum` that also stores the carried position after the loop."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    total = tl.full([BLOCK], float("-inf"), tl.float32)
+    position = 0
+    for block in range(J0, J0 + tl.cdiv(N, BLOCK)):
+        columns = position + tl.arange(0, BLOCK)
+        jump = (((block + 1) % JUMP_EVERY) == 0).to(tl.int32)
+        position += tl.load(X + block % 4).to(tl.int32) * jump + (1 - jump) * BLOCK
+        x = tl.load(X + rows[:, None] * N + columns[None, :])
+        x = tl.where(columns[None, :] <= rows[:, None], x, float("-inf"))
+        total = tl.maximum(total, tl.max(x, 1))
+    tl.store(OUT + rows, total)
+    tl.store(END, position)
+
+
+def fast_loops(ttir: str) -> list[str]:
+    """The bodies of the rewritten loops of a versioned loop's fast copy (those before its ``else``)."""
+    fast = ttir.split("} else {", 1)[0]
+    return [body.split("scf.yield", 1)[0] for body in fast.split("scf.for ")[1:]]
+
+
+def test_the_fast_copy_carries_its_offset_again():
+    """The fast copy's closed form (the offset recomputed from the induction variable, which the
+    mask passes read) becomes the carried offset again once the passes are done: the narrowed loop
+    no longer reads its induction variable, and no mark is left."""
+    kernel, _ = compile_carried(MIN_MODULUS * 4, ["skip-masked-blocks", "elide-uniform-masks"])
+    ttir = kernel.asm["ttir"]
+    loops = fast_loops(ttir)
+    assert loops and "tritonpatch.closed_forms" not in ttir
+    for body in loops:
+        iv = body.split(" = ", 1)[0].strip()
+        assert not re.search(re.escape(iv) + r"\b", body.split("{", 1)[1]), body
+
+
+def test_an_offset_used_after_the_loop_keeps_its_closed_form():
+    """Restoring starts the carried offset at the closed form of each loop's lower bound, which is
+    exact only where the loop's final value of it is unused: the position stored after the loop
+    keeps the closed form in every copy."""
+    with tritonpatch.options(passes=["elide-uniform-masks"]):
+        kernel = compile_for_target(carried_offset_sum_keeping_position,
+                                    {"X": "*fp32", "OUT": "*fp32", "END": "*i32", "N": "i32", "J0": "i32"},
+                                    {"BLOCK": 64, "JUMP_EVERY": MIN_MODULUS * 4}, target="sm_90", num_warps=4)
+    loops = fast_loops(kernel.asm["ttir"])
+    assert len(loops) > 1
+    for body in loops:
+        iv = body.split(" = ", 1)[0].strip()
+        assert re.search(r"arith\.subi " + re.escape(iv) + r"\b", body), body
+
+
+_NATIVE_AND_VERSIONED = """\
+module {
+  tt.func public @k(%lb: i32, %ub: i32, %init: i32, %other: i32, %out: !tt.ptr<i32>) {
+    %c1_i32 = arith.constant 1 : i32
+    %c64_i32 = arith.constant 64 : i32
+    %r:2 = scf.for %iv = %lb to %ub step %c1_i32 iter_args(%a = %other, %b = %init) -> (i32, i32)  : i32 {
+      %d = arith.subi %iv, %lb : i32
+      %s = arith.muli %d, %c64_i32 : i32
+      %v = arith.addi %init, %s : i32
+      %use = arith.addi %a, %v : i32
+      tt.store %out, %use : !tt.ptr<i32>
+      %a_next = arith.addi %a, %c64_i32 : i32
+      %b_next = arith.addi %b, %c64_i32 : i32
+      scf.yield %a_next, %b_next : i32, i32
+    } {tritonpatch.closed_forms}
+    tt.return
+  }
+}
+"""
+
+
+def test_restoring_never_restarts_an_offset_the_body_reads():
+    """``%a`` advances by the closed form's step too, but the body reads it: giving it the closed
+    form's start would change what the body reads. Only ``%b``, read by its own advance alone,
+    takes the closed form."""
+    text, restored = restore_carried_offsets(_NATIVE_AND_VERSIONED)
+    assert restored == 1
+    head = next(line for line in text.splitlines() if "scf.for" in line)
+    assert "%a = %other" in head and "%b = %init" not in head, head
+    assert "%use = arith.addi %a, %b" in text and "tritonpatch.closed_forms" not in text
 
 
 def test_a_jump_every_few_iterations_is_not_versioned_and_says_why():

@@ -172,5 +172,10 @@ def with_attribute(closing: str, attribute: str) -> str:
 
 
 def without_attribute(closing: str, attribute: str) -> str:
-    """The inverse of :func:`with_attribute`."""
-    return closing.replace(f"{{{attribute}, ", "{", 1).replace(f" {{{attribute}}}", "", 1)
+    """The inverse of :func:`with_attribute`: ``closing`` without the unit attribute, wherever it
+    stands in the dictionary."""
+    for sole_or_first, rest in ((f" {{{attribute}}}", ""), (f"{{{attribute}, ", "{"), (f", {attribute}}}", "}"),
+                                (f", {attribute}, ", ", ")):
+        if sole_or_first in closing:
+            return closing.replace(sole_or_first, rest, 1)
+    return closing

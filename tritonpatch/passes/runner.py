@@ -2,7 +2,8 @@
 
 :func:`apply_stage_passes` runs the passes of one stage in order on the module's text; each text a
 pass changed is parsed with Triton and verified once (so a failure names the pass that caused it),
-and the last module parsed is the stage's result. If any pass raises or its output does not
+and the last module parsed is the stage's result (once the loops versioned on their carried offsets
+have them back: :func:`.versioning.restore_carried_offsets`). If any pass raises or its output does not
 verify, the stage keeps the unpatched module and emits one warning (or raises
 :class:`~tritonpatch.errors.PassError` in strict mode), so a pass can never miscompile quietly.
 """
@@ -18,6 +19,7 @@ from ..errors import PassError
 from .registry import PassSpec, pass_info, pass_stage
 from .report import PassReport, collecting_notes, publish
 from .specs import resolved_options
+from .versioning import restore_carried_offsets
 
 
 def _kernel_name(text: str) -> str:
@@ -82,6 +84,13 @@ def apply_stage_passes(stage: str, module, specs: Sequence[PassSpec], *, strict:
                     raise PassError(f"pass {info.name!r} produced IR that Triton rejects on kernel {kernel!r}: "
                                     f"{type(exc).__name__}: {exc}") from exc
                 text = new_text
+        restored, _ = restore_carried_offsets(text) if not os.environ.get('TP_NO_RESTORE') else (text, 0)
+        if restored != text:
+            try:
+                result = parse_module(restored, module.context)
+            except Exception as exc:  # noqa: BLE001
+                raise PassError(f"restoring the carried offsets of versioned loops produced IR that Triton rejects "
+                                f"on kernel {kernel!r}: {type(exc).__name__}: {exc}") from exc
     except PassError as exc:
         for report in reports:
             report.kept = False

@@ -31,6 +31,11 @@ one or two iterations, so it would add code and never help.
 A pass hands a loop it refused to :func:`version_refused_loop`: it plans the versioning
 (:func:`plan_versioning`), builds the versioned loop on a trial copy of the module and keeps it
 only when the pass's own rewrite then applies to the fast copy (:func:`versioned_rewrite`).
+
+The closed form is for the passes to read; computed anew in every iteration it costs registers the
+carried offset did not (FlexAttention's D=64 forward sits at 255 registers: its narrowed fast copy
+spilled 204 B per thread, the unpatched kernel 8 B). Once the stage's passes are done,
+:func:`restore_carried_offsets` gives each loop made from a fast copy its carried offsets back.
 """
 from __future__ import annotations
 
@@ -41,11 +46,12 @@ from typing import Callable
 
 from .ir import (REGISTER_MOVES, Module, constant_step, has_side_effect, increment_scalar, inline_asm_line, is_movable,
                  renamed, result_used_after, substitute, type_of, without_dead_ops)
-from .ir_syntax import TensorType, base_name, int_width, parse_for, parse_type, with_attribute
+from .ir_syntax import TensorType, base_name, int_width, parse_for, parse_type, with_attribute, without_attribute
 from .masks import IROps
 from .report import note
 
 VERSIONED = "tritonpatch.versioned"   # the original (cold) copy of a versioned loop: never versioned again
+CLOSED_FORMS = "tritonpatch.closed_forms"   # a fast copy (or a copy of one): its offsets' uses read closed forms
 _EXIT_MOVES = {**REGISTER_MOVES, "i32": ("mov.b32 $0, $1;", "r"), "i64": ("mov.b64 $0, $1;", "l")}
 MIN_MODULUS = 1024
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -268,6 +274,7 @@ def _fast_copy(module: Module, loop: int, plan: Plan, ops: IROps, step: int) -> 
         for i in range(1, len(texts) - 1):
             if i != offset.add - loop:
                 texts[i] = substitute(texts[i], arg, closed)
+    texts[-1] = with_attribute(texts[-1], CLOSED_FORMS)
     return remove_dead_ops([texts[0]] + closed_lines + texts[1:], module)
 
 
@@ -396,3 +403,189 @@ def version_refused_loop(module: Module, loop: int, refusal: str,
     if isinstance(outcome, str):
         return False, f"{refusal}; in a copy versioned on its carried offsets: {outcome}"
     return True, outcome
+
+
+# --- the carried offsets back, once the passes are done -----------------------------------------------
+@dataclass(frozen=True)
+class ClosedForm:
+    """``value = init + [splat]((iv' - lower) * factor)`` in a loop's body (``iv'`` the induction
+    variable, or its sign extension to i64): the lines computing it, innermost first."""
+    value: str
+    lines: tuple[int, ...]
+    factor: int
+    width: int
+
+
+def _integer_constant(module: Module, name: str) -> int | None:
+    """The value of an integer constant, a scalar or a splat tensor (``dense<C>``), else None."""
+    index = module.defs.get(base_name(name))
+    if index is None or index < 0 or "#" in name or module.lines[index].op != "arith.constant":
+        return None
+    match = re.match(r"\s*(?:dense<)?(-?\d+)>?\s*:", module.lines[index].body)
+    return int(match.group(1)) if match else None
+
+
+def _closed_form(module: Module, loop: int, index: int) -> ClosedForm | None:
+    """The closed form defined at line ``index`` of ``loop``'s body (as :func:`_fast_copy` emits
+    it), else None."""
+    iv = parse_for(module.lines[loop]).iv
+
+    def defining(name: str, op: str):
+        where = module.defs.get(base_name(name))
+        if where is None or where < 0 or "#" in name or not module.inside(where, loop):
+            return None, None
+        line = module.lines[where]
+        return (where, line) if line.op == op else (None, None)
+
+    def outside(name: str) -> bool:
+        where = module.defs.get(base_name(name))
+        return where is not None and not module.inside(where, loop)
+
+    value_line = module.lines[index]
+    if value_line.op != "arith.addi" or len(value_line.operands) != 2 or not outside(value_line.operands[0]):
+        return None
+    chain, advance = [index], value_line.operands[1]
+    splat_at, splat = defining(advance, "tt.splat")
+    if splat is not None:
+        chain.append(splat_at)
+        advance = splat.operands[0]
+    product_at, product = defining(advance, "arith.muli")
+    if product is None or len(product.operands) != 2:
+        return None
+    factor = _integer_constant(module, product.operands[1])
+    distance_at, distance = defining(product.operands[0], "arith.subi")
+    if factor is None or distance is None or len(distance.operands) != 2 or not outside(distance.operands[1]):
+        return None
+    chain += [product_at, distance_at]
+    counter = distance.operands[0]
+    if counter != iv:
+        extend_at, extend = defining(counter, "arith.extsi")
+        if extend is None or extend.operands != [iv]:
+            return None
+        chain.append(extend_at)
+    width = int_width(type_of(module, product.results[0]) or "")
+    return ClosedForm(value_line.results[0], tuple(chain), factor, width) if width else None
+
+
+def _advanced_by(module: Module, loop: int, position: int) -> tuple[int, int] | None:
+    """The line advancing iteration argument ``position`` of ``loop`` by a constant (``arg' = arg +
+    C`` in the body) and ``C``, else None."""
+    head = parse_for(module.lines[loop])
+    yielded = module.lines[module.children(loop)[-1]].operands
+    where = module.defs.get(base_name(yielded[position])) if position < len(yielded) else None
+    if where is None or "#" in yielded[position] or not module.inside(where, loop):
+        return None
+    line = module.lines[where]
+    if line.op != "arith.addi" or len(line.operands) != 2 or line.operands[0] != head.iter_args[position][0]:
+        return None
+    constant = _integer_constant(module, line.operands[1])
+    return None if constant is None else (where, constant)
+
+
+def _feeds_addresses(module: Module, loop: int, value: str) -> bool:
+    """Whether an address (a ``tt.addptr``) in ``loop`` is computed from ``value``.
+
+    Such a tensor offset keeps its closed form: Triton's pipeliner computes load addresses
+    iterations ahead, and a carried tensor is then held across the stages. Compiled for sm_90a,
+    FlexAttention's dK/dV loop (its query offsets feed the pointers) reloaded 12-13 values from
+    local memory per step with its offsets carried against 1-5 with the closed form, while the
+    forward (its key offsets only feed the mask) went from 32-42 to 1 with them carried."""
+    body = range(loop + 1, module.end_of(loop))
+    pending, seen = [value], set()
+    while pending:
+        name = pending.pop()
+        for index in module.users(base_name(name), body):
+            line = module.lines[index]
+            if line.op == "tt.addptr":
+                return True
+            for result in line.results:
+                if result not in seen and line.op != "scf.yield":
+                    seen.add(result)
+                    pending.append(result)
+    return False
+
+
+def _restore_in_loop(module: Module, loop: int) -> int:
+    """Give ``loop`` (a copy of a fast copy) its carried offsets back and drop its mark; returns how
+    many offsets it carries again."""
+    head = parse_for(module.lines[loop])
+    step = constant_step(module, head.step)
+    end = module.end_of(loop)
+    forms = [form for index in module.children(loop) if (form := _closed_form(module, loop, index))]
+    line = module.lines[loop]
+    indent, loc = line.indent, line.loc
+    before, inits, replaced, unread = [], [init for _, init in head.iter_args], {}, 0
+    for position, (arg, init) in enumerate(head.iter_args):
+        advance = _advanced_by(module, loop, position)
+        if step is None or advance is None or result_used_after(module, loop, position):
+            continue
+        advance_line, constant = advance
+        if module.users(arg, range(loop + 1, end)) != [advance_line]:
+            continue             # read in the body as well (an offset the loop carried before it was versioned)
+        for form in forms:
+            if form.value in replaced or type_of(module, form.value) != head.result_types[position] \
+                    or _wrapped(form.factor * step, form.width) != _wrapped(constant, form.width) \
+                    or (isinstance(parse_type(head.result_types[position]), TensorType)
+                        and _feeds_addresses(module, loop, form.value)):
+                continue
+            # the closed form at the loop's lower bound: the same lines, the induction variable replaced
+            names = {module.lines[i].results[0]: module.fresh("carried") for i in form.lines}
+            for i in reversed(form.lines):
+                text = substitute(module.lines[i].text.strip(), head.iv, head.lower)
+                for old, new in names.items():
+                    text = substitute(text, old, new)
+                before.append(f"{indent}{text}")
+            inits[position] = names[form.value]
+            replaced[form.value] = arg
+            break
+        else:
+            source = module.defs.get(base_name(init))
+            if source is not None and module.lines[source].op == "scf.for":
+                # only its own advance reads it (a copy without the mask ops): no iteration uses its value,
+                # so it need not come from the previous copy, whose closed form can then be restored too
+                zero = module.fresh("unread")
+                value = "dense<0>" if isinstance(parse_type(head.result_types[position]), TensorType) else "0"
+                before.append(f"{indent}{zero} = arith.constant {value} : {head.result_types[position]} {loc}".rstrip())
+                inits[position] = zero
+                unread += 1
+    texts = [other.text for other in module.lines]
+    if not replaced and not unread:
+        texts[end] = without_attribute(texts[end], CLOSED_FORMS)
+        module.replace(texts)
+        return 0
+    pairs = ", ".join(f"{arg} = {init}" for (arg, _), init in zip(head.iter_args, inits))
+    loop_lines = [re.sub(r"iter_args\(.*?\) -> ", lambda _: f"iter_args({pairs}) -> ", texts[loop], count=1)]
+    for i in range(loop + 1, end + 1):
+        text = texts[i]
+        if module.lines[i].results[:1] and module.lines[i].results[0] in replaced:
+            loop_lines.append(text)                 # the closed form itself: dead from here on
+            continue
+        for value, arg in replaced.items():
+            text = substitute(text, value, arg)
+        loop_lines.append(text)
+    loop_lines[-1] = without_attribute(loop_lines[-1], CLOSED_FORMS)
+    loop_lines = without_dead_ops(loop_lines, is_movable)
+    module.replace(texts[:loop] + before + loop_lines + texts[end + 1:])
+    return len(replaced)
+
+
+def restore_carried_offsets(text: str) -> tuple[str, int]:
+    """``text`` with the carried offsets of the loops made from fast copies (marked
+    :data:`CLOSED_FORMS`) given back, and how many were.
+
+    In such a loop an offset the fast copy advances by a constant ``C`` (``arg' = arg + C``) is
+    used through its closed form ``init + (iv - lower) * C / step``. Where the loop's result for it
+    is not used after the loop, each use of the closed form becomes a use of ``arg``, and ``arg``
+    starts at the closed form of the loop's lower bound. Exact: both start equal and both advance
+    by ``C`` per iteration (integer arithmetic, wrap-around included), so every iteration reads the
+    value it read before; only the loop's final value of ``arg`` can differ, and it is unused. The
+    loops are visited last first, so that a copy whose result only fed the next copy's initial
+    value (replaced there) is also restored. The marks are removed."""
+    if CLOSED_FORMS not in text:
+        return text, 0
+    module = Module(text)
+    restored = 0
+    for loop in reversed(module.loops()):       # an edit inserts lines at or after ``loop`` only
+        if CLOSED_FORMS in module.lines[module.end_of(loop)].text:
+            restored += _restore_in_loop(module, loop)
+    return module.text(), restored
