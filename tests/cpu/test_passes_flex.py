@@ -176,6 +176,22 @@ def carried_offset_sum_keeping_position(X, OUT, END, N, J0, BLOCK: tl.constexpr,
     tl.store(END, position)
 
 
+@triton.jit
+def carried_offset_sum_reading_advanced(X, OUT, N, J0, BLOCK: tl.constexpr, JUMP_EVERY: tl.constexpr):
+    """:func:`carried_offset_sum` that loads through the position after advancing it."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    total = tl.full([BLOCK], float("-inf"), tl.float32)
+    position = 0
+    for block in range(J0, J0 + tl.cdiv(N, BLOCK)):
+        columns = position + tl.arange(0, BLOCK)
+        jump = (((block + 1) % JUMP_EVERY) == 0).to(tl.int32)
+        position += tl.load(X + block % 4).to(tl.int32) * jump + (1 - jump) * BLOCK
+        x = tl.load(X + rows[:, None] * N + (position - BLOCK) + tl.arange(0, BLOCK)[None, :])
+        x = tl.where(columns[None, :] >= rows[:, None], x, float("-inf"))
+        total = tl.maximum(total, tl.max(x, 1))
+    tl.store(OUT + rows, total)
+
+
 def fast_loops(ttir: str) -> list[str]:
     """The bodies of the rewritten loops of a versioned loop's fast copy (those before its ``else``)."""
     fast = ttir.split("} else {", 1)[0]
@@ -210,6 +226,22 @@ def test_an_offset_used_after_the_loop_keeps_its_closed_form():
         assert re.search(r"arith\.subi " + re.escape(iv) + r"\b", body), body
 
 
+def test_an_offset_read_after_its_advance_keeps_its_chain():
+    """The loads read the position after its advance, so each copy of the split must start it
+    where the previous copy left it (a copy whose mask ops are gone reads the advanced value all
+    the same: it is not free to start anywhere)."""
+    with tritonpatch.options(passes=["elide-uniform-masks"]):
+        kernel = compile_for_target(carried_offset_sum_reading_advanced,
+                                    {"X": "*fp32", "OUT": "*fp32", "N": "i32", "J0": "i32"},
+                                    {"BLOCK": 64, "JUMP_EVERY": MIN_MODULUS * 4}, target="sm_90", num_warps=4)
+    heads = [line for line in kernel.asm["ttir"].split("} else {", 1)[0].splitlines() if "scf.for" in line]
+    assert len(heads) > 2, heads
+    for previous, head in zip(heads, heads[1:]):
+        result = previous.strip().split(":", 1)[0]
+        assert re.search(r"iter_args\(%\w+ = " + re.escape(result) + r"#0, %\w+ = " + re.escape(result) + r"#1\)",
+                         head), (previous, head)
+
+
 _NATIVE_AND_VERSIONED = """\
 module {
   tt.func public @k(%lb: i32, %ub: i32, %init: i32, %other: i32, %out: !tt.ptr<i32>) {
@@ -229,6 +261,13 @@ module {
   }
 }
 """
+
+
+def test_a_form_built_on_the_induction_variable_is_not_a_closed_form():
+    """``iv + (iv - lb) * 64`` advances by 65 per iteration: it reads like a closed form whose start
+    is the induction variable, which is not fixed before the loop."""
+    text = _NATIVE_AND_VERSIONED.replace("%v = arith.addi %init, %s", "%v = arith.addi %iv, %s")
+    assert restore_carried_offsets(text) == (text.replace(" {tritonpatch.closed_forms}", ""), 0)
 
 
 def test_restoring_never_restarts_an_offset_the_body_reads():

@@ -84,7 +84,7 @@ def apply_stage_passes(stage: str, module, specs: Sequence[PassSpec], *, strict:
                     raise PassError(f"pass {info.name!r} produced IR that Triton rejects on kernel {kernel!r}: "
                                     f"{type(exc).__name__}: {exc}") from exc
                 text = new_text
-        restored, _ = restore_carried_offsets(text) if not os.environ.get('TP_NO_RESTORE') else (text, 0)
+        restored, _ = restore_carried_offsets(text)
         if restored != text:
             try:
                 result = parse_module(restored, module.context)

@@ -437,9 +437,9 @@ def _closed_form(module: Module, loop: int, index: int) -> ClosedForm | None:
         line = module.lines[where]
         return (where, line) if line.op == op else (None, None)
 
-    def outside(name: str) -> bool:
+    def outside(name: str) -> bool:        # fixed in the loop: defined before it (not its own block arguments)
         where = module.defs.get(base_name(name))
-        return where is not None and not module.inside(where, loop)
+        return where is not None and where >= 0 and where != loop and not module.inside(where, loop)
 
     value_line = module.lines[index]
     if value_line.op != "arith.addi" or len(value_line.operands) != 2 or not outside(value_line.operands[0]):
@@ -450,7 +450,7 @@ def _closed_form(module: Module, loop: int, index: int) -> ClosedForm | None:
         chain.append(splat_at)
         advance = splat.operands[0]
     product_at, product = defining(advance, "arith.muli")
-    if product is None or len(product.operands) != 2:
+    if product is None or len(product.operands) != 2 or not outside(product.operands[1]):
         return None
     factor = _integer_constant(module, product.operands[1])
     distance_at, distance = defining(product.operands[0], "arith.subi")
@@ -469,15 +469,20 @@ def _closed_form(module: Module, loop: int, index: int) -> ClosedForm | None:
 
 def _advanced_by(module: Module, loop: int, position: int) -> tuple[int, int] | None:
     """The line advancing iteration argument ``position`` of ``loop`` by a constant (``arg' = arg +
-    C`` in the body) and ``C``, else None."""
+    C`` in the body, ``arg'`` read by nothing but the loop's ``scf.yield`` at ``position``) and
+    ``C``, else None."""
     head = parse_for(module.lines[loop])
-    yielded = module.lines[module.children(loop)[-1]].operands
+    yield_line = module.children(loop)[-1]
+    yielded = module.lines[yield_line].operands
     where = module.defs.get(base_name(yielded[position])) if position < len(yielded) else None
     if where is None or "#" in yielded[position] or not module.inside(where, loop):
         return None
     line = module.lines[where]
     if line.op != "arith.addi" or len(line.operands) != 2 or line.operands[0] != head.iter_args[position][0]:
         return None
+    if module.users(line.results[0], range(loop + 1, module.end_of(loop))) != [yield_line] \
+            or yielded.count(yielded[position]) != 1:
+        return None                     # the advanced value is read in the iteration as well
     constant = _integer_constant(module, line.operands[1])
     return None if constant is None else (where, constant)
 
@@ -540,7 +545,8 @@ def _restore_in_loop(module: Module, loop: int) -> int:
             break
         else:
             source = module.defs.get(base_name(init))
-            if source is not None and module.lines[source].op == "scf.for":
+            if source is not None and 0 <= source < loop and module.end_of(source) < loop \
+                    and module.lines[source].op == "scf.for":
                 # only its own advance reads it (a copy without the mask ops): no iteration uses its value,
                 # so it need not come from the previous copy, whose closed form can then be restored too
                 zero = module.fresh("unread")
@@ -578,9 +584,11 @@ def restore_carried_offsets(text: str) -> tuple[str, int]:
     is not used after the loop, each use of the closed form becomes a use of ``arg``, and ``arg``
     starts at the closed form of the loop's lower bound. Exact: both start equal and both advance
     by ``C`` per iteration (integer arithmetic, wrap-around included), so every iteration reads the
-    value it read before; only the loop's final value of ``arg`` can differ, and it is unused. The
-    loops are visited last first, so that a copy whose result only fed the next copy's initial
-    value (replaced there) is also restored. The marks are removed."""
+    value it read before; only the loop's final value of ``arg`` can differ, and it is unused
+    (``arg`` and ``arg'`` are read by nothing but the advance and the ``scf.yield``). The loops are
+    visited last first, so that a copy whose result only fed the next copy's initial value
+    (replaced there) is also restored. The marks are removed. An i64 offset keeps its closed form
+    (the fast copy extends the lower bound to i64 inside the body)."""
     if CLOSED_FORMS not in text:
         return text, 0
     module = Module(text)
