@@ -206,6 +206,24 @@ def test_invalid_pass_output_raises_in_strict_mode(broken_pass):
         assert run_stage_passes("ttir", module, [parse_pass_spec(broken_pass)], strict=False) is module
 
 
+def test_a_failure_restoring_carried_offsets_falls_back_like_a_pass(monkeypatch):
+    """The step after a stage's passes (:func:`~tritonpatch.passes.versioning.restore_carried_offsets`)
+    is guarded as a pass is: an exception in it keeps the unpatched module, with one warning."""
+    from tritonpatch.passes import runner
+
+    def broken(text):
+        raise ValueError("no closed form here")
+    monkeypatch.setattr(runner, "restore_carried_offsets", broken)
+    compiled, _, _ = compile_with([], constexprs=loop_constexprs(CAUSAL))
+    from triton._C.libtriton import ir
+    context = ir.context()
+    ir.load_dialects(context)
+    from tritonpatch.passes import parse_module
+    module = parse_module(compiled.asm["ttir"], context)
+    with pytest.warns(RuntimeWarning, match="restoring the carried offsets.*ValueError: no closed form here"):
+        assert run_stage_passes("ttir", module, [parse_pass_spec("skip-masked-blocks")], strict=False) is module
+
+
 def test_ir_model_round_trips_and_indexes_regions():
     compiled, _, _ = compile_with([], constexprs=loop_constexprs(TWO_MASKS))
     text = compiled.asm["ttir"]

@@ -84,13 +84,13 @@ def apply_stage_passes(stage: str, module, specs: Sequence[PassSpec], *, strict:
                     raise PassError(f"pass {info.name!r} produced IR that Triton rejects on kernel {kernel!r}: "
                                     f"{type(exc).__name__}: {exc}") from exc
                 text = new_text
-        restored, _ = restore_carried_offsets(text)
-        if restored != text:
-            try:
+        try:
+            restored, _ = restore_carried_offsets(text)
+            if restored != text:
                 result = parse_module(restored, module.context)
-            except Exception as exc:  # noqa: BLE001
-                raise PassError(f"restoring the carried offsets of versioned loops produced IR that Triton rejects "
-                                f"on kernel {kernel!r}: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - as for a pass: fall back
+            raise PassError(f"restoring the carried offsets of versioned loops failed on kernel {kernel!r}: "
+                            f"{type(exc).__name__}: {exc}") from exc
     except PassError as exc:
         for report in reports:
             report.kept = False
