@@ -126,9 +126,13 @@ def test_block_mask_templates_are_left_alone_and_say_why():
 
 
 @triton.jit
-def carried_offset_sum(X, OUT, N, J0, BLOCK: tl.constexpr, JUMP_EVERY: tl.constexpr):
+def carried_offset_sum(X, OUT, END, N, J0, BLOCK: tl.constexpr, JUMP_EVERY: tl.constexpr,
+                       LOAD_ADVANCED: tl.constexpr, KEEP_UPPER: tl.constexpr, STORE_POSITION: tl.constexpr):
     """A masked row sum over column tiles whose position is carried through the loop as
-    FlexAttention's templates carry it (a jump by a loaded amount every JUMP_EVERY iterations)."""
+    FlexAttention's templates carry it (a jump by a loaded amount every JUMP_EVERY iterations).
+    Variants: ``LOAD_ADVANCED`` loads through the position after its advance, ``KEEP_UPPER`` keeps
+    the columns at or right of the row instead of at or left, ``STORE_POSITION`` stores the final
+    position to ``END``."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     total = tl.full([BLOCK], float("-inf"), tl.float32)
     position = 0
@@ -136,20 +140,31 @@ def carried_offset_sum(X, OUT, N, J0, BLOCK: tl.constexpr, JUMP_EVERY: tl.conste
         columns = position + tl.arange(0, BLOCK)
         jump = (((block + 1) % JUMP_EVERY) == 0).to(tl.int32)
         position += tl.load(X + block % 4).to(tl.int32) * jump + (1 - jump) * BLOCK
-        x = tl.load(X + rows[:, None] * N + columns[None, :])
-        x = tl.where(columns[None, :] <= rows[:, None], x, float("-inf"))
+        if LOAD_ADVANCED:
+            x = tl.load(X + rows[:, None] * N + (position - BLOCK) + tl.arange(0, BLOCK)[None, :])
+        else:
+            x = tl.load(X + rows[:, None] * N + columns[None, :])
+        if KEEP_UPPER:
+            x = tl.where(columns[None, :] >= rows[:, None], x, float("-inf"))
+        else:
+            x = tl.where(columns[None, :] <= rows[:, None], x, float("-inf"))
         total = tl.maximum(total, tl.max(x, 1))
     tl.store(OUT + rows, total)
+    if STORE_POSITION:
+        tl.store(END, position)
 
 
-def compile_carried(jump_every: int, passes: list[str]):
-    """(CompiledKernel, pass reports) of :func:`carried_offset_sum`, always compiled (see
+def compile_carried(jump_every: int, passes: list[str], load_advanced=False, keep_upper=False,
+                    store_position=False):
+    """(CompiledKernel, pass reports) of a :func:`carried_offset_sum` variant, always compiled (see
     :func:`compile_template`)."""
+    constexprs = {"BLOCK": 64, "JUMP_EVERY": jump_every, "LOAD_ADVANCED": load_advanced, "KEEP_UPPER": keep_upper,
+                  "STORE_POSITION": store_position}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRITON_ALWAYS_COMPILE", "1")
         with collect_reports() as reports, tritonpatch.options(passes=passes):
-            kernel = compile_for_target(carried_offset_sum, {"X": "*fp32", "OUT": "*fp32", "N": "i32", "J0": "i32"},
-                                        {"BLOCK": 64, "JUMP_EVERY": jump_every}, target="sm_90", num_warps=4)
+            kernel = compile_for_target(carried_offset_sum, {"X": "*fp32", "OUT": "*fp32", "END": "*i32", "N": "i32",
+                                                             "J0": "i32"}, constexprs, target="sm_90", num_warps=4)
     return kernel, {report.name: report for report in reports}
 
 
@@ -157,39 +172,6 @@ def test_a_hand_written_loop_with_a_carried_offset_is_versioned():
     kernel, reports = compile_carried(MIN_MODULUS * 4, ["skip-masked-blocks"])
     assert reports["skip-masked-blocks"].counts == {"loops_narrowed": 1, "loops_versioned": 1}
     assert "scf.if" in kernel.asm["ttir"] and "tritonpatch.versioned" in kernel.asm["ttir"]
-
-
-@triton.jit
-def carried_offset_sum_keeping_position(X, OUT, END, N, J0, BLOCK: tl.constexpr, JUMP_EVERY: tl.constexpr):
-    """:func:`carried_offset_sum` that also stores the carried position after the loop."""
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    total = tl.full([BLOCK], float("-inf"), tl.float32)
-    position = 0
-    for block in range(J0, J0 + tl.cdiv(N, BLOCK)):
-        columns = position + tl.arange(0, BLOCK)
-        jump = (((block + 1) % JUMP_EVERY) == 0).to(tl.int32)
-        position += tl.load(X + block % 4).to(tl.int32) * jump + (1 - jump) * BLOCK
-        x = tl.load(X + rows[:, None] * N + columns[None, :])
-        x = tl.where(columns[None, :] <= rows[:, None], x, float("-inf"))
-        total = tl.maximum(total, tl.max(x, 1))
-    tl.store(OUT + rows, total)
-    tl.store(END, position)
-
-
-@triton.jit
-def carried_offset_sum_reading_advanced(X, OUT, N, J0, BLOCK: tl.constexpr, JUMP_EVERY: tl.constexpr):
-    """:func:`carried_offset_sum` that loads through the position after advancing it."""
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    total = tl.full([BLOCK], float("-inf"), tl.float32)
-    position = 0
-    for block in range(J0, J0 + tl.cdiv(N, BLOCK)):
-        columns = position + tl.arange(0, BLOCK)
-        jump = (((block + 1) % JUMP_EVERY) == 0).to(tl.int32)
-        position += tl.load(X + block % 4).to(tl.int32) * jump + (1 - jump) * BLOCK
-        x = tl.load(X + rows[:, None] * N + (position - BLOCK) + tl.arange(0, BLOCK)[None, :])
-        x = tl.where(columns[None, :] >= rows[:, None], x, float("-inf"))
-        total = tl.maximum(total, tl.max(x, 1))
-    tl.store(OUT + rows, total)
 
 
 def fast_loops(ttir: str) -> list[str]:
@@ -215,10 +197,7 @@ def test_an_offset_used_after_the_loop_keeps_its_closed_form():
     """Restoring starts the carried offset at the closed form of each loop's lower bound, which is
     exact only where the loop's final value of it is unused: the position stored after the loop
     keeps the closed form in every copy."""
-    with tritonpatch.options(passes=["elide-uniform-masks"]):
-        kernel = compile_for_target(carried_offset_sum_keeping_position,
-                                    {"X": "*fp32", "OUT": "*fp32", "END": "*i32", "N": "i32", "J0": "i32"},
-                                    {"BLOCK": 64, "JUMP_EVERY": MIN_MODULUS * 4}, target="sm_90", num_warps=4)
+    kernel, _ = compile_carried(MIN_MODULUS * 4, ["elide-uniform-masks"], store_position=True)
     loops = fast_loops(kernel.asm["ttir"])
     assert len(loops) > 1
     for body in loops:
@@ -230,10 +209,7 @@ def test_an_offset_read_after_its_advance_keeps_its_chain():
     """The loads read the position after its advance, so each copy of the split must start it
     where the previous copy left it (a copy whose mask ops are gone reads the advanced value all
     the same: it is not free to start anywhere)."""
-    with tritonpatch.options(passes=["elide-uniform-masks"]):
-        kernel = compile_for_target(carried_offset_sum_reading_advanced,
-                                    {"X": "*fp32", "OUT": "*fp32", "N": "i32", "J0": "i32"},
-                                    {"BLOCK": 64, "JUMP_EVERY": MIN_MODULUS * 4}, target="sm_90", num_warps=4)
+    kernel, _ = compile_carried(MIN_MODULUS * 4, ["elide-uniform-masks"], load_advanced=True, keep_upper=True)
     heads = [line for line in kernel.asm["ttir"].split("} else {", 1)[0].splitlines() if "scf.for" in line]
     assert len(heads) > 2, heads
     for previous, head in zip(heads, heads[1:]):
