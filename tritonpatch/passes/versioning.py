@@ -83,12 +83,11 @@ class Plan:
 
 
 def _constant_int(module: Module, name: str) -> int | None:
-    """The value of an integer scalar constant, else None."""
+    """The value of an integer constant, a scalar or a splat tensor (``dense<C>``), else None."""
     index = module.defs.get(base_name(name))
-    if index is None or index < 0 or "#" in name:
+    if index is None or index < 0 or "#" in name or module.lines[index].op != "arith.constant":
         return None
-    line = module.lines[index]
-    match = re.match(r"\s*(-?\d+)\s*:", line.body) if line.op == "arith.constant" else None
+    match = re.match(r"\s*(?:dense<)?(-?\d+)>?\s*:", module.lines[index].body)
     return int(match.group(1)) if match else None
 
 
@@ -416,15 +415,6 @@ class ClosedForm:
     width: int
 
 
-def _integer_constant(module: Module, name: str) -> int | None:
-    """The value of an integer constant, a scalar or a splat tensor (``dense<C>``), else None."""
-    index = module.defs.get(base_name(name))
-    if index is None or index < 0 or "#" in name or module.lines[index].op != "arith.constant":
-        return None
-    match = re.match(r"\s*(?:dense<)?(-?\d+)>?\s*:", module.lines[index].body)
-    return int(match.group(1)) if match else None
-
-
 def _closed_form(module: Module, loop: int, index: int) -> ClosedForm | None:
     """The closed form defined at line ``index`` of ``loop``'s body (as :func:`_fast_copy` emits
     it), else None."""
@@ -452,7 +442,7 @@ def _closed_form(module: Module, loop: int, index: int) -> ClosedForm | None:
     product_at, product = defining(advance, "arith.muli")
     if product is None or len(product.operands) != 2 or not outside(product.operands[1]):
         return None
-    factor = _integer_constant(module, product.operands[1])
+    factor = _constant_int(module, product.operands[1])
     distance_at, distance = defining(product.operands[0], "arith.subi")
     if factor is None or distance is None or len(distance.operands) != 2 or not outside(distance.operands[1]):
         return None
@@ -483,7 +473,7 @@ def _advanced_by(module: Module, loop: int, position: int) -> tuple[int, int] | 
     if module.users(line.results[0], range(loop + 1, module.end_of(loop))) != [yield_line] \
             or yielded.count(yielded[position]) != 1:
         return None                     # the advanced value is read in the iteration as well
-    constant = _integer_constant(module, line.operands[1])
+    constant = _constant_int(module, line.operands[1])
     return None if constant is None else (where, constant)
 
 
