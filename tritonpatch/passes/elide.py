@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 from .ir import (REGISTER_MOVES, Module, constant_step, inline_asm_line, is_movable, loop_label, no_select_reason, renamed,
                  select_parts, source_line, substitute, type_of, without_dead_ops)
-from .ir_syntax import NAME_END, base_name, parse_for, parse_type, with_attribute, without_attribute
+from .ir_syntax import NAME_END, base_name, parse_for, parse_type, with_attribute, with_inits, without_attribute
 from .iterations import (NARROWED, iteration_bound, loop_uniform_runs, possible_runs, scalars_fixed_in_loop,
                          segment_counts)
 from .mask_analysis import Analysis
@@ -315,8 +315,7 @@ def with_head(lines: list[str], module: Module, loop: int, result: str | None, l
     if result is not None and module.lines[loop].results:
         text = re.sub(r"^(\s*)" + re.escape(module.lines[loop].results[0]) + NAME_END, r"\g<1>" + result, text, 1)
     if inits is not None:
-        pairs = ", ".join(f"{arg} = {init}" for (arg, _), init in zip(head.iter_args, inits))
-        text = re.sub(r"iter_args\(.*?\) -> ", lambda _: f"iter_args({pairs}) -> ", text, 1)
+        text = with_inits(text, head, inits)
     return [text] + lines[1:]
 
 

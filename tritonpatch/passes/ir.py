@@ -366,6 +366,21 @@ def constant_step(module: Module, name: str) -> int | None:
     return int(match.group(1)) if match and int(match.group(1)) > 0 else None
 
 
+def loop_advances(module: Module, loop: int, ops: tuple[str, ...] = ("arith.addi",)) -> dict[int, int]:
+    """The iteration arguments ``loop`` advances by one operation: position -> the body line that computes
+    the argument's yielded value as ``op(arg, increment)``, ``op`` one of ``ops`` (in yield order)."""
+    head = parse_for(module.lines[loop])
+    found = {}
+    for position, value in enumerate(module.lines[module.children(loop)[-1]].operands):
+        index = module.defs.get(base_name(value))
+        if index is None or "#" in value or not module.inside(index, loop):
+            continue
+        line = module.lines[index]
+        if line.op in ops and len(line.operands) == 2 and line.operands[0] == head.iter_args[position][0]:
+            found[position] = index
+    return found
+
+
 def increment_scalar(module: Module, increment: str):
     """("value", name) / ("constant", int) of the scalar an increment is (or splats), None for
     other tensors (their advance by a count is not expressible as one scalar product)."""

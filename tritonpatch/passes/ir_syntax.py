@@ -161,6 +161,13 @@ def parse_for(line: Line) -> ForLoop | None:
     return ForLoop(iv, lower, upper, step, iter_args, split_top_level(types or ""), iv_type)
 
 
+def with_inits(head_text: str, loop: ForLoop, inits: list[str]) -> str:
+    """The ``scf.for`` line ``head_text`` of ``loop`` with its iteration arguments starting at ``inits``
+    (one per argument, in order)."""
+    pairs = ", ".join(f"{arg} = {init}" for (arg, _), init in zip(loop.iter_args, inits))
+    return re.sub(r"iter_args\(.*?\) -> ", lambda _: f"iter_args({pairs}) -> ", head_text, count=1)
+
+
 def with_attribute(closing: str, attribute: str) -> str:
     """A region op's closing line (``} loc(...)`` or ``} {attrs} loc(...)``) with a unit attribute
     added to its attribute dictionary."""
@@ -174,8 +181,8 @@ def with_attribute(closing: str, attribute: str) -> str:
 def without_attribute(closing: str, attribute: str) -> str:
     """The inverse of :func:`with_attribute`: ``closing`` without the unit attribute, wherever it
     stands in the dictionary."""
-    for sole_or_first, rest in ((f" {{{attribute}}}", ""), (f"{{{attribute}, ", "{"), (f", {attribute}}}", "}"),
-                                (f", {attribute}, ", ", ")):
-        if sole_or_first in closing:
-            return closing.replace(sole_or_first, rest, 1)
+    for written, rest in ((f" {{{attribute}}}", ""), (f"{{{attribute}, ", "{"), (f", {attribute}}}", "}"),
+                          (f", {attribute}, ", ", ")):     # sole, first, last, in between
+        if written in closing:
+            return closing.replace(written, rest, 1)
     return closing

@@ -38,9 +38,9 @@ output is finite, up to the sign of a zero accumulator (``-0 + 0 = +0``).
 """
 from __future__ import annotations
 
-from .ir import (Module, constant_step, declared_pure, has_side_effect, increment_scalar, invariant_chain, loop_label,
-                 no_select_reason, result_used_after, select_parts, substitute, type_of)
-from .ir_syntax import TensorType, base_name, parse_for, parse_type, with_attribute
+from .ir import (Module, constant_step, declared_pure, has_side_effect, increment_scalar, invariant_chain, loop_advances,
+                 loop_label, no_select_reason, result_used_after, select_parts, substitute, type_of)
+from .ir_syntax import TensorType, parse_for, parse_type, with_attribute
 from .iterations import (NARROWED, PrefixSuffix, iteration_bound, mask_sets, no_wrap_in_loop, possible_runs,
                          loop_uniform_runs, scalars_fixed_in_loop, smax, smin, trip_count)
 from .mask_analysis import Analysis
@@ -54,22 +54,15 @@ from .versioning import version_refused_loop
 def induction_steps(module: Module, loop: int) -> dict[int, tuple[str, str]]:
     """Iteration arguments advanced by a loop-invariant amount each iteration:
     position -> (op, increment value name) for ``arith.addi`` / ``tt.addptr``."""
-    head = parse_for(module.lines[loop])
-    yielded = module.lines[module.children(loop)[-1]]
     steps = {}
-    for position, value in enumerate(yielded.operands):
-        index = module.defs.get(base_name(value))
-        if index is None or "#" in value or not module.inside(index, loop):
-            continue
+    for position, index in loop_advances(module, loop, ("arith.addi", "tt.addptr")).items():
         line = module.lines[index]
-        operands = line.operands
-        if line.op in ("arith.addi", "tt.addptr") and len(operands) == 2 and operands[0] == head.iter_args[position][0]:
-            increment = operands[1]
-            scalar = increment_scalar(module, increment)
-            # a splat or constant increment may sit in the loop (`k_ptrs += BLOCK_N * stride_kn` computes the
-            # product there); its scalar must not change in the loop (it is recomputed before the loop)
-            if scalar is not None and (scalar[0] == "constant" or invariant_chain(module, loop, scalar[1]) is not None):
-                steps[position] = (line.op, increment)
+        increment = line.operands[1]
+        scalar = increment_scalar(module, increment)
+        # a splat or constant increment may sit in the loop (`k_ptrs += BLOCK_N * stride_kn` computes the
+        # product there); its scalar must not change in the loop (it is recomputed before the loop)
+        if scalar is not None and (scalar[0] == "constant" or invariant_chain(module, loop, scalar[1]) is not None):
+            steps[position] = (line.op, increment)
     return steps
 
 

@@ -45,8 +45,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .ir import (REGISTER_MOVES, Module, constant_step, has_side_effect, increment_scalar, inline_asm_line, is_movable,
-                 renamed, result_used_after, substitute, type_of, without_dead_ops)
-from .ir_syntax import TensorType, base_name, int_width, parse_for, parse_type, with_attribute, without_attribute
+                 loop_advances, renamed, result_used_after, substitute, type_of, without_dead_ops)
+from .ir_syntax import (TensorType, base_name, int_width, parse_for, parse_type, with_attribute, with_inits,
+                         without_attribute)
 from .masks import IROps
 from .report import note
 
@@ -181,16 +182,9 @@ def plan_versioning(module: Module, loop: int) -> Plan | str:
         return "it is the original copy of a versioned loop"
     if step is None or head.iv_type != "i32":
         return "its step is not a positive constant or its induction variable is not i32"
-    yielded = module.lines[module.children(loop)[-1]]
     folder, offsets, candidates = _Folder(module, loop, head.iv), [], 0
-    for position, value in enumerate(yielded.operands):
-        index = module.defs.get(base_name(value))
-        if index is None or "#" in value or not module.inside(index, loop):
-            continue
-        line = module.lines[index]
-        if line.op != "arith.addi" or len(line.operands) != 2 or line.operands[0] != head.iter_args[position][0]:
-            continue
-        increment = line.operands[1]
+    for position, index in loop_advances(module, loop).items():
+        increment = module.lines[index].operands[1]
         where = module.defs.get(base_name(increment))
         scalar = increment_scalar(module, increment)
         if where is None or not module.inside(where, loop) or scalar is None or scalar[0] != "value":
@@ -461,15 +455,12 @@ def _advanced_by(module: Module, loop: int, position: int) -> tuple[int, int] | 
     """The line advancing iteration argument ``position`` of ``loop`` by a constant (``arg' = arg +
     C`` in the body, ``arg'`` read by nothing but the loop's ``scf.yield`` at ``position``) and
     ``C``, else None."""
-    head = parse_for(module.lines[loop])
-    yield_line = module.children(loop)[-1]
-    yielded = module.lines[yield_line].operands
-    where = module.defs.get(base_name(yielded[position])) if position < len(yielded) else None
-    if where is None or "#" in yielded[position] or not module.inside(where, loop):
+    where = loop_advances(module, loop).get(position)
+    if where is None:
         return None
     line = module.lines[where]
-    if line.op != "arith.addi" or len(line.operands) != 2 or line.operands[0] != head.iter_args[position][0]:
-        return None
+    yield_line = module.children(loop)[-1]
+    yielded = module.lines[yield_line].operands
     if module.users(line.results[0], range(loop + 1, module.end_of(loop))) != [yield_line] \
             or yielded.count(yielded[position]) != 1:
         return None                     # the advanced value is read in the iteration as well
@@ -549,8 +540,7 @@ def _restore_in_loop(module: Module, loop: int) -> int:
         texts[end] = without_attribute(texts[end], CLOSED_FORMS)
         module.replace(texts)
         return 0
-    pairs = ", ".join(f"{arg} = {init}" for (arg, _), init in zip(head.iter_args, inits))
-    loop_lines = [re.sub(r"iter_args\(.*?\) -> ", lambda _: f"iter_args({pairs}) -> ", texts[loop], count=1)]
+    loop_lines = [with_inits(texts[loop], head, inits)]
     for i in range(loop + 1, end + 1):
         text = texts[i]
         if module.lines[i].results[:1] and module.lines[i].results[0] in replaced:
