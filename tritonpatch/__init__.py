@@ -25,7 +25,13 @@ __all__ = [
 ]
 
 
+# subpackages and modules a user reaches as ``tritonpatch.passes...`` after a plain ``import tritonpatch``
+_SUBMODULES = ("llvm", "passes", "kernels", "inspection", "integrations")
+
+
 def __getattr__(name):
+    if name in _SUBMODULES:
+        return _importlib.import_module(f"{__name__}.{name}")   # binds the attribute as well
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tritonpatch' has no attribute {name!r}")
@@ -35,5 +41,6 @@ def __getattr__(name):
 
 
 def __dir__():
-    """The public names (loaded or not) and the subpackages already imported."""
-    return sorted(name for name in set(globals()) | set(_LAZY) if not name.startswith("_") or name == "__version__")
+    """The public names and subpackages (loaded or not)."""
+    names = set(globals()) | set(_LAZY) | set(_SUBMODULES)
+    return sorted(name for name in names if not name.startswith("_") or name == "__version__")

@@ -55,6 +55,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from None
     if not args.out.strip() or (os.path.exists(args.out) and not os.path.isdir(args.out)):
         raise CommandError(f"--out {env.quote(args.out)} is not a directory")
+    created = not os.path.exists(args.out)
     os.makedirs(args.out, exist_ok=True)
     failed = []
     for index, name in enumerate(args.names, 1):
@@ -67,4 +68,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         if status:
             failed.append(name)
+    if failed:
+        print("a script's own options (those its messages name) are passed with --script-args, e.g. "
+              "--script-args=--compile-only", file=sys.stderr)
+        if created and not os.listdir(args.out):
+            os.rmdir(args.out)          # nothing was written: leave no empty folder behind
     return 1 if failed else 0

@@ -168,6 +168,17 @@ def test_license_is_mit_as_the_metadata_says():
     assert text.startswith("MIT License") and "Copyright (c) 2026 the tritonpatch authors" in text
 
 
+def test_a_failed_benchmark_says_how_to_pass_its_options_and_leaves_no_empty_folder(fake_benchmarks, tmp_path,
+                                                                                    capsys):
+    (fake_benchmarks / "broken.py").write_text("raise SystemExit('needs a GPU; without one, --compile-only ...')\n")
+    fresh, existing = tmp_path / "fresh", tmp_path / "existing"
+    existing.mkdir()
+    for out in (fresh, existing):
+        assert cli.main(["bench", "broken", "--out", str(out)]) == 1
+        assert "are passed with --script-args, e.g. --script-args=--compile-only" in capsys.readouterr().err
+    assert not fresh.exists() and existing.is_dir()
+
+
 def test_bench_writes_into_bench_out_of_the_working_directory(fake_benchmarks, tmp_path, monkeypatch, capsys):
     """The default --out is ./bench-out (it was docs/benchmarks of the checkout)."""
     work = tmp_path / "work"

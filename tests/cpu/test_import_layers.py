@@ -165,3 +165,15 @@ def test_the_package_lists_its_public_names_only():
     submodules = {name for name in listed if isinstance(getattr(tritonpatch, name), types.ModuleType)
                   and getattr(tritonpatch, name).__name__ == f"tritonpatch.{name}"}
     assert not listed - set(tritonpatch.__all__) - submodules, listed - set(tritonpatch.__all__) - submodules
+
+
+def test_a_plain_import_reaches_the_subpackages_on_first_use():
+    """``import tritonpatch`` then ``tritonpatch.passes.collect_reports()`` (as the README writes it) works:
+    the subpackages load on first use, not at the import (which stays free of Triton and torch), and an
+    unknown name is still an AttributeError."""
+    check = ("import sys, tritonpatch\n"
+             "print(sorted(m for m in ('tritonpatch.passes', 'tritonpatch.llvm', 'triton', 'torch') if m in sys.modules))\n"
+             "print(tritonpatch.passes.collect_reports.__name__, tritonpatch.llvm.__name__, 'passes' in dir(tritonpatch))\n"
+             "print(hasattr(tritonpatch, 'no_such_name'))")
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300, check=True)
+    assert result.stdout.splitlines() == ["[]", "collect_reports tritonpatch.llvm True", "False"]
