@@ -5,8 +5,10 @@ only blame the passes if the unpatched program is itself reproducible. This prob
 (``tests/_support/flex_score_mod_run.py``: prefix-or-causal ``score_mod``, forward and backward) many times,
 plain and patched, each in a fresh process with caches of its own, several at once, optionally beside a
 background matmul load (which disturbs Inductor's run-time benchmarking of kernel configurations) and
-with ``TORCHINDUCTOR_DETERMINISTIC=1`` (no benchmarking that changes numerics). It prints each run's
-digests as it ends, then per variant and tensor how many runs gave each digest.
+with ``TORCHINDUCTOR_DETERMINISTIC=1`` (no benchmarking that changes numerics; the other runs set it to
+0). It prints each run's digests as it ends, then per variant and tensor (and for the four tensors'
+bytes joined) how many runs gave each digest, and whether the load ran until the last run ended. A
+patched run in which no pass was kept (a fallback) counts as ``patched-fell-back``.
 
     python -m scripts.research.flex_reproducibility --runs 12 --deterministic-runs 4 --jobs 8 --load 240
 """
@@ -19,7 +21,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "_support"))
 from flex_score_mod_run import TENSORS, run_flex_score_mod  # noqa: E402
@@ -46,9 +48,11 @@ def one_run(job: tuple[str, bool, int, int]) -> dict:
     variant, deterministic, _, seq = job
     with tempfile.TemporaryDirectory() as caches:
         result = run_flex_score_mod(caches, variant == "patched", seq,
-                                    extra_environment={"TORCHINDUCTOR_DETERMINISTIC": "1"} if deterministic else None)
-    return {"variant": variant, "deterministic": deterministic, "digests": result["digests"],
-            "passes_kept": sum(1 for *_, kept in result["reports"] if kept)}
+                                    extra_environment={"TORCHINDUCTOR_DETERMINISTIC": "1" if deterministic else "0"})
+    kept = sum(1 for *_, kept in result["reports"] if kept)
+    if variant == "patched" and not kept:
+        variant = "patched-fell-back"
+    return {"variant": variant, "deterministic": deterministic, "digests": result["digests"], "passes_kept": kept}
 
 
 def main(argv=None) -> None:
@@ -60,9 +64,11 @@ def main(argv=None) -> None:
     runs = []
     try:
         with ThreadPoolExecutor(args.jobs) as pool:
-            for run in pool.map(one_run, jobs):
-                print(json.dumps(run), flush=True)
-                runs.append(run)
+            for done in as_completed([pool.submit(one_run, job) for job in jobs]):
+                runs.append(done.result())
+                print(json.dumps(runs[-1]), flush=True)
+        if load:
+            print(f"\nload: {'ran until the last run ended' if load.poll() is None else 'ended before the last run did'}")
     finally:
         if load:
             load.kill()
@@ -71,7 +77,7 @@ def main(argv=None) -> None:
         if not cell:
             continue
         print(f"\nTORCHINDUCTOR_DETERMINISTIC={int(deterministic)}: runs per digest (first 12 hex digits)")
-        for name in TENSORS:
+        for name in TENSORS + ("joined",):
             counts = collections.Counter((run["variant"], run["digests"][name][:12]) for run in cell)
             print(f"  {name}: " + ", ".join(f"{variant} {digest} x{n}" for (variant, digest), n in sorted(counts.items())))
     if args.json:

@@ -16,6 +16,7 @@ import textwrap
 
 PASSES = "skip-masked-blocks,elide-uniform-masks,hoist-masks"
 TENSORS = ("out", "dq", "dk", "dv")
+_OWN = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS")
 
 _PROGRAM = textwrap.dedent("""
     import hashlib, json, sys
@@ -36,8 +37,10 @@ _PROGRAM = textwrap.dedent("""
     with collect_reports(every_thread=True) as reports:       # Inductor compiles templates in a thread pool
         out = flex(q, k, v, score_mod=score_mod)
         out.backward(dout)
-    digests = {name: hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
-               for name, t in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad))}
+    data = {name: t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()
+            for name, t in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad))}
+    digests = {name: hashlib.sha256(raw).hexdigest() for name, raw in data.items()}
+    digests["joined"] = hashlib.sha256(b"".join(data.values())).hexdigest()   # the four tensors' bytes in order
     print(json.dumps({"digests": digests, "reports": [[r.name, r.kernel, r.counts, r.kept] for r in reports]}))
 """)
 
@@ -46,8 +49,13 @@ def run_flex_score_mod(cache_dir: str, patched: bool, seq: int, prefix: int = 30
                        extra_environment: dict | None = None) -> dict:
     """Run the program once with its caches under ``cache_dir`` (which must be new: nothing compiled
     elsewhere is reused); ``patched`` sets ``TRITONPATCH_AUTOLOAD=1`` and ``TRITONPATCH_PASSES``, and
-    no other ``TRITONPATCH_*`` variable reaches the run. Returns ``{"digests": {tensor: sha256},
-    "reports": [[pass, kernel, counts, kept], ...]}``; a failing run raises RuntimeError with its stderr."""
+    no other ``TRITONPATCH_*`` variable reaches the run. ``extra_environment``: other variables for the
+    run (``TORCHINDUCTOR_DETERMINISTIC``, say); it may not set ``TRITONPATCH_*`` nor the run's caches.
+    Returns ``{"digests": {tensor: sha256, "joined": sha256 of the four tensors' bytes}, "reports":
+    [[pass, kernel, counts, kept], ...]}``; a failing run raises RuntimeError with its stderr."""
+    refused = [k for k in extra_environment or {} if k.startswith("TRITONPATCH_") or k in _OWN]
+    if refused:
+        raise ValueError(f"extra_environment may not set {', '.join(refused)}: the run sets those itself")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TRITONPATCH_")}
     environ.update(TORCHINDUCTOR_CACHE_DIR=os.path.join(cache_dir, "inductor"),
                    TRITON_CACHE_DIR=os.path.join(cache_dir, "triton"), TORCHINDUCTOR_COMPILE_THREADS="1")
