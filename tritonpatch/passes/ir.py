@@ -371,7 +371,8 @@ def loop_advances(module: Module, loop: int, ops: tuple[str, ...] = ("arith.addi
     the argument's yielded value as ``op(arg, increment)``, ``op`` one of ``ops`` (in yield order)."""
     head = parse_for(module.lines[loop])
     found = {}
-    for position, value in enumerate(module.lines[module.children(loop)[-1]].operands):
+    yielded = module.lines[module.children(loop)[-1]].operands
+    for position, value in enumerate(yielded[:len(head.iter_args)]):   # (verified IR yields one per argument)
         index = module.defs.get(base_name(value))
         if index is None or "#" in value or not module.inside(index, loop):
             continue
