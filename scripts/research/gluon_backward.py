@@ -1,16 +1,23 @@
-"""The Gluon dK/dV kernel's backward side by side: its dq modes and buffers, the dK/dV kernel alone with and
-without dQ (the no-dQ-write bound), the Triton-language backward (its tuner's pick with the Gluon candidate
-left out) and SDPA's cuDNN and flash backward; causal and non-causal, D 64 / 128, S 4k / 8k.
+"""The Gluon dK/dV kernel's backward side by side: its dq modes and buffers, the dK/dV kernel alone with dQ,
+with dQ computed but not added (the no-dQ-write bound) and without dQ, the Triton-language backward (its
+tuner's pick with the Gluon candidate left out) and SDPA's cuDNN and flash backward; causal and non-causal,
+D 64 / 128, S 4k / 8k.
 
-    python -m scripts.research.gluon_backward [--out DIR]     # on a Hopper GPU; DIR/gluon_backward.json
+    python -m scripts.research.gluon_backward [--rows 128:8192,64:8192] [--out DIR]   # on a Hopper GPU
+
 
 Prints one line per (D, S, mask): backward milliseconds and useful TFLOP/s (2.5 x the forward's FLOPs) of
 each (do_bench medians, B=4 H=16 bf16, the forward's out and lse from the tuned forward). SDPA's backward
-is timed as ``torch.autograd.grad`` of its output (retained graph). Findings: docs/design/gluon_backward.md.
+is timed as ``torch.autograd.grad`` of its output (retained graph). The no-write variant is the shipped
+kernel with its dQ writer's TMA reduce-add left out (every handshake kept): the script writes that copy of
+``kernels/bwd/gluon_kernel.py`` beside it for the run and removes it after. Writes DIR/gluon_backward.json.
+Findings: docs/design/gluon_backward.md.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import math
 import os
@@ -25,6 +32,7 @@ import tritonpatch.kernels as K
 from tritonpatch.kernels._call import BlockMasks
 from tritonpatch.kernels.bwd import backward as bwd_backward
 from tritonpatch.kernels.bwd import configs as bwd_configs
+from tritonpatch.kernels.bwd import gluon_kernel
 from tritonpatch.kernels.bwd.launch import Buffers
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from scripts.benchmarks._common import environment_line, run_environment, tune_in_this_run
@@ -37,7 +45,27 @@ def bench_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def measure(head_dim: int, seq: int, causal: bool) -> dict:
+REDUCE_ADD = "tma_reduce_add(dq_desc, [b, h, start_m, 0], dq_smem)"
+
+
+@contextlib.contextmanager
+def kernel_without_dq_write():
+    """The dK/dV kernel's module with the dQ writer's reduce-add replaced by nothing, imported from a copy
+    written beside ``gluon_kernel.py`` (Triton reads a kernel's source from its file); removed on exit."""
+    with open(gluon_kernel.__file__) as f:
+        source = f.read()
+    if source.count(REDUCE_ADD) != 1:
+        raise SystemExit(f"gluon_backward: the dQ writer no longer reads '{REDUCE_ADD}'; update REDUCE_ADD")
+    path = os.path.join(os.path.dirname(gluon_kernel.__file__), "research_no_dq_write.py")
+    with open(path, "w") as f:
+        f.write(source.replace(REDUCE_ADD, "pass   # dQ computed, not added"))
+    try:
+        yield importlib.import_module("tritonpatch.kernels.bwd.research_no_dq_write")
+    finally:
+        os.remove(path)
+
+
+def measure(head_dim: int, seq: int, causal: bool, no_write) -> dict:
     """Backward milliseconds of each implementation for one shape."""
     device = torch.device("cuda")
     mask = K.causal() if causal else None
@@ -60,6 +88,8 @@ def measure(head_dim: int, seq: int, causal: bool) -> dict:
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=device)
     times["dK/dV kernel without dQ"] = bench_ms(lambda: buffers.dkdv(gluon, None, None))
     times["dK/dV kernel with dQ"] = bench_ms(lambda: buffers.dkdv(gluon, dq_acc, bwd_configs.ATOMIC_ADD))
+    with mock.patch.object(gluon_kernel, "_attn_bwd_dkdv_gluon_kernel", no_write._attn_bwd_dkdv_gluon_kernel):
+        times["dK/dV kernel with dQ not added"] = bench_ms(lambda: buffers.dkdv(gluon, dq_acc, bwd_configs.ATOMIC_ADD))
     for backend, name in ((SDPBackend.CUDNN_ATTENTION, "SDPA cuDNN"), (SDPBackend.FLASH_ATTENTION, "SDPA flash")):
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         with sdpa_kernel(backend):
@@ -68,21 +98,33 @@ def measure(head_dim: int, seq: int, causal: bool) -> dict:
     return times
 
 
+def measure_row(head_dim: int, seq: int, causal: bool, no_write) -> dict:
+    """One row of the report, printed as it ends."""
+    times = measure(head_dim, seq, causal, no_write)
+    flops = 2.5 * 4 * BATCH * HEADS * seq * seq * head_dim * (0.5 if causal else 1.0)
+    print(f"D{head_dim} S{seq} {'causal' if causal else 'no mask'}: "
+          + "  ".join(f"{name} {ms:.3f} ms ({flops / ms / 1e9:.0f})" for name, ms in times.items()), flush=True)
+    return {"head_dim": head_dim, "seq_len": seq, "causal": causal, "ms": times}
+
+
+def rows_list(text: str) -> list[tuple[int, int]]:
+    """``128:8192,64:8192`` -> [(128, 8192), (64, 8192)]."""
+    return [tuple(int(x) for x in part.split(":")) for part in text.split(",")]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=rows_list, default=ROWS, help="D:S pairs, comma-separated")
     parser.add_argument("--out", default=".", help="directory for gluon_backward.json")
     args = parser.parse_args()
     tune_in_this_run()
     environment = run_environment()
     print(environment_line(environment), flush=True)
     rows = []
-    for head_dim, seq in ROWS:
-        for causal in (True, False):
-            times = measure(head_dim, seq, causal)
-            flops = 2.5 * 4 * BATCH * HEADS * seq * seq * head_dim * (0.5 if causal else 1.0)
-            rows.append({"head_dim": head_dim, "seq_len": seq, "causal": causal, "ms": times})
-            print(f"D{head_dim} S{seq} {'causal' if causal else 'no mask'}: "
-                  + "  ".join(f"{name} {ms:.3f} ms ({flops / ms / 1e9:.0f})" for name, ms in times.items()), flush=True)
+    with kernel_without_dq_write() as no_write:
+        for head_dim, seq in args.rows:
+            for causal in (True, False):
+                rows.append(measure_row(head_dim, seq, causal, no_write))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "gluon_backward.json"), "w") as f:
         json.dump({"environment": environment, "rows": rows}, f, indent=1)
