@@ -116,7 +116,7 @@ def gluon_config(block_m: int, block_n: int, stages: int, pingpong: bool = False
 # 8k row), at D=64 also three warpgroups (192 query rows) over 64-key tiles. Each compiles without spills
 # (tests/cpu/test_kernels_gluon.py).
 GLUON_CONFIGS = {
-    64: [gluon_config(128, 128, 2), gluon_config(192, 64, 3)],
+    64: [gluon_config(128, 128, 2), gluon_config(192, 64, 3), gluon_config(192, 128, 2), gluon_config(192, 128, 3)],
     128: [gluon_config(128, 128, 2), gluon_config(128, 128, 3), gluon_config(128, 128, 2, pingpong=True)],
 }
 

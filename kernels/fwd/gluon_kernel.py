@@ -138,6 +138,7 @@ def _attend(acc, m_i, l_i, turns, q, k_smem, v_smem, k_ready, k_empty, v_ready, 
         p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, t_begin, b, h, q_idx, tile_ids, t_begin, kv_len,
                                            sm_scale, qk_scale, mask_args, score_args, MASK_FN, SCORE_FN,
                                            HAS_SCORE, MASKED, BLOCK_N, s_layout)
+        p_op = gl.convert_layout(p.to(q.dtype), p_layout)
         for t in range(t_begin + 1, t_end):
             stage = t % STAGES
             mbarrier.wait(k_ready.index(stage), (t // STAGES) & 1)
@@ -146,7 +147,6 @@ def _attend(acc, m_i, l_i, turns, q, k_smem, v_smem, k_ready, k_empty, v_ready, 
                                   use_acc=False, is_async=True)
             prev = (t - 1) % STAGES
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            p_op = gl.convert_layout(p.to(q.dtype), p_layout)
             mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
             o_tok = warpgroup_mma(p_op, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
             turns = _pass_turn(turn_bars, wg, turns, NUM_WG, PINGPONG)
@@ -157,9 +157,9 @@ def _attend(acc, m_i, l_i, turns, q, k_smem, v_smem, k_ready, k_empty, v_ready, 
                                                HAS_SCORE, MASKED, BLOCK_N, s_layout)
             acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
             mbarrier.arrive(v_empty.index(prev), count=1)
+            p_op = gl.convert_layout(p.to(q.dtype), p_layout)
         last = (t_end - 1) % STAGES
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        p_op = gl.convert_layout(p.to(q.dtype), p_layout)
         mbarrier.wait(v_ready.index(last), ((t_end - 1) // STAGES) & 1)
         _take_turn(turn_bars, wg, turns, PINGPONG)
         o_tok = warpgroup_mma(p_op, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)

@@ -1,16 +1,22 @@
 """The Gluon forward's configurations side by side: K/V buffers, ping-pong, consumer warpgroups and kv
-tile, against SDPA (cuDNN, flash) and the Triton-language forward (its tuner's pick with the Gluon
-candidates left out), non-causal and causal, D 64 / 128, S 4k / 8k.
+tile, against SDPA (cuDNN, flash) and, with ``--tl``, the Triton-language forward (its tuner's pick with the
+Gluon candidates left out), non-causal and causal; optionally against another revision of the Gluon kernel.
 
-    python -m scripts.research.gluon_forward [--out DIR]     # on a Hopper GPU; DIR/gluon_forward.json
+    python -m scripts.research.gluon_forward [--head-dims 128,64] [--lengths 4096,8192] [--out DIR]
+    git show REV:kernels/fwd/gluon_kernel.py > kernels/fwd/baseline_gluon_kernel.py
+    python -m scripts.research.gluon_forward --baseline kernels/fwd/baseline_gluon_kernel.py
 
-Prints one line per (D, S, mask): useful TFLOP/s of each implementation (do_bench medians, B=4 H=16 bf16),
-with each Gluon config's relative error against the Triton-language forward's output. Findings:
-docs/design/gluon_forward.md.
+(on a Hopper GPU; DIR/gluon_forward.json). Prints one line per (D, S, mask): useful TFLOP/s of each
+implementation (do_bench medians, B=4 H=16 bf16), with each Gluon config's relative error against SDPA
+flash's output. With ``--baseline FILE`` (a copy of ``kernels/fwd/gluon_kernel.py``
+placed beside it, so that its relative imports resolve) every Gluon config also runs that kernel,
+labelled ``@base``, in the same run, and the line says whether its output is bitwise the current
+kernel's. Findings: docs/design/gluon_forward.md.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 from unittest import mock
@@ -23,16 +29,16 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import tritonpatch.kernels as K
 from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
+from tritonpatch.kernels.fwd import gluon_kernel, gluon_launch
 from scripts.benchmarks._common import environment_line, run_environment
 
 BATCH, HEADS = 4, 16
 
 
 gluon = fwd_configs.gluon_config
-CONFIGS = {128: [gluon(128, 128, 2), gluon(128, 128, 2, True), gluon(128, 128, 3), gluon(128, 128, 3, True),
-                 gluon(128, 64, 3, True)],
-           64: [gluon(128, 128, 2), gluon(128, 128, 2, True), gluon(128, 128, 3), gluon(192, 64, 3),
-                gluon(192, 64, 2, True), gluon(192, 128, 2), gluon(128, 64, 3)]}
+CONFIGS = {128: [gluon(128, 128, 2), gluon(128, 128, 3), gluon(128, 128, 2, True)],
+           64: [gluon(128, 128, 2), gluon(192, 64, 3), gluon(192, 128, 2), gluon(192, 128, 2, True),
+                gluon(192, 128, 3)]}
 
 
 def tflops(ms: float, seq: int, head_dim: int, causal: bool) -> float:
@@ -43,43 +49,93 @@ def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def measure(head_dim: int, seq: int, causal: bool) -> dict:
+def load_baseline(path: str):
+    """The kernel module in ``path``, imported as a sibling of ``gluon_kernel`` (its relative imports
+    resolve as the shipped kernel's do)."""
+    if os.path.dirname(os.path.abspath(path)) != os.path.dirname(os.path.abspath(gluon_kernel.__file__)):
+        raise SystemExit(f"--baseline: put the file beside {gluon_kernel.__file__} (its relative imports "
+                         "need that folder), e.g. kernels/fwd/baseline_gluon_kernel.py")
+    name = "tritonpatch.kernels.fwd." + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def gluon_runner(q, k, v, mask, config, kernel_module):
+    """A function that launches ``kernel_module``'s Gluon forward with ``config`` (no launch replay, the
+    same path for every kernel revision) and returns its output."""
+    config, masks, mask_mod, scale = fwd_forward._resolve(q, k, v, mask, None, None, None, False, config)
+
+    def run():
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        with mock.patch.object(gluon_kernel, "_attn_fwd_gluon_kernel", kernel_module._attn_fwd_gluon_kernel):
+            gluon_launch.launch(q, k, v, out, lse, masks, mask_mod, None, scale, config)
+        return out
+
+    return run
+
+
+def measure(head_dim: int, seq: int, causal: bool, baseline=None, with_tl: bool = False) -> dict:
     q, k, v = (torch.randn(BATCH, HEADS, seq, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     mask = K.causal() if causal else None
     ms = {}
     for backend, name in ((SDPBackend.CUDNN_ATTENTION, "cudnn"), (SDPBackend.FLASH_ATTENTION, "flash")):
         with sdpa_kernel(backend):
             ms[name] = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-    with mock.patch.dict(fwd_configs.GLUON_CONFIGS, {d: [] for d in fwd_configs.GLUON_CONFIGS}):
-        ms["tl"] = bench(lambda: K.attention(q, k, v, mask_mod=mask))
-        ref = K.attention(q, k, v, mask_mod=mask).float()
-    errors = {}
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal).float()   # the flash backend's
+    if with_tl:
+        with mock.patch.dict(fwd_configs.GLUON_CONFIGS, {d: [] for d in fwd_configs.GLUON_CONFIGS}):
+            ms["tl"] = bench(lambda: K.attention(q, k, v, mask_mod=mask))
+    errors, same_bits = {}, {}
     for config in CONFIGS[head_dim]:
-        out, _ = fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=config)
-        errors[config.label()] = ((out.float() - ref).norm() / ref.norm()).item()
-        ms[config.label()] = bench(lambda: fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=config))
-    return {"head_dim": head_dim, "seq_len": seq, "causal": causal, "ms": ms, "rel_err_vs_tl": errors,
+        variants = [(config.label(), gluon_kernel)] + ([(config.label() + "@base", baseline)] if baseline else [])
+        outputs = {}
+        for label, module in variants:
+            run = gluon_runner(q, k, v, mask, config, module)
+            outputs[label] = run()
+            errors[label] = ((outputs[label].float() - ref).norm() / ref.norm()).item()
+            ms[label] = bench(run)
+        if baseline:
+            same_bits[config.label()] = torch.equal(*outputs.values())
+    return {"head_dim": head_dim, "seq_len": seq, "causal": causal, "ms": ms, "rel_err_vs_flash": errors,
+            "bitwise_equal_to_baseline": same_bits,
             "tflops": {name: tflops(t, seq, head_dim, causal) for name, t in ms.items()}}
 
 
 def describe(row: dict) -> str:
-    parts = [f"{name} {row['tflops'][name]:.0f}" + (f" (err {row['rel_err_vs_tl'][name]:.1e})"
-                                                    if name in row["rel_err_vs_tl"] else "")
+    parts = [f"{name} {row['tflops'][name]:.0f}" + (f" (err {row['rel_err_vs_flash'][name]:.1e})"
+                                                    if name in row["rel_err_vs_flash"] else "")
              for name in row["ms"]]
-    return f"D{row['head_dim']} S{row['seq_len']} {'causal' if row['causal'] else 'full'}: " + "  ".join(parts)
+    differ = [label for label, same in row["bitwise_equal_to_baseline"].items() if not same]
+    bits = (f"  | baseline bits differ: {', '.join(differ)}" if differ else "  | bitwise equal to baseline") \
+        if row["bitwise_equal_to_baseline"] else ""
+    return f"D{row['head_dim']} S{row['seq_len']} {'causal' if row['causal'] else 'full'}: " + "  ".join(parts) + bits
+
+
+def int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",")]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head-dims", type=int_list, default=[128, 64], help="comma-separated, of 64 and 128")
+    parser.add_argument("--lengths", type=int_list, default=[4096, 8192], help="sequence lengths, comma-separated")
+    parser.add_argument("--tl", action="store_true", help="also time the Triton-language forward (tunes per shape)")
+    parser.add_argument("--baseline", default=None, help="another revision of gluon_kernel.py, placed beside it")
     parser.add_argument("--out", default=None, help="directory for gluon_forward.json")
     args = parser.parse_args()
-    environment = run_environment()
+    if bad := [d for d in args.head_dims if d not in CONFIGS]:
+        parser.error(f"--head-dims: {bad} not among {sorted(CONFIGS)}")
+    baseline = load_baseline(args.baseline) if args.baseline else None
+    environment = run_environment(baseline=args.baseline)
     print(environment_line(environment), flush=True)
     rows = []
-    for head_dim in (128, 64):
-        for seq in (4096, 8192):
+    for head_dim in args.head_dims:
+        for seq in args.lengths:
             for causal in (False, True):
-                rows.append(measure(head_dim, seq, causal))
+                rows.append(measure(head_dim, seq, causal, baseline, args.tl))
                 print(describe(rows[-1]), flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -26,10 +26,10 @@ CASES = [(d, c, "causal") for d in fwd_configs.GLUON_CONFIGS for c in fwd_config
 CASES += [(d, configs[0], m) for d, configs in fwd_configs.GLUON_CONFIGS.items() for m in MODIFIERS if m != "causal"]
 
 
-# Measured exceptions (bytes of spill stores and loads, Triton 3.6): at D=128 softcap's tanh in both loops, and
-# the document mask's two id loads per tile, do not fit 240 registers next to S, O and P; the tuner times the
-# Gluon candidates against the Triton-language ones.
-SPILL_BUDGET = {(128, "sliding+softcap"): (652, 820), (128, "document"): (32, 52)}
+# Measured exceptions (bytes of spill stores and loads, Triton 3.6): three consumer warpgroups over 128-key tiles at
+# D=64 hold S (64 registers), P and O (32 each) in 160 registers; ptxas keeps one or two probabilities per step in
+# local memory. (Before P's conversion moved behind the PV wait, these spilled 3.2 KB, and D=128 softcap 664 B.)
+SPILL_BUDGET = {(64, "BM192-BN128-w4-s2-gluon", "causal"): (44, 44), (64, "BM192-BN128-w4-s3-gluon", "causal"): (36, 36)}
 
 
 def compile_gluon(config, head_dim, mask, score, dtype=torch.bfloat16):
@@ -46,7 +46,7 @@ def test_candidates_compile_without_spills_or_serialized_wgmma(head_dim, config,
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
     resources = measure_resources(compiled.asm["cubin"], ptx, 90, (), compiled.metadata.shared)
-    stores, loads = SPILL_BUDGET.get((head_dim, modifiers), (0, 0))
+    stores, loads = SPILL_BUDGET.get((head_dim, config.label(), modifiers), (0, 0))
     assert resources.spill_stores <= spill_allowance(stores), resources
     assert resources.spill_loads <= spill_allowance(loads), resources
     assert not [w for w in resources.warnings if re.search(r"C751\d", w)], resources.warnings
