@@ -9,7 +9,9 @@ warp-specialized:
   buffers, each with its own ready / empty mbarrier;
 * ``NUM_WG`` **consumer warpgroups** (4 warps each) own 64 query rows each. Per tile j a consumer
   issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` as asynchronous wgmma, waits for S_j only,
-  runs the softmax of tile j (mask, row max, exp2, row sum), then waits for PV and rescales O. (The
+  runs the softmax of tile j (mask, row max, exp2, row sum), waits for PV, and only then converts P_j
+  to the next PV product's operand (in the registers the finished one released); O is rescaled just
+  before that product is issued. (The
   PTX keeps the softmax between the two waits; ptxas moves the second wait up where its schedule
   stalls, so in the unmasked loop the exponentials run after it: docs/design/gluon_forward.md says
   why that is left so.) Full tiles run a loop without any mask work, partial tiles a second loop
@@ -157,6 +159,8 @@ def _attend(acc, m_i, l_i, turns, q, k_smem, v_smem, k_ready, k_empty, v_ready, 
                                                HAS_SCORE, MASKED, BLOCK_N, s_layout)
             acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
             mbarrier.arrive(v_empty.index(prev), count=1)
+            # converted only now, so the fp32 P never shares registers with the next S (beside it, three
+            # consumers at D=64 spilled 3.2 KB: docs/design/gluon_forward.md)
             p_op = gl.convert_layout(p.to(q.dtype), p_layout)
         last = (t_end - 1) % STAGES
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]

@@ -10,8 +10,8 @@ Gluon candidates left out), non-causal and causal; optionally against another re
 implementation (do_bench medians, B=4 H=16 bf16), with each Gluon config's relative error against SDPA
 flash's output. With ``--baseline FILE`` (a copy of ``kernels/fwd/gluon_kernel.py``
 placed beside it, so that its relative imports resolve) every Gluon config also runs that kernel,
-labelled ``@base``, in the same run, and the line says whether its output is bitwise the current
-kernel's. Findings: docs/design/gluon_forward.md.
+labelled ``@base``, in the same run, and the line says whether its output and log-sum-exp are bitwise
+the current kernel's (the JSON records the file's git blob hash). Findings: docs/design/gluon_forward.md.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import argparse
 import importlib.util
 import json
 import os
+import subprocess
 from unittest import mock
 
 import torch
@@ -64,7 +65,7 @@ def load_baseline(path: str):
 
 def gluon_runner(q, k, v, mask, config, kernel_module):
     """A function that launches ``kernel_module``'s Gluon forward with ``config`` (no launch replay, the
-    same path for every kernel revision) and returns its output."""
+    same path for every kernel revision) and returns its output and log-sum-exp."""
     config, masks, mask_mod, scale = fwd_forward._resolve(q, k, v, mask, None, None, None, False, config)
 
     def run():
@@ -72,7 +73,7 @@ def gluon_runner(q, k, v, mask, config, kernel_module):
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
         with mock.patch.object(gluon_kernel, "_attn_fwd_gluon_kernel", kernel_module._attn_fwd_gluon_kernel):
             gluon_launch.launch(q, k, v, out, lse, masks, mask_mod, None, scale, config)
-        return out
+        return out, lse
 
     return run
 
@@ -95,10 +96,11 @@ def measure(head_dim: int, seq: int, causal: bool, baseline=None, with_tl: bool 
         for label, module in variants:
             run = gluon_runner(q, k, v, mask, config, module)
             outputs[label] = run()
-            errors[label] = ((outputs[label].float() - ref).norm() / ref.norm()).item()
+            errors[label] = ((outputs[label][0].float() - ref).norm() / ref.norm()).item()
             ms[label] = bench(run)
         if baseline:
-            same_bits[config.label()] = torch.equal(*outputs.values())
+            (out, lse), (base_out, base_lse) = outputs.values()
+            same_bits[config.label()] = torch.equal(out, base_out) and torch.equal(lse, base_lse)
     return {"head_dim": head_dim, "seq_len": seq, "causal": causal, "ms": ms, "rel_err_vs_flash": errors,
             "bitwise_equal_to_baseline": same_bits,
             "tflops": {name: tflops(t, seq, head_dim, causal) for name, t in ms.items()}}
@@ -112,6 +114,11 @@ def describe(row: dict) -> str:
     bits = (f"  | baseline bits differ: {', '.join(differ)}" if differ else "  | bitwise equal to baseline") \
         if row["bitwise_equal_to_baseline"] else ""
     return f"D{row['head_dim']} S{row['seq_len']} {'causal' if row['causal'] else 'full'}: " + "  ".join(parts) + bits
+
+
+def git_blob(path: str) -> str:
+    """``git hash-object`` of ``path``: names the baseline's revision (``git log --find-object``)."""
+    return subprocess.run(["git", "hash-object", path], capture_output=True, text=True).stdout.strip() or "?"
 
 
 def int_list(text: str) -> list[int]:
@@ -129,7 +136,7 @@ def main() -> int:
     if bad := [d for d in args.head_dims if d not in CONFIGS]:
         parser.error(f"--head-dims: {bad} not among {sorted(CONFIGS)}")
     baseline = load_baseline(args.baseline) if args.baseline else None
-    environment = run_environment(baseline=args.baseline)
+    environment = run_environment(baseline=args.baseline, baseline_blob=git_blob(args.baseline) if args.baseline else None)
     print(environment_line(environment), flush=True)
     rows = []
     for head_dim in args.head_dims:

@@ -45,11 +45,12 @@ def test_masks_match_reference(name, head_dim, pingpong):
 
 
 @pytest.mark.parametrize("pingpong", [False, True])
-@pytest.mark.parametrize("block_m, block_n, stages", [(128, 128, 3), (128, 64, 2), (192, 128, 2), (192, 64, 3)])
+@pytest.mark.parametrize("block_m, block_n, stages", [(128, 128, 3), (128, 64, 2), (192, 128, 2), (192, 128, 3),
+                                                      (192, 64, 3)])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_tile_shapes_and_stages(head_dim, block_m, block_n, stages, pingpong):
     """2 or 3 consumer warpgroups, kv tiles of 64 or 128, 2 or 3 buffers (those that fit shared memory)."""
-    if head_dim == 128 and (block_m, block_n, stages) in ((192, 128, 2), (192, 64, 3)):
+    if head_dim == 128 and block_m == 192:
         pytest.skip("160 registers per consumer spill at D=128")
     seq, device = 1000, torch.device("cuda")
     q, k, v = (torch.randn(2, 3, seq, head_dim, device=device, dtype=torch.bfloat16) for _ in range(3))
