@@ -5,7 +5,6 @@ D 64 / 128, S 4k / 8k.
 
     python -m scripts.research.gluon_backward [--rows 128:8192,64:8192] [--out DIR]   # on a Hopper GPU
 
-
 Prints one line per (D, S, mask): backward milliseconds and useful TFLOP/s (2.5 x the forward's FLOPs) of
 each (do_bench medians, B=4 H=16 bf16, the forward's out and lse from the tuned forward). SDPA's backward
 is timed as ``torch.autograd.grad`` of its output (retained graph). The no-write variant is the shipped

@@ -85,7 +85,8 @@ def measure(head_dim: int, seq: int, causal: bool, baseline=None, with_tl: bool 
     for backend, name in ((SDPBackend.CUDNN_ATTENTION, "cudnn"), (SDPBackend.FLASH_ATTENTION, "flash")):
         with sdpa_kernel(backend):
             ms[name] = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-        ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal).float()   # the flash backend's
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal).float()
     if with_tl:
         with mock.patch.dict(fwd_configs.GLUON_CONFIGS, {d: [] for d in fwd_configs.GLUON_CONFIGS}):
             ms["tl"] = bench(lambda: K.attention(q, k, v, mask_mod=mask))
@@ -136,7 +137,8 @@ def main() -> int:
     if bad := [d for d in args.head_dims if d not in CONFIGS]:
         parser.error(f"--head-dims: {bad} not among {sorted(CONFIGS)}")
     baseline = load_baseline(args.baseline) if args.baseline else None
-    environment = run_environment(baseline=args.baseline, baseline_blob=git_blob(args.baseline) if args.baseline else None)
+    environment = run_environment(baseline=args.baseline,
+                                  baseline_blob=git_blob(args.baseline) if args.baseline else None)
     print(environment_line(environment), flush=True)
     rows = []
     for head_dim in args.head_dims:

@@ -16,7 +16,6 @@ import textwrap
 
 PASSES = "skip-masked-blocks,elide-uniform-masks,hoist-masks"
 TENSORS = ("out", "dq", "dk", "dv")
-_OWN = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS")
 
 _PROGRAM = textwrap.dedent("""
     import hashlib, json, sys
@@ -53,12 +52,13 @@ def run_flex_score_mod(cache_dir: str, patched: bool, seq: int, prefix: int = 30
     run (``TORCHINDUCTOR_DETERMINISTIC``, say); it may not set ``TRITONPATCH_*`` nor the run's caches.
     Returns ``{"digests": {tensor: sha256, "joined": sha256 of the four tensors' bytes}, "reports":
     [[pass, kernel, counts, kept], ...]}``; a failing run raises RuntimeError with its stderr."""
-    refused = [k for k in extra_environment or {} if k.startswith("TRITONPATCH_") or k in _OWN]
+    own = {"TORCHINDUCTOR_CACHE_DIR": os.path.join(cache_dir, "inductor"),
+           "TRITON_CACHE_DIR": os.path.join(cache_dir, "triton"), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    refused = [k for k in extra_environment or {} if k.startswith("TRITONPATCH_") or k in own]
     if refused:
         raise ValueError(f"extra_environment may not set {', '.join(refused)}: the run sets those itself")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TRITONPATCH_")}
-    environ.update(TORCHINDUCTOR_CACHE_DIR=os.path.join(cache_dir, "inductor"),
-                   TRITON_CACHE_DIR=os.path.join(cache_dir, "triton"), TORCHINDUCTOR_COMPILE_THREADS="1")
+    environ.update(own)
     if patched:
         environ.update(TRITONPATCH_AUTOLOAD="1", TRITONPATCH_PASSES=PASSES)
     environ.update(extra_environment or {})
