@@ -4,22 +4,26 @@ tuner's pick with the Gluon candidate left out) and SDPA's cuDNN and flash backw
 D 64 / 128, S 4k / 8k.
 
     python -m scripts.research.gluon_backward [--rows 128:8192,64:8192] [--out DIR]   # on a Hopper GPU
+    git show REV:kernels/bwd/gluon_kernel.py > base_bwd.py
+    python -m scripts.research.gluon_backward --baseline base_bwd.py
 
 Prints one line per (D, S, mask): backward milliseconds and useful TFLOP/s (2.5 x the forward's FLOPs) of
 each (do_bench medians, B=4 H=16 bf16, the forward's out and lse from the tuned forward). SDPA's backward
 is timed as ``torch.autograd.grad`` of its output (retained graph). The no-write variant is the shipped
-kernel with its dQ writer's TMA reduce-add left out (every handshake kept): the script writes that copy of
-``kernels/bwd/gluon_kernel.py`` beside it for the run and removes it after. Writes DIR/gluon_backward.json.
+kernel with its dQ writer's TMA reduce-add left out (every handshake kept), imported beside the kernel for
+the run (:mod:`._kernel_copy`). With ``--baseline FILE`` (another revision of ``kernels/bwd/gluon_kernel.py``)
+the Gluon backward and the dK/dV kernel with dQ also run that kernel, labelled ``@base``, in the same run,
+and the line says whether its dK and dV are bitwise the current kernel's and how far its dQ is (fp32
+reduce-adds land in any order, so dQ is not bitwise repeatable). Writes DIR/gluon_backward.json.
 Findings: docs/design/gluon_backward.md.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import json
 import math
 import os
+import re
 from unittest import mock
 
 import torch
@@ -34,7 +38,9 @@ from tritonpatch.kernels.bwd import configs as bwd_configs
 from tritonpatch.kernels.bwd import gluon_kernel
 from tritonpatch.kernels.bwd.launch import Buffers
 from tritonpatch.kernels.fwd import forward as fwd_forward
+from tritonpatch.kernels.bwd.launch import run as bwd_run
 from scripts.benchmarks._common import environment_line, run_environment, tune_in_this_run
+from scripts.research._kernel_copy import baseline_copy, git_blob, kernel_copy
 
 BATCH, HEADS = 4, 16
 ROWS = [(128, 8192), (128, 4096), (64, 8192)]
@@ -44,28 +50,41 @@ def bench_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-REDUCE_ADD = "tma_reduce_add(dq_desc, [b, h, start_m, 0], dq_smem)"
+REDUCE_ADD = re.compile(r"tma_reduce_add\(dq_desc, [^\n]*\)")
 
 
-@contextlib.contextmanager
-def kernel_without_dq_write():
-    """The dK/dV kernel's module with the dQ writer's reduce-add replaced by nothing, imported from a copy
-    written beside ``gluon_kernel.py`` (Triton reads a kernel's source from its file); removed on exit."""
+def no_dq_write_source() -> str:
+    """The dK/dV kernel's source with the dQ writer's reduce-add replaced by nothing."""
     with open(gluon_kernel.__file__) as f:
         source = f.read()
-    if source.count(REDUCE_ADD) != 1:
-        raise SystemExit(f"gluon_backward: the dQ writer no longer reads '{REDUCE_ADD}'; update REDUCE_ADD")
-    path = os.path.join(os.path.dirname(gluon_kernel.__file__), "research_no_dq_write.py")
-    with open(path, "w") as f:
-        f.write(source.replace(REDUCE_ADD, "pass   # dQ computed, not added"))
-    try:
-        yield importlib.import_module("tritonpatch.kernels.bwd.research_no_dq_write")
-    finally:
-        os.remove(path)
+    if len(REDUCE_ADD.findall(source)) != 1:
+        raise SystemExit(f"gluon_backward: the dQ writer's reduce-add no longer matches {REDUCE_ADD.pattern!r}")
+    return REDUCE_ADD.sub("pass   # dQ computed, not added", source)
 
 
-def measure(head_dim: int, seq: int, causal: bool, no_write) -> dict:
-    """Backward milliseconds of each implementation for one shape."""
+def with_kernel(module, fn):
+    """``fn`` run with ``module``'s dK/dV kernel in place of the shipped one."""
+    def run():
+        with mock.patch.object(gluon_kernel, "_attn_bwd_dkdv_gluon_kernel", module._attn_bwd_dkdv_gluon_kernel):
+            return fn()
+    return run
+
+
+def compare_to_baseline(buffers, baseline) -> dict:
+    """Whether the baseline kernel's dK and dV are bitwise the current kernel's (one Gluon backward each)
+    and the relative difference of their dQ."""
+    config = bwd_configs.BwdConfig("atomic", bwd_configs.gluon_config(2))
+    grads = {}
+    for name, module in (("current", gluon_kernel), ("base", baseline)):
+        dq = with_kernel(module, lambda: bwd_run(buffers, config))()
+        grads[name] = (dq.float(), buffers.dk.clone(), buffers.dv.clone())
+    (dq, dk, dv), (base_dq, base_dk, base_dv) = grads["current"], grads["base"]
+    return {"dk_dv_bitwise_equal": torch.equal(dk, base_dk) and torch.equal(dv, base_dv),
+            "dq_rel_diff": ((dq - base_dq).norm() / dq.norm()).item()}
+
+
+def measure(head_dim: int, seq: int, causal: bool, no_write, baseline) -> dict:
+    """Backward milliseconds of each implementation for one shape (and the baseline comparison)."""
     device = torch.device("cuda")
     mask = K.causal() if causal else None
     q, k, v, dout = (torch.randn(BATCH, HEADS, seq, head_dim, device=device, dtype=torch.bfloat16)
@@ -85,25 +104,34 @@ def measure(head_dim: int, seq: int, causal: bool, no_write) -> dict:
     buffers = Buffers(q, k, v, out, dout, lse, None, mask_mod, None, 1 / math.sqrt(head_dim),
                       BlockMasks(None, mask_mod, q, k))
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=device)
+    with_dq = lambda: buffers.dkdv(gluon, dq_acc, bwd_configs.ATOMIC_ADD)   # noqa: E731
     times["dK/dV kernel without dQ"] = bench_ms(lambda: buffers.dkdv(gluon, None, None))
-    times["dK/dV kernel with dQ"] = bench_ms(lambda: buffers.dkdv(gluon, dq_acc, bwd_configs.ATOMIC_ADD))
-    with mock.patch.object(gluon_kernel, "_attn_bwd_dkdv_gluon_kernel", no_write._attn_bwd_dkdv_gluon_kernel):
-        times["dK/dV kernel with dQ not added"] = bench_ms(lambda: buffers.dkdv(gluon, dq_acc, bwd_configs.ATOMIC_ADD))
+    times["dK/dV kernel with dQ"] = bench_ms(with_dq)
+    if baseline is not None:
+        times["dK/dV kernel with dQ @base"] = bench_ms(with_kernel(baseline, with_dq))
+    times["dK/dV kernel with dQ not added"] = bench_ms(with_kernel(no_write, with_dq))
     for backend, name in ((SDPBackend.CUDNN_ATTENTION, "SDPA cuDNN"), (SDPBackend.FLASH_ATTENTION, "SDPA flash")):
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         with sdpa_kernel(backend):
             sdpa_out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
             times[name] = bench_ms(lambda: torch.autograd.grad(sdpa_out, leaves, dout, retain_graph=True))
-    return times
+    row = {"head_dim": head_dim, "seq_len": seq, "causal": causal, "ms": times}
+    if baseline is not None:
+        row["vs_baseline"] = compare_to_baseline(buffers, baseline)
+    return row
 
 
-def measure_row(head_dim: int, seq: int, causal: bool, no_write) -> dict:
-    """One row of the report, printed as it ends."""
-    times = measure(head_dim, seq, causal, no_write)
-    flops = 2.5 * 4 * BATCH * HEADS * seq * seq * head_dim * (0.5 if causal else 1.0)
-    print(f"D{head_dim} S{seq} {'causal' if causal else 'no mask'}: "
-          + "  ".join(f"{name} {ms:.3f} ms ({flops / ms / 1e9:.0f})" for name, ms in times.items()), flush=True)
-    return {"head_dim": head_dim, "seq_len": seq, "causal": causal, "ms": times}
+def describe(row: dict) -> str:
+    """One line of the report."""
+    seq, head_dim = row["seq_len"], row["head_dim"]
+    flops = 2.5 * 4 * BATCH * HEADS * seq * seq * head_dim * (0.5 if row["causal"] else 1.0)
+    line = (f"D{head_dim} S{seq} {'causal' if row['causal'] else 'no mask'}: "
+            + "  ".join(f"{name} {ms:.3f} ms ({flops / ms / 1e9:.0f})" for name, ms in row["ms"].items()))
+    if "vs_baseline" in row:
+        base = row["vs_baseline"]
+        line += (f"  | baseline dK, dV {'bitwise equal' if base['dk_dv_bitwise_equal'] else 'DIFFER'}, "
+                 f"dQ rel diff {base['dq_rel_diff']:.1e}")
+    return line
 
 
 def rows_list(text: str) -> list[tuple[int, int]]:
@@ -114,16 +142,19 @@ def rows_list(text: str) -> list[tuple[int, int]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=rows_list, default=ROWS, help="D:S pairs, comma-separated")
+    parser.add_argument("--baseline", default=None, help="a file with another revision of gluon_kernel.py")
     parser.add_argument("--out", default=".", help="directory for gluon_backward.json")
     args = parser.parse_args()
     tune_in_this_run()
-    environment = run_environment()
+    environment = run_environment(baseline=args.baseline, baseline_blob=git_blob(args.baseline))
     print(environment_line(environment), flush=True)
     rows = []
-    with kernel_without_dq_write() as no_write:
+    with kernel_copy(gluon_kernel, no_dq_write_source(), "research_no_dq_write") as no_write, \
+            baseline_copy(gluon_kernel, args.baseline) as baseline:
         for head_dim, seq in args.rows:
             for causal in (True, False):
-                rows.append(measure_row(head_dim, seq, causal, no_write))
+                rows.append(measure(head_dim, seq, causal, no_write, baseline))
+                print(describe(rows[-1]), flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "gluon_backward.json"), "w") as f:
         json.dump({"environment": environment, "rows": rows}, f, indent=1)

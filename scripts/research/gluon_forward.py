@@ -3,23 +3,21 @@ tile, against SDPA (cuDNN, flash) and, with ``--tl``, the Triton-language forwar
 Gluon candidates left out), non-causal and causal; optionally against another revision of the Gluon kernel.
 
     python -m scripts.research.gluon_forward [--head-dims 128,64] [--lengths 4096,8192] [--out DIR]
-    git show REV:kernels/fwd/gluon_kernel.py > kernels/fwd/baseline_gluon_kernel.py
-    python -m scripts.research.gluon_forward --baseline kernels/fwd/baseline_gluon_kernel.py
+    git show REV:kernels/fwd/gluon_kernel.py > base_fwd.py
+    python -m scripts.research.gluon_forward --baseline base_fwd.py
 
 (on a Hopper GPU; DIR/gluon_forward.json). Prints one line per (D, S, mask): useful TFLOP/s of each
 implementation (do_bench medians, B=4 H=16 bf16), with each Gluon config's relative error against SDPA
-flash's output. With ``--baseline FILE`` (a copy of ``kernels/fwd/gluon_kernel.py``
-placed beside it, so that its relative imports resolve) every Gluon config also runs that kernel,
-labelled ``@base``, in the same run, and the line says whether its output and log-sum-exp are bitwise
+flash's output. With ``--baseline FILE`` (another revision of ``kernels/fwd/gluon_kernel.py``, imported
+beside it for the run: :mod:`._kernel_copy`) every Gluon config also runs that kernel, labelled ``@base``,
+in the same run, and the line says whether its output and log-sum-exp are bitwise
 the current kernel's (the JSON records the file's git blob hash). Findings: docs/design/gluon_forward.md.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import subprocess
 from unittest import mock
 
 import torch
@@ -32,6 +30,7 @@ from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from tritonpatch.kernels.fwd import gluon_kernel, gluon_launch
 from scripts.benchmarks._common import environment_line, run_environment
+from scripts.research._kernel_copy import baseline_copy, git_blob
 
 BATCH, HEADS = 4, 16
 
@@ -48,19 +47,6 @@ def tflops(ms: float, seq: int, head_dim: int, causal: bool) -> float:
 
 def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
-def load_baseline(path: str):
-    """The kernel module in ``path``, imported as a sibling of ``gluon_kernel`` (its relative imports
-    resolve as the shipped kernel's do)."""
-    if os.path.dirname(os.path.abspath(path)) != os.path.dirname(os.path.abspath(gluon_kernel.__file__)):
-        raise SystemExit(f"--baseline: put the file beside {gluon_kernel.__file__} (its relative imports "
-                         "need that folder), e.g. kernels/fwd/baseline_gluon_kernel.py")
-    name = "tritonpatch.kernels.fwd." + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def gluon_runner(q, k, v, mask, config, kernel_module):
@@ -117,11 +103,6 @@ def describe(row: dict) -> str:
     return f"D{row['head_dim']} S{row['seq_len']} {'causal' if row['causal'] else 'full'}: " + "  ".join(parts) + bits
 
 
-def git_blob(path: str) -> str:
-    """``git hash-object`` of ``path``: names the baseline's revision (``git log --find-object``)."""
-    return subprocess.run(["git", "hash-object", path], capture_output=True, text=True).stdout.strip() or "?"
-
-
 def int_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",")]
 
@@ -131,21 +112,20 @@ def main() -> int:
     parser.add_argument("--head-dims", type=int_list, default=[128, 64], help="comma-separated, of 64 and 128")
     parser.add_argument("--lengths", type=int_list, default=[4096, 8192], help="sequence lengths, comma-separated")
     parser.add_argument("--tl", action="store_true", help="also time the Triton-language forward (tunes per shape)")
-    parser.add_argument("--baseline", default=None, help="another revision of gluon_kernel.py, placed beside it")
+    parser.add_argument("--baseline", default=None, help="a file with another revision of gluon_kernel.py")
     parser.add_argument("--out", default=None, help="directory for gluon_forward.json")
     args = parser.parse_args()
     if bad := [d for d in args.head_dims if d not in CONFIGS]:
         parser.error(f"--head-dims: {bad} not among {sorted(CONFIGS)}")
-    baseline = load_baseline(args.baseline) if args.baseline else None
-    environment = run_environment(baseline=args.baseline,
-                                  baseline_blob=git_blob(args.baseline) if args.baseline else None)
+    environment = run_environment(baseline=args.baseline, baseline_blob=git_blob(args.baseline))
     print(environment_line(environment), flush=True)
     rows = []
-    for head_dim in args.head_dims:
-        for seq in args.lengths:
-            for causal in (False, True):
-                rows.append(measure(head_dim, seq, causal, baseline, args.tl))
-                print(describe(rows[-1]), flush=True)
+    with baseline_copy(gluon_kernel, args.baseline) as baseline:
+        for head_dim in args.head_dims:
+            for seq in args.lengths:
+                for causal in (False, True):
+                    rows.append(measure(head_dim, seq, causal, baseline, args.tl))
+                    print(describe(rows[-1]), flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "gluon_forward.json"), "w") as f:
