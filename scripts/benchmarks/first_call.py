@@ -9,7 +9,8 @@ modes tuned) and the first call of compiled FlexAttention, wall clock with a syn
 after the other, in the calling process).
 
 Usage (CUDA machine):
-    python scripts/benchmarks/first_call.py --threads 1,16 --out DIR   # -> DIR/first_call.{json,md,png}, 2 runs each
+    python scripts/benchmarks/first_call.py --threads 1,16 [--head-dims 128,64] --out DIR
+                                        # -> DIR/first_call.{json,md,png}, 2 runs per threads value and head dim
     python scripts/benchmarks/first_call.py --from-json FILE --out DIR  # rewrite the markdown and plot
 """
 from __future__ import annotations
@@ -52,7 +53,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", default="1,16", help="TRITONPATCH_COMPILE_THREADS values, one run each")
     parser.add_argument("--mask", default="causal", choices=["causal"])
-    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--head-dims", default="128", help="head dims, comma-separated, one pair of runs each")
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--out", default=".")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -62,22 +63,24 @@ def main() -> int:
         write_reports(read_json(args.from_json), args.out)
         return 0
     require_gpu("scripts/benchmarks/first_call.py")
+    head_dims = [int(d) for d in args.head_dims.split(",")]
     if args.child:
-        print(json.dumps(one_run(args.mask, args.head_dim, args.seq)))
+        print(json.dumps(one_run(args.mask, head_dims[0], args.seq)))
         return 0
     rows = []
-    command = [sys.executable, __file__, "--child", "--mask", args.mask, "--head-dim", str(args.head_dim),
-               "--seq", str(args.seq)]
-    for threads in args.threads.split(","):
-        with tempfile.TemporaryDirectory() as cache:
-            env = dict(os.environ, TRITONPATCH_COMPILE_THREADS=threads, TRITON_CACHE_DIR=f"{cache}/triton",
-                       TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor", TRITONPATCH_TUNING_CACHE=f"{cache}/tuning")
-            for caches in ("empty", "from the first process"):
-                result = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-                row = dict(json.loads(result.stdout.strip().splitlines()[-1]), compile_threads=int(threads),
-                           caches=caches, mask=args.mask, head_dim=args.head_dim, seq_len=args.seq)
-                print(row, flush=True)
-                rows.append(row)
+    for head_dim in head_dims:
+        command = [sys.executable, __file__, "--child", "--mask", args.mask, "--head-dims", str(head_dim),
+                   "--seq", str(args.seq)]
+        for threads in args.threads.split(","):
+            with tempfile.TemporaryDirectory() as cache:
+                env = dict(os.environ, TRITONPATCH_COMPILE_THREADS=threads, TRITON_CACHE_DIR=f"{cache}/triton",
+                           TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor", TRITONPATCH_TUNING_CACHE=f"{cache}/tuning")
+                for caches in ("empty", "from the first process"):
+                    result = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+                    row = dict(json.loads(result.stdout.strip().splitlines()[-1]), compile_threads=int(threads),
+                               caches=caches, mask=args.mask, head_dim=head_dim, seq_len=args.seq)
+                    print(row, flush=True)
+                    rows.append(row)
     report = run_environment(cpus=os.cpu_count(), rows=rows)
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "first_call.json"), report)
@@ -105,8 +108,8 @@ def write_reports(report: dict, out_dir: str) -> None:
     ax.bar([x - 0.2 for x in xs], [r["ours_first_call_s"] for r in rows], 0.4, label="tritonpatch")
     ax.bar([x + 0.2 for x in xs], [r["flex_first_call_s"] for r in rows], 0.4, label="FlexAttention")
     ax.set_xticks(list(xs))
-    ax.set_xticklabels([f"{r['compile_threads']} threads\n{r.get('caches', 'empty')} caches" for r in rows],
-                       fontsize=7)
+    ax.set_xticklabels([f"D{r['head_dim']}, {r['compile_threads']} threads\n{r.get('caches', 'empty')} caches"
+                        for r in rows], fontsize=7)
     ax.set_ylabel("first fwd+bwd call (s)")
     ax.legend()
     save_figure(fig, os.path.join(out_dir, "first_call.png"))
