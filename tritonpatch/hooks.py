@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 import sys
 import threading
@@ -431,6 +432,24 @@ def _configure_logging() -> None:
     logger.setLevel(level.upper())
 
 
+def _caller_stacklevel() -> int:
+    """The ``warnings.warn`` stacklevel, for a warning issued in the function that calls this one, of the
+    first frame outside the tritonpatch package: the user's line that led into it (``options()``, a kernel
+    launch, the ``import triton`` that autoload installs after), not the package's own frames. The import
+    machinery's frames are passed over uncounted, as ``warnings`` itself skips them."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+    def import_machinery(filename: str) -> bool:
+        return "importlib" in filename and "_bootstrap" in filename   # as warnings tells them
+
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and (import_machinery(frame.f_code.co_filename)
+                                        or os.path.abspath(frame.f_code.co_filename).startswith(package)):
+        level += not import_machinery(frame.f_code.co_filename)
+        frame = frame.f_back
+    return level
+
+
 def install() -> None:
     """Hook tritonpatch into Triton (idempotent). Reads the ``TRITONPATCH_*`` variables now, so a
     malformed value raises here. ``options()``, ``use_pipeline()``, ``llvm.llvm_options()`` and
@@ -447,7 +466,7 @@ def install() -> None:
         environment_pipeline()
         env.strict()
         for line in env.unknown_variables():
-            warnings.warn(f"tritonpatch: {line}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"tritonpatch: {line}", RuntimeWarning, stacklevel=_caller_stacklevel())
         _configure_logging()
         hook = _StagesHook(compat.get_stages_hook())
         compat.set_stages_hook(hook)

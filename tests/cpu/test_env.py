@@ -366,3 +366,31 @@ def test_misspelt_variables_are_named_with_the_closest_one():
                      "TRITONPATCH_PASS is not a tritonpatch variable and is ignored; did you mean TRITONPATCH_PASSES?",
                      "TRITONPATCH_WHATEVER is not a tritonpatch variable and is ignored; the variables are "
                      + ", ".join(env.VARIABLES)]
+
+
+@pytest.mark.parametrize("autoload", ["0", "1"])
+def test_misspelt_variable_warning_names_the_users_line(tmp_path, autoload):
+    """The warning points at the user's line that led into the install (``options()``, or with autoload the
+    ``import triton``), not at tritonpatch's own frames (it named ``tritonpatch/scope.py``)."""
+    site_dir = ""
+    if autoload == "1" and not _pth_installed():   # editable checkout: hand the repository's .pth to `site`
+        site_dir = str(tmp_path / "site")
+        os.makedirs(site_dir)
+        shutil.copy(os.path.join(ROOT, "tritonpatch_autoload.pth"), site_dir)
+    program = tmp_path / "user_program.py"
+    program.write_text(textwrap.dedent("""
+        import site, sys
+        if sys.argv[1]:
+            site.addsitedir(sys.argv[1])
+        import triton
+        import tritonpatch
+        with tritonpatch.options(disable_lsr=False):
+            pass
+    """))
+    result = subprocess.run([sys.executable, "-W", "always", str(program), site_dir], capture_output=True,
+                            text=True, timeout=300, env=child_environment({"TRITONPATCH_AUTOLOAD": autoload,
+                                                                            "TRITONPATCH_PASS": "hoist-masks"}))
+    assert result.returncode == 0, result.stderr
+    line = 5 if autoload == "1" else 7   # `import triton` / `with tritonpatch.options(...)`
+    assert f"{program}:{line}: RuntimeWarning: tritonpatch: TRITONPATCH_PASS is not a tritonpatch variable" \
+        in result.stderr, result.stderr
