@@ -11,13 +11,16 @@ Usage (on a CUDA machine):
 Useful TFLOP/s = 4·B·H·Sq·Skv·D × (fraction of allowed (q, kv) pairs) / time, × 3.5 for fwd+bwd
 (the backward's five matmuls count 2.5). Times are ``triton.testing.do_bench`` medians on fresh
 random inputs after warm-up (gradients reset between runs); block masks (ours and Flex's) are built
-before timing, as a training loop would reuse them. Our tuners decide in the run itself: their disk
+before timing, as a training loop would reuse them. With ``--rounds N`` every implementation of a row is
+timed N times in turn (ours, Flex, SDPA flash, SDPA cuDNN, then again), so a drift of the GPU's clocks
+during the row falls on all of them alike; the row reports the median round and keeps every round. Our tuners decide in the run itself: their disk
 cache is off unless TRITONPATCH_TUNING_CACHE is set.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -40,6 +43,7 @@ from _common import (BATCH, HEADS, MASKS, allowed_fraction, bench_ms, compiled_f
 HEAD_DIMS = (64, 128)
 SEQ_LENS = (4096, 8192, 16384)
 MODES = {"fwd": 1.0, "fwd_bwd": 3.5}   # mode -> useful FLOPs in units of the forward's
+IMPL_NAMES = {"ours": "tritonpatch", "flex": "FlexAttention", "sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN"}
 WARMUP_ONLY = False   # --warmup: run each row once (compiles, tuning), time nothing, write nothing
 TARGETS = {"fwd": "≥ 1.25× FlexAttention on every mask row; ≥ 1.05× cuDNN on causal and non-causal D=128 S ≥ 8k",
            "fwd_bwd": "≥ 1.25× FlexAttention on every row; ≥ 1.0× cuDNN on causal D=128 S=8k"}
@@ -212,14 +216,14 @@ def sweep_bwd(device, head_dims=HEAD_DIMS, seq=8192) -> list:
 
 
 # ------------------------------------------------------------------------------------------------
-def bench(device, mode, masks, head_dims, seq_lens, on_row=lambda rows: None) -> list:
+def bench(device, mode, masks, head_dims, seq_lens, rounds: int = 1, on_row=lambda rows: None) -> list:
     flex = compiled_flex_attention()
     rows = []
     for seq in seq_lens:
         for mask_name in masks:
             for head_dim in head_dims:
                 try:
-                    rows.append(bench_row(flex, mode, mask_name, head_dim, seq, device))
+                    rows.append(bench_row(flex, mode, mask_name, head_dim, seq, device, rounds))
                 except Exception as exc:  # noqa: BLE001 - record the failure, keep the other rows
                     log(f"{mask_name} D{head_dim} S{seq}: ERROR {type(exc).__name__}: {str(exc)[:300]}")
                     rows.append({"mask": mask_name, "head_dim": head_dim, "seq_len": seq,
@@ -229,9 +233,10 @@ def bench(device, mode, masks, head_dims, seq_lens, on_row=lambda rows: None) ->
     return rows
 
 
-def bench_row(flex, mode: str, mask_name: str, head_dim: int, seq: int, device) -> dict:
+def bench_row(flex, mode: str, mask_name: str, head_dim: int, seq: int, device, rounds: int = 1) -> dict:
     """One row: ours (tuned on first call), Flex (compiled, its BlockMask prebuilt), SDPA for none and causal;
-    ``mode`` "fwd" times the forward, "fwd_bwd" forward and backward (``out.backward(dout)``)."""
+    ``mode`` "fwd" times the forward, "fwd_bwd" forward and backward (``out.backward(dout)``); ``rounds``
+    times each implementation that many times in turn (the row's time: the median round)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask
     import torch.nn.functional as F
@@ -245,15 +250,16 @@ def bench_row(flex, mode: str, mask_name: str, head_dim: int, seq: int, device) 
         leaves = [t.requires_grad_() for t in (q, k, v)]
         dout = torch.randn_like(q)
 
+    calls = {}
+
     def timed(label, attend):
-        """First call (compile/tune) wall time, then the do_bench median of ``attend`` (+ backward)."""
+        """First call (compile/tune) wall time; ``attend`` (+ backward) joins the timed calls."""
         call = attend if mode == "fwd" else (lambda: attend().backward(dout))
         t0 = time.time()
         call()
         torch.cuda.synchronize()
         row[f"{label}_first_call_s"] = time.time() - t0
-        if not WARMUP_ONLY:
-            row[f"{label}_ms"] = bench_ms(call, grad_to_none=leaves)
+        calls[label] = call
 
     row = {"mask": mask_name, "head_dim": head_dim, "seq_len": seq, "allowed_fraction": frac, "mode": mode}
     timed("ours", lambda: K.attention(q, k, v, mask_mod=mask))
@@ -278,6 +284,14 @@ def bench_row(flex, mode: str, mask_name: str, head_dim: int, seq: int, device) 
         log(f"warm-up {mode} {mask_name} D{head_dim} S{seq}: ours {row['ours_first_call_s']:.1f} s, "
             f"flex {row.get('flex_first_call_s', float('nan')):.1f} s")
         return row
+    times = {label: [] for label in calls}
+    for _ in range(rounds):
+        for label, call in calls.items():
+            times[label].append(bench_ms(call, grad_to_none=leaves))
+    for label, ms in times.items():
+        row[f"{label}_ms"] = statistics.median(ms)
+        if rounds > 1:
+            row[f"{label}_ms_rounds"] = ms
     for impl in ("ours", "flex", "sdpa_flash", "sdpa_cudnn"):
         if f"{impl}_ms" in row:
             row[f"{impl}_tflops"] = flops / row[f"{impl}_ms"] / 1e9
@@ -326,6 +340,13 @@ def write_markdown(path, report, rows) -> None:
     failed = [r for r in report.get("rows", []) if "error" in r]
     for r in failed:
         lines.append(f"| {r['mask']} | {r['head_dim']} | {r['seq_len']} | error: {r['error'][:80]} | | | | | | |")
+    spreads = {impl: [max(r[f"{impl}_ms_rounds"]) / min(r[f"{impl}_ms_rounds"]) - 1 for r in rows
+                      if f"{impl}_ms_rounds" in r] for impl in IMPL_NAMES}
+    if any(spreads.values()):
+        counts = sorted({len(r["ours_ms_rounds"]) for r in rows if "ours_ms_rounds" in r})
+        lines += ["", f"Each implementation timed in {'/'.join(map(str, counts))} rounds in turn per row (the "
+                  "median round above); the largest spread between a row's slowest and fastest round: "
+                  + ", ".join(f"{IMPL_NAMES[impl]} {100 * max(s):.1f}%" for impl, s in spreads.items() if s)]
     if build:
         lines += ["", f"Block-mask build, causal, S={build['seq_len']} (uncached, 128×64 tiles): "
                   f"{build['ours_ms']:.3f} ms (target < 5 ms)"]
@@ -339,11 +360,9 @@ def write_markdown(path, report, rows) -> None:
 
 
 def write_plot(path, rows, mode) -> None:
-    impls = [("ours", "tritonpatch"), ("flex", "FlexAttention"), ("sdpa_flash", "SDPA flash"),
-             ("sdpa_cudnn", "SDPA cuDNN")]
     fig, ax = pyplot().subplots(figsize=(max(10, len(rows) * 0.7), 5))
     width = 0.2
-    for i, (key, label) in enumerate(impls):
+    for i, (key, label) in enumerate(IMPL_NAMES.items()):
         xs = [j + (i - 1.5) * width for j, r in enumerate(rows) if f"{key}_tflops" in r]
         ys = [r[f"{key}_tflops"] for r in rows if f"{key}_tflops" in r]
         if xs:
@@ -367,6 +386,8 @@ def main() -> int:
     parser.add_argument("--sweep-pipelines", action="store_true", help="forward --sweep: every config also "
                         "with the disable-lsr Pipeline (default: the first only)")
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmark grid")
+    parser.add_argument("--rounds", type=int, default=1, help="time the implementations of a row this many "
+                        "times in turn and report the median round (default 1)")
     parser.add_argument("--masks", default=",".join(MASKS))
     parser.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
     parser.add_argument("--seq-lens", default=",".join(map(str, SEQ_LENS)))
@@ -420,7 +441,7 @@ def main() -> int:
         save(sweep=sweep(device, *grid, args.sweep_pipelines) if args.mode == "fwd" else sweep_bwd(device, grid[1]))
     if not args.no_bench:
         save(block_mask_build=block_mask_build_time(device))
-        bench(device, args.mode, *grid, on_row=lambda rows: save(rows=rows))
+        bench(device, args.mode, *grid, rounds=args.rounds, on_row=lambda rows: save(rows=rows))
         write_reports(report, args.out)
     save()
     return status
