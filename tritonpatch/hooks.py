@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
 import sys
 import threading
@@ -434,18 +433,21 @@ def _configure_logging() -> None:
 
 def _caller_stacklevel() -> int:
     """The ``warnings.warn`` stacklevel, for a warning issued in the function that calls this one, of the
-    first frame outside the tritonpatch package: the user's line that led into it (``options()``, a kernel
-    launch, the ``import triton`` that autoload installs after), not the package's own frames. The import
-    machinery's frames are passed over uncounted, as ``warnings`` itself skips them."""
-    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-    def import_machinery(filename: str) -> bool:
+    first frame outside tritonpatch's modules (``tritonpatch.kernels`` included, wherever its files lie) and
+    ``contextlib``: the user's line that led into it (``options()``, a kernel launch, the ``import triton``
+    that autoload installs after). The import machinery's frames are passed over uncounted, as ``warnings``
+    itself skips them."""
+    def import_machinery(frame) -> bool:
+        filename = frame.f_code.co_filename
         return "importlib" in filename and "_bootstrap" in filename   # as warnings tells them
 
+    def ours(frame) -> bool:
+        module = frame.f_globals.get("__name__", "")
+        return module == "contextlib" or module == "tritonpatch" or module.startswith("tritonpatch.")
+
     frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and (import_machinery(frame.f_code.co_filename)
-                                        or os.path.abspath(frame.f_code.co_filename).startswith(package)):
-        level += not import_machinery(frame.f_code.co_filename)
+    while frame.f_back is not None and (import_machinery(frame) or ours(frame)):
+        level += not import_machinery(frame)
         frame = frame.f_back
     return level
 

@@ -13,8 +13,9 @@ Useful TFLOP/s = 4·B·H·Sq·Skv·D × (fraction of allowed (q, kv) pairs) / ti
 random inputs after warm-up (gradients reset between runs); block masks (ours and Flex's) are built
 before timing, as a training loop would reuse them. With ``--rounds N`` every implementation of a row is
 timed N times in turn (ours, Flex, SDPA flash, SDPA cuDNN, then again), so a drift of the GPU's clocks
-during the row falls on all of them alike; the row reports the median round and keeps every round. Our tuners decide in the run itself: their disk
-cache is off unless TRITONPATCH_TUNING_CACHE is set.
+during the row falls on all of them alike; the row reports the median round (the lower middle one for an
+even N) and keeps every round. Our tuners decide in the run itself: their disk cache is off unless
+TRITONPATCH_TUNING_CACHE is set.
 """
 from __future__ import annotations
 
@@ -273,11 +274,15 @@ def bench_row(flex, mode: str, mask_name: str, head_dim: int, seq: int, device, 
         row["flex_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         log(f"flex unavailable: {row['flex_error'][:120]}")
     if mask_name in ("none", "causal"):   # the masks SDPA's flash and cuDNN kernels take
+        def sdpa(backend):
+            """SDPA's forward restricted to ``backend`` (its backward runs the same backend's kernel)."""
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=mask_name == "causal")
+
         for label, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION),
                                ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:
-                with sdpa_kernel(backend):
-                    timed(label, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=mask_name == "causal"))
+                timed(label, lambda backend=backend: sdpa(backend))
             except RuntimeError as exc:
                 log(f"{label} unavailable: {str(exc)[:100]}")
     if WARMUP_ONLY:
@@ -286,10 +291,17 @@ def bench_row(flex, mode: str, mask_name: str, head_dim: int, seq: int, device, 
         return row
     times = {label: [] for label in calls}
     for _ in range(rounds):
-        for label, call in calls.items():
-            times[label].append(bench_ms(call, grad_to_none=leaves))
+        for label in list(times):
+            try:
+                times[label].append(bench_ms(calls[label], grad_to_none=leaves))
+            except Exception as exc:  # noqa: BLE001 - an anchor failing while timed is recorded; ours fails the row
+                if label == "ours":
+                    raise
+                row[f"{label}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                log(f"{label} failed while timed: {row[f'{label}_error'][:120]}")
+                del times[label]
     for label, ms in times.items():
-        row[f"{label}_ms"] = statistics.median(ms)
+        row[f"{label}_ms"] = statistics.median_low(ms)   # a measured round, also for an even count
         if rounds > 1:
             row[f"{label}_ms_rounds"] = ms
     for impl in ("ours", "flex", "sdpa_flash", "sdpa_cudnn"):
@@ -374,6 +386,14 @@ def write_plot(path, rows, mode) -> None:
     save_figure(fig, path)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number of at least 1")
+    return value
+
+
 def main() -> int:
     global WARMUP_ONLY
     tune_in_this_run()
@@ -386,8 +406,8 @@ def main() -> int:
     parser.add_argument("--sweep-pipelines", action="store_true", help="forward --sweep: every config also "
                         "with the disable-lsr Pipeline (default: the first only)")
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmark grid")
-    parser.add_argument("--rounds", type=int, default=1, help="time the implementations of a row this many "
-                        "times in turn and report the median round (default 1)")
+    parser.add_argument("--rounds", type=positive_int, default=1, help="time the implementations of a row this "
+                        "many times in turn and report the median round (default 1)")
     parser.add_argument("--masks", default=",".join(MASKS))
     parser.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
     parser.add_argument("--seq-lens", default=",".join(map(str, SEQ_LENS)))

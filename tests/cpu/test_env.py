@@ -368,29 +368,32 @@ def test_misspelt_variables_are_named_with_the_closest_one():
                      + ", ".join(env.VARIABLES)]
 
 
-@pytest.mark.parametrize("autoload", ["0", "1"])
-def test_misspelt_variable_warning_names_the_users_line(tmp_path, autoload):
-    """The warning points at the user's line that led into the install (``options()``, or with autoload the
-    ``import triton``), not at tritonpatch's own frames (it named ``tritonpatch/scope.py``)."""
+# How each program reaches the install: its lines, and the line the warning must name.
+_INSTALL_PATHS = {
+    "options": ("import triton\nimport tritonpatch\nwith tritonpatch.options(disable_lsr=False):\n    pass\n", 3),
+    # the packaged kernels' tuner installs tritonpatch before it compiles its candidates
+    "kernel launch": ("from tritonpatch.kernels._runtime.launch import parallel_compiles\n"
+                      "with parallel_compiles():\n    pass\n", 2),
+    "autoload": ("import triton\n", 1),
+}
+
+
+@pytest.mark.parametrize("path", list(_INSTALL_PATHS))
+def test_misspelt_variable_warning_names_the_users_line(tmp_path, path):
+    """The warning points at the user's line that led into the install (``options()``, a launch of a packaged
+    kernel, or with autoload the ``import triton``) rather than at tritonpatch's own frames."""
     site_dir = ""
-    if autoload == "1" and not _pth_installed():   # editable checkout: hand the repository's .pth to `site`
+    if path == "autoload" and not _pth_installed():   # editable checkout: hand the repository's .pth to `site`
         site_dir = str(tmp_path / "site")
         os.makedirs(site_dir)
         shutil.copy(os.path.join(ROOT, "tritonpatch_autoload.pth"), site_dir)
+    lines, line = _INSTALL_PATHS[path]
     program = tmp_path / "user_program.py"
-    program.write_text(textwrap.dedent("""
-        import site, sys
-        if sys.argv[1]:
-            site.addsitedir(sys.argv[1])
-        import triton
-        import tritonpatch
-        with tritonpatch.options(disable_lsr=False):
-            pass
-    """))
+    program.write_text("import site, sys\nif sys.argv[1]:\n    site.addsitedir(sys.argv[1])\n" + lines)
+    extra = {"TRITONPATCH_AUTOLOAD": "1" if path == "autoload" else "0", "TRITONPATCH_PASS": "hoist-masks",
+             "TRITONPATCH_COMPILE_THREADS": "2"}
     result = subprocess.run([sys.executable, "-W", "always", str(program), site_dir], capture_output=True,
-                            text=True, timeout=300, env=child_environment({"TRITONPATCH_AUTOLOAD": autoload,
-                                                                            "TRITONPATCH_PASS": "hoist-masks"}))
+                            text=True, timeout=300, env=child_environment(extra))
     assert result.returncode == 0, result.stderr
-    line = 5 if autoload == "1" else 7   # `import triton` / `with tritonpatch.options(...)`
-    assert f"{program}:{line}: RuntimeWarning: tritonpatch: TRITONPATCH_PASS is not a tritonpatch variable" \
+    assert f"{program}:{3 + line}: RuntimeWarning: tritonpatch: TRITONPATCH_PASS is not a tritonpatch variable" \
         in result.stderr, result.stderr
