@@ -51,8 +51,8 @@ def cmd_llvm_options(args: argparse.Namespace) -> int:
         rows.append([o.name, kind if len(kind) <= 40 else kind[:39] + "…",
                      format_value(o.value) + (" *" if o.specified else ""), format_value(o.default), o.help])
     print(table(rows, ["NAME", "TYPE", "VALUE", "DEFAULT", "HELP"]))
-    print(f"\n{len(options)} option(s); * = specified on a command line; default - = LLVM records no default "
-          "for the option", file=sys.stderr)
+    print(f"\n{len(options)} option(s); * = specified on a command line; - = no value held (no default "
+          "recorded, a boolOrDefault left unset) or one not read (list, bits and other types)", file=sys.stderr)
     return 0
 
 

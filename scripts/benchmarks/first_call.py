@@ -1,6 +1,6 @@
 """First-call cost of attention fwd+bwd: compiles and tuning, with empty caches and in a second process.
 
-Per ``--threads`` value, a fresh process with its own empty Triton, Inductor and tritonpatch tuning
+Per head dim and ``--threads`` value, a fresh process with its own empty Triton, Inductor and tritonpatch tuning
 cache directories (every kernel compiles, every candidate is timed), then a second fresh process on
 the same directories (a restarted job: compiled kernels and tuning decisions come from disk). Times
 the first ``attention(...).backward(dout)`` of tritonpatch.kernels (forward and both backward dQ
@@ -49,11 +49,20 @@ def one_run(mask: str, head_dim: int, seq: int) -> dict:
     return {"ours_first_call_s": ours, "flex_first_call_s": time.time() - start}
 
 
+def int_list(text: str) -> list[int]:
+    """An argparse type: ``128,64`` -> [128, 64]."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", default="1,16", help="TRITONPATCH_COMPILE_THREADS values, one run each")
     parser.add_argument("--mask", default="causal", choices=["causal"])
-    parser.add_argument("--head-dims", default="128", help="head dims, comma-separated, one pair of runs each")
+    parser.add_argument("--head-dims", type=int_list, default=[128],
+                        help="head dims, comma-separated, one pair of runs each")
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--out", default=".")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -63,7 +72,7 @@ def main() -> int:
         write_reports(read_json(args.from_json), args.out)
         return 0
     require_gpu("scripts/benchmarks/first_call.py")
-    head_dims = [int(d) for d in args.head_dims.split(",")]
+    head_dims = args.head_dims
     if args.child:
         print(json.dumps(one_run(args.mask, head_dims[0], args.seq)))
         return 0
@@ -103,7 +112,7 @@ def write_reports(report: dict, out_dir: str) -> None:
               for r in report["rows"]]
     write_lines(os.path.join(out_dir, "first_call.md"), lines)
     rows = report["rows"]
-    fig, ax = pyplot().subplots(figsize=(6, 3.5))
+    fig, ax = pyplot().subplots(figsize=(max(6, 1.5 * len(rows)), 3.5))
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], [r["ours_first_call_s"] for r in rows], 0.4, label="tritonpatch")
     ax.bar([x + 0.2 for x in xs], [r["flex_first_call_s"] for r in rows], 0.4, label="FlexAttention")

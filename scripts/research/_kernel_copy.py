@@ -2,7 +2,9 @@
 
 Triton reads a kernel's source from its file, and a kernel module's relative imports need its package: so
 the copy is written into the kernel's own folder under a name of its own, imported from there, and removed
-(file and module) when the run ends.
+(file and module) when the run ends. The copy shares the package's other modules (configs, the Gluon compat
+layer, the launcher) as they are now: a revision that needs other versions of those fails to import or runs
+against the current ones.
 """
 from __future__ import annotations
 
@@ -22,11 +24,15 @@ def kernel_copy(kernel_module, source: str, name: str):
     module_name = kernel_module.__name__.rsplit(".", 1)[0] + "." + name
     with open(path, "w") as f:
         f.write(source)
+    importlib.invalidate_caches()   # the finders' directory listings predate the file
     try:
         yield importlib.import_module(module_name)
     finally:
         os.remove(path)
         sys.modules.pop(module_name, None)
+        package = sys.modules.get(module_name.rsplit(".", 1)[0])
+        if package is not None and hasattr(package, name):
+            delattr(package, name)
 
 
 @contextlib.contextmanager

@@ -4,17 +4,17 @@ tuner's pick with the Gluon candidate left out) and SDPA's cuDNN and flash backw
 D 64 / 128, S 4k / 8k.
 
     python -m scripts.research.gluon_backward [--rows 128:8192,64:8192] [--out DIR]   # on a Hopper GPU
-    git show REV:kernels/bwd/gluon_kernel.py > base_bwd.py
-    python -m scripts.research.gluon_backward --baseline base_bwd.py
+    git show REV:kernels/bwd/gluon_kernel.py > /tmp/base_bwd.py
+    python -m scripts.research.gluon_backward --baseline /tmp/base_bwd.py
 
 Prints one line per (D, S, mask): backward milliseconds and useful TFLOP/s (2.5 x the forward's FLOPs) of
 each (do_bench medians, B=4 H=16 bf16, the forward's out and lse from the tuned forward). SDPA's backward
 is timed as ``torch.autograd.grad`` of its output (retained graph). The no-write variant is the shipped
 kernel with its dQ writer's TMA reduce-add left out (every handshake kept), imported beside the kernel for
 the run (:mod:`._kernel_copy`). With ``--baseline FILE`` (another revision of ``kernels/bwd/gluon_kernel.py``)
-the Gluon backward and the dK/dV kernel with dQ also run that kernel, labelled ``@base``, in the same run,
-and the line says whether its dK and dV are bitwise the current kernel's and how far its dQ is (fp32
-reduce-adds land in any order, so dQ is not bitwise repeatable). Writes DIR/gluon_backward.json.
+the dK/dV kernel with dQ is also timed with that kernel, labelled ``@base``, in the same run, and one Gluon
+backward with each kernel says whether the baseline's dK and dV are bitwise the current kernel's and how far
+its dQ is (fp32 reduce-adds land in any order, so dQ is not bitwise repeatable). Writes DIR/gluon_backward.json.
 Findings: docs/design/gluon_backward.md.
 """
 from __future__ import annotations
@@ -36,9 +36,8 @@ from tritonpatch.kernels._call import BlockMasks
 from tritonpatch.kernels.bwd import backward as bwd_backward
 from tritonpatch.kernels.bwd import configs as bwd_configs
 from tritonpatch.kernels.bwd import gluon_kernel
-from tritonpatch.kernels.bwd.launch import Buffers
+from tritonpatch.kernels.bwd.launch import Buffers, run as bwd_run
 from tritonpatch.kernels.fwd import forward as fwd_forward
-from tritonpatch.kernels.bwd.launch import run as bwd_run
 from scripts.benchmarks._common import environment_line, run_environment, tune_in_this_run
 from scripts.research._kernel_copy import baseline_copy, git_blob, kernel_copy
 
@@ -62,23 +61,20 @@ def no_dq_write_source() -> str:
     return REDUCE_ADD.sub("pass   # dQ computed, not added", source)
 
 
-def with_kernel(module, fn):
-    """``fn`` run with ``module``'s dK/dV kernel in place of the shipped one."""
-    def run():
-        with mock.patch.object(gluon_kernel, "_attn_bwd_dkdv_gluon_kernel", module._attn_bwd_dkdv_gluon_kernel):
-            return fn()
-    return run
+def kernel_of(module):
+    """A context in which the launcher runs ``module``'s dK/dV kernel in place of the shipped one."""
+    return mock.patch.object(gluon_kernel, "_attn_bwd_dkdv_gluon_kernel", module._attn_bwd_dkdv_gluon_kernel)
 
 
 def compare_to_baseline(buffers, baseline) -> dict:
     """Whether the baseline kernel's dK and dV are bitwise the current kernel's (one Gluon backward each)
     and the relative difference of their dQ."""
     config = bwd_configs.BwdConfig("atomic", bwd_configs.gluon_config(2))
-    grads = {}
-    for name, module in (("current", gluon_kernel), ("base", baseline)):
-        dq = with_kernel(module, lambda: bwd_run(buffers, config))()
-        grads[name] = (dq.float(), buffers.dk.clone(), buffers.dv.clone())
-    (dq, dk, dv), (base_dq, base_dk, base_dv) = grads["current"], grads["base"]
+    dq = bwd_run(buffers, config).float()
+    dk, dv = buffers.dk.clone(), buffers.dv.clone()
+    with kernel_of(baseline):
+        base_dq = bwd_run(buffers, config).float()
+    base_dk, base_dv = buffers.dk, buffers.dv
     return {"dk_dv_bitwise_equal": torch.equal(dk, base_dk) and torch.equal(dv, base_dv),
             "dq_rel_diff": ((dq - base_dq).norm() / dq.norm()).item()}
 
@@ -103,13 +99,16 @@ def measure(head_dim: int, seq: int, causal: bool, no_write, baseline) -> dict:
     mask_mod = mask or K.allow_all()
     buffers = Buffers(q, k, v, out, dout, lse, None, mask_mod, None, 1 / math.sqrt(head_dim),
                       BlockMasks(None, mask_mod, q, k))
+    bwd_run(buffers, configs["gluon atomic"])   # fills buffers.delta, as in a backward, for the kernel alone
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=device)
     with_dq = lambda: buffers.dkdv(gluon, dq_acc, bwd_configs.ATOMIC_ADD)   # noqa: E731
     times["dK/dV kernel without dQ"] = bench_ms(lambda: buffers.dkdv(gluon, None, None))
     times["dK/dV kernel with dQ"] = bench_ms(with_dq)
     if baseline is not None:
-        times["dK/dV kernel with dQ @base"] = bench_ms(with_kernel(baseline, with_dq))
-    times["dK/dV kernel with dQ not added"] = bench_ms(with_kernel(no_write, with_dq))
+        with kernel_of(baseline):
+            times["dK/dV kernel with dQ @base"] = bench_ms(with_dq)
+    with kernel_of(no_write):
+        times["dK/dV kernel with dQ not added"] = bench_ms(with_dq)
     for backend, name in ((SDPBackend.CUDNN_ATTENTION, "SDPA cuDNN"), (SDPBackend.FLASH_ATTENTION, "SDPA flash")):
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         with sdpa_kernel(backend):

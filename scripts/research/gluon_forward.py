@@ -3,8 +3,8 @@ tile, against SDPA (cuDNN, flash) and, with ``--tl``, the Triton-language forwar
 Gluon candidates left out), non-causal and causal; optionally against another revision of the Gluon kernel.
 
     python -m scripts.research.gluon_forward [--head-dims 128,64] [--lengths 4096,8192] [--out DIR]
-    git show REV:kernels/fwd/gluon_kernel.py > base_fwd.py
-    python -m scripts.research.gluon_forward --baseline base_fwd.py
+    git show REV:kernels/fwd/gluon_kernel.py > /tmp/base_fwd.py
+    python -m scripts.research.gluon_forward --baseline /tmp/base_fwd.py
 
 (on a Hopper GPU; DIR/gluon_forward.json). Prints one line per (D, S, mask): useful TFLOP/s of each
 implementation (do_bench medians, B=4 H=16 bf16), with each Gluon config's relative error against SDPA
