@@ -7,6 +7,7 @@ D 64 / 128, S 4k / 8k.
     git show REV:kernels/bwd/gluon_kernel.py > /tmp/base_bwd.py
     python -m scripts.research.gluon_backward --baseline /tmp/base_bwd.py
 
+The dK/dV kernel alone with dQ runs as the tuner's two Gluon candidates: plain and with disable-lsr.
 Prints one line per (D, S, mask): backward milliseconds and useful TFLOP/s (2.5 x the forward's FLOPs) of
 each (do_bench medians, B=4 H=16 bf16, the forward's out and lse from the tuned forward). SDPA's backward
 is timed as ``torch.autograd.grad`` of its output (retained graph). The no-write variant is the shipped
@@ -101,14 +102,16 @@ def measure(head_dim: int, seq: int, causal: bool, no_write, baseline) -> dict:
                       BlockMasks(None, mask_mod, q, k))
     bwd_run(buffers, configs["gluon atomic"])   # fills buffers.delta, as in a backward, for the kernel alone
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=device)
-    with_dq = lambda: buffers.dkdv(gluon, dq_acc, bwd_configs.ATOMIC_ADD)   # noqa: E731
     times["dK/dV kernel without dQ"] = bench_ms(lambda: buffers.dkdv(gluon, None, None))
-    times["dK/dV kernel with dQ"] = bench_ms(with_dq)
-    if baseline is not None:
-        with kernel_of(baseline):
-            times["dK/dV kernel with dQ @base"] = bench_ms(with_dq)
-    with kernel_of(no_write):
-        times["dK/dV kernel with dQ not added"] = bench_ms(with_dq)
+    for candidate in bwd_configs.gluon_candidates():   # the plain kernel and its disable-lsr variant
+        suffix = f" +{candidate.pipeline_label}" if candidate.pipeline is not None else ""
+        with_dq = lambda: buffers.dkdv(candidate, dq_acc, bwd_configs.ATOMIC_ADD)   # noqa: E731
+        times["dK/dV kernel with dQ" + suffix] = bench_ms(with_dq)
+        if baseline is not None:
+            with kernel_of(baseline):
+                times["dK/dV kernel with dQ @base" + suffix] = bench_ms(with_dq)
+        with kernel_of(no_write):
+            times["dK/dV kernel with dQ not added" + suffix] = bench_ms(with_dq)
     for backend, name in ((SDPBackend.CUDNN_ATTENTION, "SDPA cuDNN"), (SDPBackend.FLASH_ATTENTION, "SDPA flash")):
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         with sdpa_kernel(backend):
