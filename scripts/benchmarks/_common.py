@@ -1,5 +1,5 @@
-"""What the benchmarks share: the header every report starts with (GPU, versions, date, command,
-commit), timing, the attention benchmarks' inputs and masks, and writing the reports (JSON,
+"""What the benchmarks share: command-line types, the header every report starts with (GPU, versions,
+date, command, commit), timing, the attention benchmarks' inputs and masks, and writing the reports (JSON,
 markdown, plots).
 
 A benchmark run as ``python scripts/benchmarks/NAME.py`` imports this module as ``_common`` (Python
@@ -8,6 +8,7 @@ puts the script's folder on ``sys.path``); a research script run from the reposi
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -22,6 +23,18 @@ import triton
 import tritonpatch.kernels as K
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# --- command lines --------------------------------------------------------------------------------
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a count of rounds or repeats)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
 
 
 # --- the run: where, when and how ------------------------------------------------------------------

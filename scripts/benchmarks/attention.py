@@ -38,8 +38,8 @@ from tritonpatch.kernels._runtime import tma
 from tritonpatch.kernels._runtime.launch import pipeline_variants
 
 from _common import (BATCH, HEADS, MASKS, allowed_fraction, bench_ms, compiled_flex_attention, environment_line,
-                     log, make_mask, pyplot, random_doc_ids, random_qkv, read_json, require_gpu, run_environment,
-                     save_figure, tune_in_this_run, write_json, write_lines)
+                     log, make_mask, positive_int, pyplot, random_doc_ids, random_qkv, read_json, require_gpu,
+                     run_environment, save_figure, tune_in_this_run, write_json, write_lines)
 
 HEAD_DIMS = (64, 128)
 SEQ_LENS = (4096, 8192, 16384)
@@ -384,14 +384,6 @@ def write_plot(path, rows, mode) -> None:
     ax.set_ylabel(f"useful TFLOP/s (bf16, {mode.replace('_', '+')})")
     ax.legend()
     save_figure(fig, path)
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a whole number of at least 1")
-    return value
 
 
 def main() -> int:

@@ -33,7 +33,7 @@ import triton.language as tl
 import tritonpatch
 from tritonpatch.targets import CompileOnlyDriver, compile_for_target
 
-from _common import REPO_ROOT, command_line, read_json, write_json, write_lines
+from _common import REPO_ROOT, command_line, positive_int, read_json, write_json, write_lines
 
 
 def example_kernel(name: str):
@@ -258,7 +258,7 @@ def write_markdown(path: str, data: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=positive_int, default=15)
     parser.add_argument("--out", default=os.path.join("docs", "benchmarks"),
                         help="directory of compile_overhead.json/.md (results of other Triton versions are kept)")
     args = parser.parse_args()

@@ -32,7 +32,7 @@ import tritonpatch  # noqa: E402
 from tritonpatch.passes import collect_reports  # noqa: E402
 from tritonpatch.kernels.seed import SIGNATURE, seed_attention_fwd, seed_constexprs  # noqa: E402
 
-from _common import (REPO_ROOT, bench_ms, checkout_commit, command_line, pyplot, read_json,  # noqa: E402
+from _common import (REPO_ROOT, bench_ms, checkout_commit, command_line, positive_int, pyplot, read_json,  # noqa: E402
                      require_gpu, save_figure, write_json, write_lines)
 
 VARIANTS = [  # (label, MASKED, passes)
@@ -56,7 +56,7 @@ def parse_args(argv=None):
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--prefix", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=3, help="timing rounds over all variants (median kept)")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="timing rounds over all variants (median kept)")
     parser.add_argument("--out", default=os.path.join(REPO_ROOT, "docs", "benchmarks"))
     parser.add_argument("--compile-only", action="store_true", help="compile every variant for sm_90 (no GPU)")
     parser.add_argument("--from-json", help="rewrite mask_passes.md/.png in --out from this measured JSON (no GPU)")

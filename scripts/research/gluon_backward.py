@@ -3,28 +3,33 @@ with dQ computed but not added (the no-dQ-write bound) and without dQ, the Trito
 tuner's pick with the Gluon candidate left out) and SDPA's cuDNN and flash backward; causal and non-causal,
 D 64 / 128, S 4k / 8k.
 
-    python -m scripts.research.gluon_backward [--rows 128:8192,64:8192] [--out DIR]   # on a Hopper GPU
+    python -m scripts.research.gluon_backward [--rows 128:8192,64:8192] [--rounds N] [--out DIR]   # Hopper
     git show REV:kernels/bwd/gluon_kernel.py > /tmp/base_bwd.py
     python -m scripts.research.gluon_backward --baseline /tmp/base_bwd.py
 
 The dK/dV kernel alone with dQ runs as the tuner's two Gluon candidates: plain and with disable-lsr.
-Prints one line per (D, S, mask): backward milliseconds and useful TFLOP/s (2.5 x the forward's FLOPs) of
-each (do_bench medians, B=4 H=16 bf16, the forward's out and lse from the tuned forward). SDPA's backward
-is timed as ``torch.autograd.grad`` of its output (retained graph). The no-write variant is the shipped
-kernel with its dQ writer's TMA reduce-add left out (every handshake kept), imported beside the kernel for
-the run (:mod:`._kernel_copy`). With ``--baseline FILE`` (another revision of ``kernels/bwd/gluon_kernel.py``)
-the dK/dV kernel with dQ is also timed with that kernel, labelled ``@base``, in the same run, and one Gluon
-backward with each kernel says whether the baseline's dK and dV are bitwise the current kernel's and how far
-its dQ is (fp32 reduce-adds land in any order, so dQ is not bitwise repeatable). Writes DIR/gluon_backward.json.
+Prints one line per (D, S, mask): backward milliseconds and useful TFLOP/s (2.5 x the forward's FLOPs) of each
+(do_bench medians, B=4 H=16 bf16, the forward's out and lse from the tuned forward). SDPA's backward is timed
+as ``torch.autograd.grad`` of its output (retained graph). With ``--rounds N`` every implementation of a row
+is timed N times in turn, so clock drift and the order of the timings fall on all of them alike (the median
+round, the lower middle one for an even N, is reported; the JSON keeps every round). The no-write variant is
+the shipped kernel with its dQ writer's TMA reduce-add left out (every handshake kept), imported beside the
+kernel for the run (:mod:`._kernel_copy`). With ``--baseline FILE`` (another revision of
+``kernels/bwd/gluon_kernel.py``) the dK/dV kernel with dQ is also timed with that kernel, labelled ``@base``,
+in the same run, and one Gluon backward with each kernel says whether the baseline's dK and dV are bitwise the
+current kernel's and how far its dQ is (fp32 reduce-adds land in any order, so dQ is not bitwise repeatable).
+Writes DIR/gluon_backward.json.
 Findings: docs/design/gluon_backward.md.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import re
+import statistics
 from unittest import mock
 
 import torch
@@ -39,7 +44,7 @@ from tritonpatch.kernels.bwd import configs as bwd_configs
 from tritonpatch.kernels.bwd import gluon_kernel
 from tritonpatch.kernels.bwd.launch import Buffers, run as bwd_run
 from tritonpatch.kernels.fwd import forward as fwd_forward
-from scripts.benchmarks._common import environment_line, run_environment, tune_in_this_run
+from scripts.benchmarks._common import environment_line, positive_int, run_environment, tune_in_this_run
 from scripts.research._kernel_copy import baseline_copy, git_blob, kernel_copy
 
 BATCH, HEADS = 4, 16
@@ -80,8 +85,9 @@ def compare_to_baseline(buffers, baseline) -> dict:
             "dq_rel_diff": ((dq - base_dq).norm() / dq.norm()).item()}
 
 
-def measure(head_dim: int, seq: int, causal: bool, no_write, baseline) -> dict:
-    """Backward milliseconds of each implementation for one shape (and the baseline comparison)."""
+def measure(head_dim: int, seq: int, causal: bool, no_write, baseline, rounds: int = 1) -> dict:
+    """Backward milliseconds of each implementation for one shape (and the baseline comparison): each timed
+    ``rounds`` times in turn, the median round reported and every round kept."""
     device = torch.device("cuda")
     mask = K.causal() if causal else None
     q, k, v, dout = (torch.randn(BATCH, HEADS, seq, head_dim, device=device, dtype=torch.bfloat16)
@@ -92,32 +98,41 @@ def measure(head_dim: int, seq: int, causal: bool, no_write, baseline) -> dict:
     configs = {"gluon atomic": bwd_configs.BwdConfig("atomic", gluon),
                "gluon atomic 3 buffers": bwd_configs.BwdConfig("atomic", bwd_configs.gluon_config(3)),
                "gluon separate": bwd_configs.BwdConfig("separate", gluon, dq_config), "tl": None}
-    times = {}
+    calls = {}   # name -> (function, the context it runs in)
     for name, config in configs.items():
-        with mock.patch.object(bwd_configs, "GLUON_CONFIGS", []):   # "tl": the tuner without the Gluon candidates
-            times[name] = bench_ms(lambda: bwd_backward.attention_backward(q, k, v, out, lse, dout, mask_mod=mask,
-                                                                           config=config, dq_mode="auto"))
+        calls[name] = (lambda config=config: bwd_backward.attention_backward(q, k, v, out, lse, dout, mask_mod=mask,
+                                                                            config=config, dq_mode="auto"),
+                       # "tl": the tuner without the Gluon candidates
+                       lambda: mock.patch.object(bwd_configs, "GLUON_CONFIGS", []))
     mask_mod = mask or K.allow_all()
     buffers = Buffers(q, k, v, out, dout, lse, None, mask_mod, None, 1 / math.sqrt(head_dim),
                       BlockMasks(None, mask_mod, q, k))
     bwd_run(buffers, configs["gluon atomic"])   # fills buffers.delta, as in a backward, for the kernel alone
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=device)
-    times["dK/dV kernel without dQ"] = bench_ms(lambda: buffers.dkdv(gluon, None, None))
+    calls["dK/dV kernel without dQ"] = (lambda: buffers.dkdv(gluon, None, None), contextlib.nullcontext)
     for candidate in bwd_configs.gluon_candidates():   # the plain kernel and its disable-lsr variant
         suffix = f" +{candidate.pipeline_label}" if candidate.pipeline is not None else ""
-        with_dq = lambda: buffers.dkdv(candidate, dq_acc, bwd_configs.ATOMIC_ADD)   # noqa: E731
-        times["dK/dV kernel with dQ" + suffix] = bench_ms(with_dq)
+        with_dq = lambda candidate=candidate: buffers.dkdv(candidate, dq_acc, bwd_configs.ATOMIC_ADD)   # noqa: E731
+        calls["dK/dV kernel with dQ" + suffix] = (with_dq, contextlib.nullcontext)
         if baseline is not None:
-            with kernel_of(baseline):
-                times["dK/dV kernel with dQ @base" + suffix] = bench_ms(with_dq)
-        with kernel_of(no_write):
-            times["dK/dV kernel with dQ not added" + suffix] = bench_ms(with_dq)
+            calls["dK/dV kernel with dQ @base" + suffix] = (with_dq, lambda: kernel_of(baseline))
+        calls["dK/dV kernel with dQ not added" + suffix] = (with_dq, lambda: kernel_of(no_write))
     for backend, name in ((SDPBackend.CUDNN_ATTENTION, "SDPA cuDNN"), (SDPBackend.FLASH_ATTENTION, "SDPA flash")):
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        with sdpa_kernel(backend):
+        with sdpa_kernel(backend):   # the graph keeps the backend's backward
             sdpa_out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-            times[name] = bench_ms(lambda: torch.autograd.grad(sdpa_out, leaves, dout, retain_graph=True))
-    row = {"head_dim": head_dim, "seq_len": seq, "causal": causal, "ms": times}
+        calls[name] = (lambda sdpa_out=sdpa_out, leaves=leaves: torch.autograd.grad(sdpa_out, leaves, dout,
+                                                                                     retain_graph=True),
+                       contextlib.nullcontext)
+    rounds_ms = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, (function, context) in calls.items():
+            with context():
+                rounds_ms[name].append(bench_ms(function))
+    row = {"head_dim": head_dim, "seq_len": seq, "causal": causal,
+           "ms": {name: statistics.median_low(ms) for name, ms in rounds_ms.items()}}
+    if rounds > 1:
+        row["ms_rounds"] = rounds_ms
     if baseline is not None:
         row["vs_baseline"] = compare_to_baseline(buffers, baseline)
     return row
@@ -145,6 +160,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=rows_list, default=ROWS, help="D:S pairs, comma-separated")
     parser.add_argument("--baseline", default=None, help="a file with another revision of gluon_kernel.py")
+    parser.add_argument("--rounds", type=positive_int, default=1, metavar="N",
+                        help="time every implementation of a row N times in turn; the median round is reported")
     parser.add_argument("--out", default=".", help="directory for gluon_backward.json")
     args = parser.parse_args()
     tune_in_this_run()
@@ -155,7 +172,7 @@ def main() -> int:
             baseline_copy(gluon_kernel, args.baseline) as baseline:
         for head_dim, seq in args.rows:
             for causal in (True, False):
-                rows.append(measure(head_dim, seq, causal, no_write, baseline))
+                rows.append(measure(head_dim, seq, causal, no_write, baseline, args.rounds))
                 print(describe(rows[-1]), flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "gluon_backward.json"), "w") as f:
