@@ -2,13 +2,14 @@
 tile, against SDPA (cuDNN, flash) and, with ``--tl``, the Triton-language forward (its tuner's pick with the
 Gluon candidates left out), non-causal and causal; optionally against another revision of the Gluon kernel.
 
-    python -m scripts.research.gluon_forward [--head-dims 128,64] [--lengths 4096,8192] [--out DIR]
+    python -m scripts.research.gluon_forward [--head-dims 128,64] [--lengths 4096,8192] [--rounds N] [--out DIR]
     git show REV:kernels/fwd/gluon_kernel.py > /tmp/base_fwd.py
     python -m scripts.research.gluon_forward --baseline /tmp/base_fwd.py
 
 (on a Hopper GPU; DIR/gluon_forward.json). Prints one line per (D, S, mask): useful TFLOP/s of each
 implementation (do_bench medians, B=4 H=16 bf16), with each Gluon config's relative error against SDPA
-flash's output. With ``--baseline FILE`` (another revision of ``kernels/fwd/gluon_kernel.py``, imported
+flash's output. With ``--rounds N`` every implementation of a row is timed N times in turn (the median round,
+the lower middle one for an even N, is reported; the JSON keeps every round). With ``--baseline FILE`` (another revision of ``kernels/fwd/gluon_kernel.py``, imported
 beside it for the run: :mod:`._kernel_copy`) every Gluon config also runs that kernel, labelled ``@base``,
 in the same run, and the line says whether its output and log-sum-exp are bitwise
 the current kernel's (the JSON records the file's git blob hash). Findings: docs/design/gluon_forward.md.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 from unittest import mock
 
 import torch
@@ -29,7 +31,7 @@ import tritonpatch.kernels as K
 from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from tritonpatch.kernels.fwd import gluon_kernel, gluon_launch
-from scripts.benchmarks._common import environment_line, run_environment
+from scripts.benchmarks._common import environment_line, positive_int, run_environment
 from scripts.research._kernel_copy import baseline_copy, git_blob
 
 BATCH, HEADS = 4, 16
@@ -64,32 +66,43 @@ def gluon_runner(q, k, v, mask, config, kernel_module):
     return run
 
 
-def measure(head_dim: int, seq: int, causal: bool, baseline=None, with_tl: bool = False) -> dict:
+def measure(head_dim: int, seq: int, causal: bool, baseline=None, with_tl: bool = False, rounds: int = 1) -> dict:
+    """Milliseconds of each implementation for one shape, each timed ``rounds`` times in turn (the median round
+    reported, every round kept), and each Gluon config's error (and bits against the baseline)."""
     q, k, v = (torch.randn(BATCH, HEADS, seq, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     mask = K.causal() if causal else None
-    ms = {}
-    for backend, name in ((SDPBackend.CUDNN_ATTENTION, "cudnn"), (SDPBackend.FLASH_ATTENTION, "flash")):
+
+    def sdpa(backend):
         with sdpa_kernel(backend):
-            ms[name] = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal).float()
-    if with_tl:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def triton_language():   # the tuner without the Gluon candidates
         with mock.patch.dict(fwd_configs.GLUON_CONFIGS, {d: [] for d in fwd_configs.GLUON_CONFIGS}):
-            ms["tl"] = bench(lambda: K.attention(q, k, v, mask_mod=mask))
+            return K.attention(q, k, v, mask_mod=mask)
+
+    calls = {"cudnn": lambda: sdpa(SDPBackend.CUDNN_ATTENTION), "flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION)}
+    ref = sdpa(SDPBackend.FLASH_ATTENTION).float()
+    if with_tl:
+        calls["tl"] = triton_language
+        triton_language()   # tunes now, not inside the first timing
     errors, same_bits = {}, {}
     for config in CONFIGS[head_dim]:
         variants = [(config.label(), gluon_kernel)] + ([(config.label() + "@base", baseline)] if baseline else [])
         outputs = {}
         for label, module in variants:
-            run = gluon_runner(q, k, v, mask, config, module)
-            outputs[label] = run()
+            calls[label] = gluon_runner(q, k, v, mask, config, module)
+            outputs[label] = calls[label]()
             errors[label] = ((outputs[label][0].float() - ref).norm() / ref.norm()).item()
-            ms[label] = bench(run)
         if baseline:
             (out, lse), (base_out, base_lse) = outputs.values()
             same_bits[config.label()] = torch.equal(out, base_out) and torch.equal(lse, base_lse)
+    rounds_ms = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            rounds_ms[name].append(bench(call))
+    ms = {name: statistics.median_low(times) for name, times in rounds_ms.items()}
     return {"head_dim": head_dim, "seq_len": seq, "causal": causal, "ms": ms, "rel_err_vs_flash": errors,
-            "bitwise_equal_to_baseline": same_bits,
+            "bitwise_equal_to_baseline": same_bits, **({"ms_rounds": rounds_ms} if rounds > 1 else {}),
             "tflops": {name: tflops(t, seq, head_dim, causal) for name, t in ms.items()}}
 
 
@@ -113,6 +126,8 @@ def main() -> int:
     parser.add_argument("--lengths", type=int_list, default=[4096, 8192], help="sequence lengths, comma-separated")
     parser.add_argument("--tl", action="store_true", help="also time the Triton-language forward (tunes per shape)")
     parser.add_argument("--baseline", default=None, help="a file with another revision of gluon_kernel.py")
+    parser.add_argument("--rounds", type=positive_int, default=1, metavar="N",
+                        help="time every implementation of a row N times in turn; the median round is reported")
     parser.add_argument("--out", default=None, help="directory for gluon_forward.json")
     args = parser.parse_args()
     if bad := [d for d in args.head_dims if d not in CONFIGS]:
@@ -124,7 +139,7 @@ def main() -> int:
         for head_dim in args.head_dims:
             for seq in args.lengths:
                 for causal in (False, True):
-                    rows.append(measure(head_dim, seq, causal, baseline, args.tl))
+                    rows.append(measure(head_dim, seq, causal, baseline, args.tl, args.rounds))
                     print(describe(rows[-1]), flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
