@@ -7,12 +7,13 @@ Gluon candidates left out), non-causal and causal; optionally against another re
     python -m scripts.research.gluon_forward --baseline /tmp/base_fwd.py
 
 (on a Hopper GPU; DIR/gluon_forward.json). Prints one line per (D, S, mask): useful TFLOP/s of each
-implementation (do_bench medians, B=4 H=16 bf16), with each Gluon config's relative error against SDPA
-flash's output. With ``--rounds N`` every implementation of a row is timed N times in turn (the median round,
-the lower middle one for an even N, is reported; the JSON keeps every round). With ``--baseline FILE`` (another revision of ``kernels/fwd/gluon_kernel.py``, imported
-beside it for the run: :mod:`._kernel_copy`) every Gluon config also runs that kernel, labelled ``@base``,
-in the same run, and the line says whether its output and log-sum-exp are bitwise
-the current kernel's (the JSON records the file's git blob hash). Findings: docs/design/gluon_forward.md.
+implementation (do_bench medians, B=4 H=16 bf16), with each Gluon config's relative error against SDPA flash's
+output. With ``--rounds N`` every implementation of a row is timed N times in turn (the median round, the
+lower middle one for an even N, is reported; the JSON keeps every round). With ``--baseline FILE`` (another
+revision of ``kernels/fwd/gluon_kernel.py``, imported beside it for the run: :mod:`._kernel_copy`) every Gluon
+config also runs that kernel, labelled ``@base``, in the same run, and the line says whether its output and
+log-sum-exp are bitwise the current kernel's (the JSON records the file's git blob hash).
+Findings: docs/design/gluon_forward.md.
 """
 from __future__ import annotations
 
