@@ -37,6 +37,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def int_list(text: str) -> list[int]:
+    """An argparse type: ``128,64`` -> [128, 64]."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
+
+
 # --- the run: where, when and how ------------------------------------------------------------------
 def command_line(argv: list[str] | None = None) -> str:
     """The command of this run as typed in the repository root: ``python scripts/benchmarks/NAME.py

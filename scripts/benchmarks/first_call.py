@@ -28,8 +28,8 @@ from torch.nn.attention.flex_attention import create_block_mask
 
 import tritonpatch.kernels as K
 
-from _common import (BATCH, HEADS, compiled_flex_attention, environment_line, make_mask, pyplot, random_qkv,
-                     read_json, require_gpu, run_environment, save_figure, write_json, write_lines)
+from _common import (BATCH, HEADS, compiled_flex_attention, environment_line, int_list, make_mask, pyplot,
+                     random_qkv, read_json, require_gpu, run_environment, save_figure, write_json, write_lines)
 
 
 def one_run(mask: str, head_dim: int, seq: int) -> dict:
@@ -49,14 +49,6 @@ def one_run(mask: str, head_dim: int, seq: int) -> dict:
     return {"ours_first_call_s": ours, "flex_first_call_s": time.time() - start}
 
 
-def int_list(text: str) -> list[int]:
-    """An argparse type: ``128,64`` -> [128, 64]."""
-    try:
-        return [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", default="1,16", help="TRITONPATCH_COMPILE_THREADS values, one run each")
@@ -72,12 +64,11 @@ def main() -> int:
         write_reports(read_json(args.from_json), args.out)
         return 0
     require_gpu("scripts/benchmarks/first_call.py")
-    head_dims = args.head_dims
     if args.child:
-        print(json.dumps(one_run(args.mask, head_dims[0], args.seq)))
+        print(json.dumps(one_run(args.mask, args.head_dims[0], args.seq)))
         return 0
     rows = []
-    for head_dim in head_dims:
+    for head_dim in args.head_dims:
         command = [sys.executable, __file__, "--child", "--mask", args.mask, "--head-dims", str(head_dim),
                    "--seq", str(args.seq)]
         for threads in args.threads.split(","):

@@ -32,7 +32,7 @@ import tritonpatch.kernels as K
 from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from tritonpatch.kernels.fwd import gluon_kernel, gluon_launch
-from scripts.benchmarks._common import environment_line, positive_int, run_environment
+from scripts.benchmarks._common import environment_line, int_list, positive_int, run_environment
 from scripts.research._kernel_copy import baseline_copy, git_blob
 
 BATCH, HEADS = 4, 16
@@ -114,10 +114,6 @@ def describe(row: dict) -> str:
     bits = (f"  | baseline bits differ: {', '.join(differ)}" if differ else "  | bitwise equal to baseline") \
         if row["bitwise_equal_to_baseline"] else ""
     return f"D{row['head_dim']} S{row['seq_len']} {'causal' if row['causal'] else 'full'}: " + "  ".join(parts) + bits
-
-
-def int_list(text: str) -> list[int]:
-    return [int(part) for part in text.split(",")]
 
 
 def main() -> int:
