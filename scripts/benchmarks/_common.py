@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -103,6 +104,31 @@ def bench_ms(fn, grad_to_none=None, rep: int = 100) -> float:
     """``triton.testing.do_bench`` median of ``fn`` in ms (25 ms warm-up; ``grad_to_none``: tensors
     whose gradients are reset between calls)."""
     return triton.testing.do_bench(fn, warmup=25, rep=rep, grad_to_none=grad_to_none, return_mode="median")
+
+
+def time_in_rounds(timers: dict, rounds: int, failed=None) -> dict:
+    """Call every timer of ``timers`` (name -> a function that times one implementation and returns
+    milliseconds) once per round, in order, for ``rounds`` rounds, so that a drift of the GPU's clocks and
+    the order of the timings fall on all implementations alike. Returns name -> the milliseconds of each
+    round. A timer that raises stops the run, or, where ``failed(name, exception)`` is given and returns,
+    is dropped from this and later rounds (an anchor that fails is recorded by the caller, not fatal)."""
+    times = {name: [] for name in timers}
+    for _ in range(rounds):
+        for name in list(times):
+            try:
+                times[name].append(timers[name]())
+            except Exception as exc:  # noqa: BLE001 - the caller decides which failures are fatal
+                if failed is None:
+                    raise
+                failed(name, exc)
+                del times[name]
+    return times
+
+
+def median_round(times: list) -> float:
+    """The median of a timer's rounds: the lower middle one for an even count, so that it is always a
+    measured round."""
+    return statistics.median_low(times)
 
 
 def tune_in_this_run() -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -38,8 +37,9 @@ from tritonpatch.kernels._runtime import tma
 from tritonpatch.kernels._runtime.launch import pipeline_variants
 
 from _common import (BATCH, HEADS, MASKS, allowed_fraction, bench_ms, compiled_flex_attention, environment_line,
-                     log, make_mask, positive_int, pyplot, random_doc_ids, random_qkv, read_json, require_gpu,
-                     run_environment, save_figure, tune_in_this_run, write_json, write_lines)
+                     log, make_mask, median_round, positive_int, pyplot, random_doc_ids, random_qkv, read_json,
+                     require_gpu, run_environment, save_figure, time_in_rounds, tune_in_this_run, write_json,
+                     write_lines)
 
 HEAD_DIMS = (64, 128)
 SEQ_LENS = (4096, 8192, 16384)
@@ -289,19 +289,17 @@ def bench_row(flex, mode: str, mask_name: str, head_dim: int, seq: int, device, 
         log(f"warm-up {mode} {mask_name} D{head_dim} S{seq}: ours {row['ours_first_call_s']:.1f} s, "
             f"flex {row.get('flex_first_call_s', float('nan')):.1f} s")
         return row
-    times = {label: [] for label in calls}
-    for _ in range(rounds):
-        for label in list(times):
-            try:
-                times[label].append(bench_ms(calls[label], grad_to_none=leaves))
-            except Exception as exc:  # noqa: BLE001 - an anchor failing while timed is recorded; ours fails the row
-                if label == "ours":
-                    raise
-                row[f"{label}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                log(f"{label} failed while timed: {row[f'{label}_error'][:120]}")
-                del times[label]
-    for label, ms in times.items():
-        row[f"{label}_ms"] = statistics.median_low(ms)   # a measured round, also for an even count
+
+    def anchor_failed(label, exc):
+        """An anchor that fails while timed is recorded and left out; ours failing fails the row."""
+        if label == "ours":
+            raise exc
+        row[f"{label}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        log(f"{label} failed while timed: {row[f'{label}_error'][:120]}")
+
+    timers = {label: lambda call=call: bench_ms(call, grad_to_none=leaves) for label, call in calls.items()}
+    for label, ms in time_in_rounds(timers, rounds, anchor_failed).items():
+        row[f"{label}_ms"] = median_round(ms)
         if rounds > 1:
             row[f"{label}_ms_rounds"] = ms
     for impl in ("ours", "flex", "sdpa_flash", "sdpa_cudnn"):

@@ -29,7 +29,6 @@ import json
 import math
 import os
 import re
-import statistics
 from unittest import mock
 
 import torch
@@ -44,7 +43,8 @@ from tritonpatch.kernels.bwd import configs as bwd_configs
 from tritonpatch.kernels.bwd import gluon_kernel
 from tritonpatch.kernels.bwd.launch import Buffers, run as bwd_run
 from tritonpatch.kernels.fwd import forward as fwd_forward
-from scripts.benchmarks._common import environment_line, positive_int, run_environment, tune_in_this_run
+from scripts.benchmarks._common import (environment_line, median_round, positive_int, run_environment, time_in_rounds,
+                                       tune_in_this_run)
 from scripts.research._kernel_copy import baseline_copy, git_blob, kernel_copy
 
 BATCH, HEADS = 4, 16
@@ -124,13 +124,15 @@ def measure(head_dim: int, seq: int, causal: bool, no_write, baseline, rounds: i
         calls[name] = (lambda sdpa_out=sdpa_out, leaves=leaves: torch.autograd.grad(sdpa_out, leaves, dout,
                                                                                      retain_graph=True),
                        contextlib.nullcontext)
-    rounds_ms = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, (function, context) in calls.items():
+    def timer(function, context):
+        def time_it():
             with context():
-                rounds_ms[name].append(bench_ms(function))
+                return bench_ms(function)
+        return time_it
+
+    rounds_ms = time_in_rounds({name: timer(*call) for name, call in calls.items()}, rounds)
     row = {"head_dim": head_dim, "seq_len": seq, "causal": causal,
-           "ms": {name: statistics.median_low(ms) for name, ms in rounds_ms.items()}}
+           "ms": {name: median_round(ms) for name, ms in rounds_ms.items()}}
     if rounds > 1:
         row["ms_rounds"] = rounds_ms
     if baseline is not None:

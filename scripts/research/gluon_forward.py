@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 from unittest import mock
 
 import torch
@@ -32,7 +31,8 @@ import tritonpatch.kernels as K
 from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from tritonpatch.kernels.fwd import gluon_kernel, gluon_launch
-from scripts.benchmarks._common import environment_line, int_list, positive_int, run_environment
+from scripts.benchmarks._common import (environment_line, int_list, median_round, positive_int, run_environment,
+                                       time_in_rounds)
 from scripts.research._kernel_copy import baseline_copy, git_blob
 
 BATCH, HEADS = 4, 16
@@ -96,11 +96,8 @@ def measure(head_dim: int, seq: int, causal: bool, baseline=None, with_tl: bool 
         if baseline:
             (out, lse), (base_out, base_lse) = outputs.values()
             same_bits[config.label()] = torch.equal(out, base_out) and torch.equal(lse, base_lse)
-    rounds_ms = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            rounds_ms[name].append(bench(call))
-    ms = {name: statistics.median_low(times) for name, times in rounds_ms.items()}
+    rounds_ms = time_in_rounds({name: lambda call=call: bench(call) for name, call in calls.items()}, rounds)
+    ms = {name: median_round(times) for name, times in rounds_ms.items()}
     return {"head_dim": head_dim, "seq_len": seq, "causal": causal, "ms": ms, "rel_err_vs_flash": errors,
             "bitwise_equal_to_baseline": same_bits, **({"ms_rounds": rounds_ms} if rounds > 1 else {}),
             "tflops": {name: tflops(t, seq, head_dim, causal) for name, t in ms.items()}}
