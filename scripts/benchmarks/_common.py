@@ -16,6 +16,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -86,12 +87,22 @@ def environment_line(env: dict, *, with_python: bool = True) -> str:
 
 
 def checkout_commit() -> str:
-    """The checkout's commit (short hash), with '+changes' when tracked files differ from it."""
-    def git(*args):
-        return subprocess.run(["git", "-C", REPO_ROOT, *args], capture_output=True, text=True).stdout.strip()
+    """The checkout's commit (short hash). Where tracked files differ from it, '+changes' and the tree
+    of the tracked files as they are, which equals ``git rev-parse C^{tree}`` of the commit C that holds
+    them: a copy of a working tree whose HEAD is an older commit still names the code it ran."""
+    def git(*args, **kwargs):
+        return subprocess.run(["git", "-C", REPO_ROOT, *args], capture_output=True, text=True,
+                              **kwargs).stdout.strip()
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    if not git("status", "--porcelain", "--untracked-files=no"):
+        return commit
+    with tempfile.TemporaryDirectory() as scratch:
+        index = dict(os.environ, GIT_INDEX_FILE=os.path.join(scratch, "index"))
+        git("read-tree", "HEAD", env=index)
+        git("add", "-u", env=index)
+        tree = git("write-tree", env=index)[:12] or "unknown"
+    return f"{commit}+changes (tree {tree})"
 
 
 def log(*parts) -> None:

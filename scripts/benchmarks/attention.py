@@ -7,6 +7,7 @@ Usage (on a CUDA machine):
     python scripts/benchmarks/attention.py --check --out DIR        # forward correctness vs the fp32 reference
     python scripts/benchmarks/attention.py --sweep --out DIR        # time a wider forward config space
     python scripts/benchmarks/attention.py --mode fwd_bwd --sweep --out DIR   # the same for the backward kernels
+    python scripts/benchmarks/attention.py --from-json A.json B.json --out DIR  # merge runs into one report
 
 Useful TFLOP/s = 4·B·H·Sq·Skv·D × (fraction of allowed (q, kv) pairs) / time, × 3.5 for fwd+bwd
 (the backward's five matmuls count 2.5). Times are ``triton.testing.do_bench`` medians on fresh
@@ -36,8 +37,8 @@ from tritonpatch.kernels.fwd import tuner as fwd_tuner
 from tritonpatch.kernels._runtime import tma
 from tritonpatch.kernels._runtime.launch import pipeline_variants
 
-from _common import (BATCH, HEADS, MASKS, allowed_fraction, bench_ms, compiled_flex_attention, environment_line,
-                     log, make_mask, median_round, positive_int, pyplot, random_doc_ids, random_qkv, read_json,
+from _common import (BATCH, HEADS, MASKS, allowed_fraction, bench_ms, checkout_commit, compiled_flex_attention,
+                     environment_line, log, make_mask, median_round, positive_int, pyplot, random_doc_ids, random_qkv, read_json,
                      require_gpu, run_environment, save_figure, time_in_rounds, tune_in_this_run, write_json,
                      write_lines)
 
@@ -334,8 +335,15 @@ TITLES = {"fwd": "Attention forward", "fwd_bwd": "Attention forward + backward"}
 def write_markdown(path, report, rows) -> None:
     env, build, mode = report["environment"], report.get("block_mask_build"), report.get("mode", "fwd")
     factor = "3.5 × " if mode == "fwd_bwd" else ""
+    runs = report.get("runs") or [env]
+    if len(runs) == 1:
+        commands = [f"- command: `{env['command']}`" + (f" (commit `{env['commit']}`)" if "commit" in env else "")]
+    else:
+        commands = [f"- commands ({len(runs)} runs, rows merged with `--from-json`):"]
+        commands += [f"  - `{run['command']}` ({run['date_utc']} UTC"
+                     + (f", commit `{run['commit']}`" if "commit" in run else "") + ")" for run in runs]
     lines = [f"# {TITLES[mode]}: tritonpatch vs FlexAttention vs SDPA", "",
-             f"- command: `{env['command']}`", environment_line(env),
+             *commands, environment_line(env),
              f"- B={env['batch']} H={env['heads']} bf16; useful TFLOP/s = {factor}4·B·H·S²·D × allowed fraction / time "
              "(do_bench median); prefix-LM P=S/4, sliding window 1024 (causal), document = 8 random documents (causal)",
              f"- targets: {TARGETS[mode]}", "",
@@ -404,8 +412,9 @@ def main() -> int:
     parser.add_argument("--warmup", action="store_true", help="run each grid row once to fill the compile "
                         "caches (Triton's and Inductor's, shared by processes), time and write nothing; run "
                         "several at once, one per mask, before a timed run")
-    parser.add_argument("--from-json", nargs="+", help="only rewrite the markdown/plot from these JSON reports "
-                        "(rows of several runs of one mode are merged)")
+    parser.add_argument("--from-json", nargs="+", help="only rewrite the reports from these JSON reports: the rows "
+                        "of several runs of one mode, GPU and software merge into one JSON, markdown and plot, "
+                        "which name every run")
     args = parser.parse_args()
     if args.from_json:
         reports = [read_json(path) for path in args.from_json]
@@ -418,8 +427,10 @@ def main() -> int:
                 sweeps.append(dict(row, round=rnd))
                 if r["environment"]["command"] not in commands.setdefault(rnd, []):
                     commands[rnd].append(r["environment"]["command"])
+        merged = dict(reports[0], rows=rows, sweep=sweeps, sweep_commands=commands, runs=merged_runs(reports))
         os.makedirs(args.out, exist_ok=True)
-        write_reports(dict(reports[0], rows=rows, sweep=sweeps, sweep_commands=commands), args.out)
+        write_json(os.path.join(args.out, f"attention_{merged.get('mode', 'fwd')}.json"), merged)
+        write_reports(merged, args.out)
         return 0
     grid = (args.masks.split(","), [int(d) for d in args.head_dims.split(",")],
             [int(s) for s in args.seq_lens.split(",")])
@@ -434,7 +445,7 @@ def main() -> int:
         return 0
     device = torch.device("cuda")
     os.makedirs(args.out, exist_ok=True)
-    env = run_environment(batch=BATCH, heads=HEADS, dtype="bfloat16")
+    env = run_environment(batch=BATCH, heads=HEADS, dtype="bfloat16", commit=checkout_commit())
     log(env)
     report = {"environment": env, "mode": args.mode}
     json_path = os.path.join(args.out, f"attention_{args.mode}.json")
@@ -497,6 +508,23 @@ def write_fwd_sweep_markdown(path, report) -> None:
         lines += [f"| {r['config']}{' *' if r.get('tuner_candidate') else ''} | {r['ms']:.3f} | {r['tflops']:.1f} | "
                   + (f"{tuner_best / r['ms']:.3f} |" if tuner_best else "— |") for r in rows]
     write_lines(path, lines)
+
+
+SAME_MACHINE = ("gpu", "torch", "triton", "batch", "heads", "dtype")
+
+
+def merged_runs(reports: list) -> list:
+    """The environments of the runs whose rows ``--from-json`` merges into one table, in order (a report
+    that is itself a merge brings its runs). Rows of different GPUs, versions or shapes do not belong in
+    one table: that is refused with the differing field named."""
+    runs = [run.get("environment", run)   # older merged reports kept each run as {"environment": ...}
+            for report in reports for run in report.get("runs") or [report["environment"]]]
+    for field in SAME_MACHINE:
+        values = sorted({str(run.get(field)) for run in runs})
+        if len(values) > 1:
+            raise SystemExit(f"attention.py --from-json: the reports differ in {field} ({', '.join(values)}); "
+                             "merge only runs of one machine and software, and keep the others in their own table")
+    return runs
 
 
 def write_reports(report: dict, out_dir: str) -> None:
