@@ -23,6 +23,7 @@ import os
 import warnings
 
 from . import _llvm_registry as registry
+from . import _user_warnings as user_warnings
 from ._llvm_gate import LLVMOptionGate, gate
 from .errors import NativeUnavailableError
 
@@ -104,8 +105,7 @@ def _snapshot(names: tuple[str, ...]) -> list:
     except NativeUnavailableError as exc:
         if not _warned_unrestorable:
             _warned_unrestorable = True
-            warnings.warn(f"DISABLE_LLVM_OPT={','.join(names)} will leak into later compiles (Triton never "
-                          f"resets it) because tritonpatch cannot restore LLVM options here: {exc}",
-                          RuntimeWarning, stacklevel=2)
+            user_warnings.warn(f"DISABLE_LLVM_OPT={','.join(names)} will leak into later compiles (Triton never "
+                               f"resets it) because tritonpatch cannot restore LLVM options here: {exc}")
         return []
     return [native.snapshot(name) for name in names if native.option(name) is not None]

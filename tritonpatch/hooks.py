@@ -34,10 +34,10 @@ import logging
 import re
 import sys
 import threading
-import warnings
 from typing import Callable
 
 from . import _interrupts as interrupts
+from . import _user_warnings as user_warnings
 from . import env
 from ._llvm_scope import scope
 from ._current import compile_pipeline, current_cache_tag, environment_pipeline, keyed_cache_tag
@@ -144,11 +144,10 @@ def _warn_on_ignored_register_cap(cubin_stage: Callable, flags: tuple[str, ...])
 
     def stage(src, metadata):
         if isinstance(src, str) and _LAUNCH_BOUNDS.search(src):
-            warnings.warn(f"tritonpatch: ptxas does not cap registers with {caps[-1]} on kernel "
+            user_warnings.warn(f"tritonpatch: ptxas does not cap registers with {caps[-1]} on kernel "
                           f"{metadata.get('name', '?')}: its PTX declares launch bounds (.reqntid / .maxnreg), "
                           f"which ptxas follows instead; to cap registers use Triton's maxnreg launch option "
-                          f"(kernel[grid](..., maxnreg=N) or triton.Config(..., maxnreg=N))", RuntimeWarning,
-                          stacklevel=2)
+                          f"(kernel[grid](..., maxnreg=N) or triton.Config(..., maxnreg=N))")
         return cubin_stage(src, metadata)
     return stage
 
@@ -170,11 +169,11 @@ def _warn_if_triton_overrides(pipeline: Pipeline, triton_names: tuple[str, ...],
     by_variable = [name for name, _ in overridden if name in triton_names]
     fix = (f"unset DISABLE_LLVM_OPT (or leave {', '.join(by_variable)} out of it)" if by_variable else
            "leave these options out of the Pipeline")
-    warnings.warn(f"tritonpatch: Triton overrides {asked} of the Pipeline: it sets "
+    user_warnings.warn(f"tritonpatch: Triton overrides {asked} of the Pipeline: it sets "
                   f"{', '.join(name for name, _ in overridden)} to true inside its llir/ptx stages (the flags of its "
                   f"ptx stage{', DISABLE_LLVM_OPT=' + ','.join(triton_names) if triton_names else ''}), after "
                   f"tritonpatch applied the Pipeline's, so these kernels compile with "
-                  f"{', '.join(f'{n}=True' for n, _ in overridden)}; {fix}", RuntimeWarning, stacklevel=2)
+                  f"{', '.join(f'{n}=True' for n, _ in overridden)}; {fix}")
 
 
 _warned_ir_locations = False
@@ -193,8 +192,7 @@ def _skip_passes_under_ir_locations(pipeline: Pipeline) -> None:
         raise PassError(f"{what}; unset TRITON_USE_IR_LOC to run them")
     if not _warned_ir_locations:
         _warned_ir_locations = True
-        warnings.warn(f"{what}; kernels compile without them (unset TRITON_USE_IR_LOC to run them)", RuntimeWarning,
-                      stacklevel=2)
+        user_warnings.warn(f"{what}; kernels compile without them (unset TRITON_USE_IR_LOC to run them)")
 
 
 _PASS_STAGES = ("ttir", "ttgir")
@@ -294,7 +292,7 @@ class _PatchedCompile:
         kernel = reports[0].kernel if reports else "?"
         message = (f"tritonpatch: kernel {kernel!r}: elide-uniform-masks dropped, its rewritten loops are not exact "
                    f"({exc}); compiled with the other passes")
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        user_warnings.warn(message)
         _record_fallback(metadata, message)
         self.specs = tuple(spec for spec in self.specs if spec[0] != _ELIDE)
         outcome = self._passes(name, unpatched, metadata)
@@ -351,7 +349,7 @@ class _PatchedCompile:
         if self.strict:
             raise PassError(f"{what}; without {env.STRICT}=1 tritonpatch compiles it without the passes") from exc
         message = f"tritonpatch: {what}; compiled it without the passes"
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        user_warnings.warn(message)
         _record_fallback(metadata, message)
         return unpatched
 
@@ -431,27 +429,6 @@ def _configure_logging() -> None:
     logger.setLevel(level.upper())
 
 
-def _caller_stacklevel() -> int:
-    """The ``warnings.warn`` stacklevel, for a warning issued in the function that calls this one, of the
-    first frame outside tritonpatch's modules (``tritonpatch.kernels`` included, wherever its files lie) and
-    ``contextlib``: the user's line that led into it (``options()``, a kernel launch, the ``import triton``
-    that autoload installs after). The import machinery's frames are passed over uncounted, as ``warnings``
-    itself skips them."""
-    def import_machinery(frame) -> bool:
-        filename = frame.f_code.co_filename
-        return "importlib" in filename and "_bootstrap" in filename   # as warnings tells them
-
-    def ours(frame) -> bool:
-        module = frame.f_globals.get("__name__", "")
-        return module == "contextlib" or module == "tritonpatch" or module.startswith("tritonpatch.")
-
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and (import_machinery(frame) or ours(frame)):
-        level += not import_machinery(frame)
-        frame = frame.f_back
-    return level
-
-
 def install() -> None:
     """Hook tritonpatch into Triton (idempotent). Reads the ``TRITONPATCH_*`` variables now, so a
     malformed value raises here. ``options()``, ``use_pipeline()``, ``llvm.llvm_options()`` and
@@ -468,7 +445,7 @@ def install() -> None:
         environment_pipeline()
         env.strict()
         for line in env.unknown_variables():
-            warnings.warn(f"tritonpatch: {line}", RuntimeWarning, stacklevel=_caller_stacklevel())
+            user_warnings.warn(f"tritonpatch: {line}")
         _configure_logging()
         hook = _StagesHook(compat.get_stages_hook())
         compat.set_stages_hook(hook)

@@ -32,7 +32,6 @@ import logging
 import os
 import tempfile
 import threading
-import warnings
 
 import torch
 import triton
@@ -150,8 +149,10 @@ def _decision(data: bytes, full: dict, where: str) -> dict | None:
             return None
         _warned.add(where)
     what = "made for another key" if isinstance(record, dict) and "key" in record else "that cannot be read"
-    warnings.warn(f"tritonpatch: ignoring a tuning record in {where} {what} (tuner {full.get('tuner')!r}, shape "
-                  f"{full.get('q')}); the attention tuner times its candidates again", RuntimeWarning, stacklevel=3)
+    from tritonpatch import _user_warnings
+
+    _user_warnings.warn(f"tritonpatch: ignoring a tuning record in {where} {what} (tuner {full.get('tuner')!r}, "
+                        f"shape {full.get('q')}); the attention tuner times its candidates again")
     return None
 
 

@@ -14,7 +14,6 @@ process, not every one (Triton's Redis client sets no socket timeout of its own)
 from __future__ import annotations
 
 import threading
-import warnings
 
 from . import triton_compat
 
@@ -84,6 +83,8 @@ def _give_up(exc: Exception) -> None:
         if _failure:
             return
         _failure.append(exc)
-    warnings.warn(f"tritonpatch: tuning decisions are not shared through Triton's cache manager in this process "
-                  f"(TRITON_CACHE_MANAGER): {type(exc).__name__}: {exc}; the attention tuners keep using the local "
-                  "tuning cache", RuntimeWarning, stacklevel=2)
+    from tritonpatch import _user_warnings
+
+    _user_warnings.warn(f"tritonpatch: tuning decisions are not shared through Triton's cache manager in this "
+                        f"process (TRITON_CACHE_MANAGER): {type(exc).__name__}: {exc}; the attention tuners keep "
+                        "using the local tuning cache")

@@ -233,16 +233,29 @@ def test_a_patched_kernel_records_its_pipeline_in_its_metadata():
     assert not hasattr(compile_kernel().metadata, "tritonpatch_pipeline")
 
 
+def assert_at_the_compile_call(caught) -> None:
+    """A warning raised inside the compile names the line that compiled (``compile_kernel``'s call of the
+    compile), not a line of tritonpatch or of Triton's compiler."""
+    import inspect
+
+    import pipeline_helpers
+
+    lines, first = inspect.getsourcelines(pipeline_helpers.compile_kernel)
+    compile_line = first + next(i for i, line in enumerate(lines) if "compile_for_target(strided_sum" in line)
+    assert [(w.filename, w.lineno) for w in caught] == [(pipeline_helpers.__file__, compile_line)] * len(caught)
+
+
 def test_a_register_cap_that_ptxas_ignores_is_reported():
     """Triton's PTX declares launch bounds (.reqntid), which ptxas follows instead of
     --maxrregcount: the flag gets a warning pointing to maxnreg; other flags get none."""
     import warnings
 
     for flag in ("--maxrregcount=32", "-maxrregcount=40"):
-        with pytest.warns(RuntimeWarning, match=r"does not cap registers with .*maxrregcount.*maxnreg"):
+        with pytest.warns(RuntimeWarning, match=r"does not cap registers with .*maxrregcount.*maxnreg") as caught:
             with tritonpatch.options(ptxas=[flag]):
                 compiled = compile_kernel()
         assert ".reqntid" in compiled.asm["ptx"]
+        assert_at_the_compile_call(caught)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with tritonpatch.options(ptxas=["-O1"]):
@@ -298,8 +311,9 @@ def test_failing_pass_falls_back_or_raises_when_strict(reference, monkeypatch):
         raise ValueError("broken on purpose")
 
     try:
-        with pytest.warns(RuntimeWarning, match="broken on purpose"):
+        with pytest.warns(RuntimeWarning, match="broken on purpose") as caught:
             assert ptx(passes=["test-broken"], **LSR) == reference["lsr"]
+        assert_at_the_compile_call(caught)
         monkeypatch.setenv("TRITONPATCH_STRICT", "1")
         with pytest.raises(tritonpatch.PassError, match="broken on purpose"):
             ptx(passes=["test-broken"], **LSR)

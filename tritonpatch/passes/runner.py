@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 import tempfile
-import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from .. import _user_warnings as user_warnings
 from ..errors import PassError
 from .registry import PassSpec, pass_info, pass_stage
 from .report import PassReport, collecting_notes, publish
@@ -98,7 +98,7 @@ def apply_stage_passes(stage: str, module, specs: Sequence[PassSpec], *, strict:
         if strict:
             raise
         message = f"tritonpatch: {exc}; using the unpatched {stage} IR"
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        user_warnings.warn(message)
         return StageOutcome(module, reports, message)
     publish(reports)
     return StageOutcome(result, reports)
