@@ -87,22 +87,23 @@ def environment_line(env: dict, *, with_python: bool = True) -> str:
 
 
 def checkout_commit() -> str:
-    """The checkout's commit (short hash). Where tracked files differ from it, '+changes' and the tree
-    of the tracked files as they are, which equals ``git rev-parse C^{tree}`` of the commit C that holds
-    them: a copy of a working tree whose HEAD is an older commit still names the code it ran."""
+    """The checkout's commit (short hash). Where the files differ from it, '+changes' and the tree of
+    the files as they are (tracked and untracked, not ignored), which equals ``git rev-parse C^{tree}``
+    of a commit C that holds exactly them: a copy of a working tree whose HEAD is an older commit still
+    names the code it ran (untracked scratch files in the checkout change the tree too)."""
     def git(*args, **kwargs):
         return subprocess.run(["git", "-C", REPO_ROOT, *args], capture_output=True, text=True,
                               **kwargs).stdout.strip()
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    if not git("status", "--porcelain", "--untracked-files=no"):
-        return commit
     with tempfile.TemporaryDirectory() as scratch:
         index = dict(os.environ, GIT_INDEX_FILE=os.path.join(scratch, "index"))
         git("read-tree", "HEAD", env=index)
-        git("add", "-u", env=index)
-        tree = git("write-tree", env=index)[:12] or "unknown"
-    return f"{commit}+changes (tree {tree})"
+        git("add", "-A", ".", env=index)
+        tree = git("write-tree", env=index)
+    if not tree or tree == git("rev-parse", "HEAD^{tree}"):
+        return commit
+    return f"{commit}+changes (tree {tree[:12]})"
 
 
 def log(*parts) -> None:

@@ -510,13 +510,17 @@ def write_fwd_sweep_markdown(path, report) -> None:
     write_lines(path, lines)
 
 
-SAME_MACHINE = ("gpu", "torch", "triton", "batch", "heads", "dtype")
+SAME_MACHINE = ("gpu", "torch", "triton", "python", "batch", "heads", "dtype")
 
 
 def merged_runs(reports: list) -> list:
     """The environments of the runs whose rows ``--from-json`` merges into one table, in order (a report
-    that is itself a merge brings its runs). Rows of different GPUs, versions or shapes do not belong in
-    one table: that is refused with the differing field named."""
+    that is itself a merge brings its runs). Rows of different modes, GPUs or versions do not belong in
+    one table, nor two rows of one shape: each is refused, naming what differs or repeats."""
+    modes = sorted({report.get("mode", "fwd") for report in reports})
+    if len(modes) > 1:
+        raise SystemExit(f"attention.py --from-json: the reports are of different modes ({', '.join(modes)}); "
+                         "merge forward reports and forward+backward reports separately")
     runs = [run.get("environment", run)   # older merged reports kept each run as {"environment": ...}
             for report in reports for run in report.get("runs") or [report["environment"]]]
     for field in SAME_MACHINE:
@@ -524,6 +528,12 @@ def merged_runs(reports: list) -> list:
         if len(values) > 1:
             raise SystemExit(f"attention.py --from-json: the reports differ in {field} ({', '.join(values)}); "
                              "merge only runs of one machine and software, and keep the others in their own table")
+    shapes = [(row["mask"], row["head_dim"], row["seq_len"]) for report in reports for row in report.get("rows", [])]
+    repeated = sorted({shape for shape in shapes if shapes.count(shape) > 1})
+    if repeated:
+        raise SystemExit("attention.py --from-json: more than one report has a row for "
+                         + ", ".join(f"{mask} D={d} S={s}" for mask, d, s in repeated)
+                         + "; give each row's report once (a merged report already holds its runs' rows)")
     return runs
 
 

@@ -37,7 +37,8 @@ def test_merged_report_names_every_run(attention, tmp_path):
     assert [run["command"] for run in runs] == [first["environment"]["command"], second["environment"]["command"]]
     merged = dict(first, rows=first["rows"] + second["rows"], runs=runs)
     # a merge of a merge keeps every run, also from the older {"environment": ...} form
-    assert len(attention.merged_runs([merged, dict(second, runs=[{"environment": second["environment"]}])])) == 3
+    third = report("python scripts/benchmarks/attention.py --seq-lens 4096", "2026-12-06 19:09", seq_len=4096)
+    assert len(attention.merged_runs([merged, dict(third, runs=[{"environment": third["environment"]}])])) == 3
     path = tmp_path / "attention_fwd.md"
     attention.write_markdown(str(path), merged, merged["rows"])
     text = path.read_text()
@@ -48,3 +49,16 @@ def test_merged_report_names_every_run(attention, tmp_path):
 def test_runs_of_different_gpus_are_not_merged(attention):
     with pytest.raises(SystemExit, match=r"differ in gpu \(NVIDIA H100 80GB HBM3, NVIDIA H200\)"):
         attention.merged_runs([report("a", "2026-12-06 19:06"), report("b", "2026-12-04 15:40", gpu="NVIDIA H200")])
+
+
+def test_reports_of_different_modes_are_not_merged(attention):
+    forward_and_backward = dict(report("b", "2026-12-06 19:08", head_dim=64), mode="fwd_bwd")
+    with pytest.raises(SystemExit, match=r"different modes \(fwd, fwd_bwd\)"):
+        attention.merged_runs([report("a", "2026-12-06 19:06"), forward_and_backward])
+
+
+def test_a_row_given_twice_is_refused(attention):
+    first = report("a", "2026-12-06 19:06")
+    merged = dict(first, runs=[first["environment"]])
+    with pytest.raises(SystemExit, match=r"more than one report has a row for causal D=128 S=8192"):
+        attention.merged_runs([merged, first])
