@@ -33,7 +33,6 @@ from unittest import mock
 
 import torch
 import torch.nn.functional as F
-import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tritonpatch.kernels as K
@@ -43,16 +42,12 @@ from tritonpatch.kernels.bwd import configs as bwd_configs
 from tritonpatch.kernels.bwd import gluon_kernel
 from tritonpatch.kernels.bwd.launch import Buffers, run as bwd_run
 from tritonpatch.kernels.fwd import forward as fwd_forward
-from scripts.benchmarks._common import (environment_line, median_round, positive_int, run_environment, time_in_rounds,
-                                       tune_in_this_run)
+from scripts.benchmarks._common import (bench_ms, environment_line, median_round, positive_int, run_environment,
+                                       time_in_rounds, tune_in_this_run)
 from scripts.research._kernel_copy import baseline_copy, git_blob, kernel_copy
 
 BATCH, HEADS = 4, 16
 ROWS = [(128, 8192), (128, 4096), (64, 8192)]
-
-
-def bench_ms(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
 REDUCE_ADD = re.compile(r"tma_reduce_add\(dq_desc, [^\n]*\)")

@@ -24,15 +24,14 @@ from unittest import mock
 
 import torch
 import torch.nn.functional as F
-import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tritonpatch.kernels as K
 from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from tritonpatch.kernels.fwd import gluon_kernel, gluon_launch
-from scripts.benchmarks._common import (environment_line, int_list, median_round, positive_int, run_environment,
-                                       time_in_rounds)
+from scripts.benchmarks._common import (bench_ms, environment_line, int_list, median_round, positive_int,
+                                       run_environment, time_in_rounds)
 from scripts.research._kernel_copy import baseline_copy, git_blob
 
 BATCH, HEADS = 4, 16
@@ -46,10 +45,6 @@ CONFIGS = {128: [gluon(128, 128, 2), gluon(128, 128, 3), gluon(128, 128, 2, True
 
 def tflops(ms: float, seq: int, head_dim: int, causal: bool) -> float:
     return 4 * BATCH * HEADS * seq * seq * head_dim * (0.5 if causal else 1.0) / ms / 1e9
-
-
-def bench(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
 def gluon_runner(q, k, v, mask, config, kernel_module):
@@ -96,7 +91,7 @@ def measure(head_dim: int, seq: int, causal: bool, baseline=None, with_tl: bool 
         if baseline:
             (out, lse), (base_out, base_lse) = outputs.values()
             same_bits[config.label()] = torch.equal(out, base_out) and torch.equal(lse, base_lse)
-    rounds_ms = time_in_rounds({name: lambda call=call: bench(call) for name, call in calls.items()}, rounds)
+    rounds_ms = time_in_rounds({name: lambda call=call: bench_ms(call) for name, call in calls.items()}, rounds)
     ms = {name: median_round(times) for name, times in rounds_ms.items()}
     return {"head_dim": head_dim, "seq_len": seq, "causal": causal, "ms": ms, "rel_err_vs_flash": errors,
             "bitwise_equal_to_baseline": same_bits, **({"ms_rounds": rounds_ms} if rounds > 1 else {}),
