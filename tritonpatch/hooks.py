@@ -145,9 +145,9 @@ def _warn_on_ignored_register_cap(cubin_stage: Callable, flags: tuple[str, ...])
     def stage(src, metadata):
         if isinstance(src, str) and _LAUNCH_BOUNDS.search(src):
             user_warnings.warn(f"tritonpatch: ptxas does not cap registers with {caps[-1]} on kernel "
-                          f"{metadata.get('name', '?')}: its PTX declares launch bounds (.reqntid / .maxnreg), "
-                          f"which ptxas follows instead; to cap registers use Triton's maxnreg launch option "
-                          f"(kernel[grid](..., maxnreg=N) or triton.Config(..., maxnreg=N))")
+                               f"{metadata.get('name', '?')}: its PTX declares launch bounds (.reqntid / .maxnreg), "
+                               f"which ptxas follows instead; to cap registers use Triton's maxnreg launch option "
+                               f"(kernel[grid](..., maxnreg=N) or triton.Config(..., maxnreg=N))")
         return cubin_stage(src, metadata)
     return stage
 
@@ -170,10 +170,10 @@ def _warn_if_triton_overrides(pipeline: Pipeline, triton_names: tuple[str, ...],
     fix = (f"unset DISABLE_LLVM_OPT (or leave {', '.join(by_variable)} out of it)" if by_variable else
            "leave these options out of the Pipeline")
     user_warnings.warn(f"tritonpatch: Triton overrides {asked} of the Pipeline: it sets "
-                  f"{', '.join(name for name, _ in overridden)} to true inside its llir/ptx stages (the flags of its "
-                  f"ptx stage{', DISABLE_LLVM_OPT=' + ','.join(triton_names) if triton_names else ''}), after "
-                  f"tritonpatch applied the Pipeline's, so these kernels compile with "
-                  f"{', '.join(f'{n}=True' for n, _ in overridden)}; {fix}")
+                       f"{', '.join(name for name, _ in overridden)} to true inside its llir/ptx stages (the flags "
+                       f"of its ptx stage{', DISABLE_LLVM_OPT=' + ','.join(triton_names) if triton_names else ''}), "
+                       f"after tritonpatch applied the Pipeline's, so these kernels compile with "
+                       f"{', '.join(f'{n}=True' for n, _ in overridden)}; {fix}")
 
 
 _warned_ir_locations = False

@@ -38,9 +38,9 @@ from tritonpatch.kernels._runtime import tma
 from tritonpatch.kernels._runtime.launch import pipeline_variants
 
 from _common import (BATCH, HEADS, MASKS, allowed_fraction, bench_ms, checkout_commit, compiled_flex_attention,
-                     environment_line, log, make_mask, median_round, positive_int, pyplot, random_doc_ids, random_qkv, read_json,
-                     require_gpu, run_environment, save_figure, time_in_rounds, tune_in_this_run, write_json,
-                     write_lines)
+                     environment_line, log, make_mask, median_round, positive_int, pyplot, random_doc_ids,
+                     random_qkv, read_json, require_gpu, run_environment, save_figure, time_in_rounds,
+                     tune_in_this_run, write_json, write_lines)
 
 HEAD_DIMS = (64, 128)
 SEQ_LENS = (4096, 8192, 16384)
