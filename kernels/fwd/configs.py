@@ -28,8 +28,6 @@ class FwdConfig:
     gluon: bool = False       # the Gluon kernel (FlashAttention-3's shape, Hopper): block_m / 64 consumer
     #                           warpgroups, num_stages K/V buffers (fwd/gluon_kernel.py)
     pingpong: bool = False    # Gluon: the consumer warpgroups issue their matmuls in turn
-    exp2_poly_of_4: int = 0   # Gluon: of every 4 softmax exponentials, how many a polynomial computes on the
-    #                           FP32 pipes instead of MUFU.EX2 (0, 1 or 2; fwd/gluon_exp2.py)
     pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
     pipeline_label: str = ""
 
@@ -44,16 +42,12 @@ class FwdConfig:
                              "consumer warpgroups of 64 rows)")
         if self.pingpong and not self.gluon:
             raise ValueError("FwdConfig: pingpong orders the Gluon kernel's consumer warpgroups; it needs gluon=True")
-        if self.exp2_poly_of_4 not in (0, 1, 2) or (self.exp2_poly_of_4 and not self.gluon):
-            raise ValueError(f"FwdConfig: exp2_poly_of_4 is 0, 1 or 2 (got {self.exp2_poly_of_4}) and needs "
-                             "gluon=True (the Gluon kernel's softmax)")
         if self.split and not self.warp_specialize:
             raise ValueError("FwdConfig: split runs the full tiles warp-specialized; it needs warp_specialize=True")
 
     def label(self) -> str:
         if self.gluon:
-            kind = "-gluon" + ("-pp" if self.pingpong else "") + \
-                (f"-e{self.exp2_poly_of_4}" if self.exp2_poly_of_4 else "")
+            kind = "-gluon" + ("-pp" if self.pingpong else "")
         else:
             kind = ("-tma" if self.use_tma else "") + ("-ws" if self.warp_specialize else "") + \
                 ("-split" if self.split else "")
@@ -111,12 +105,10 @@ HOPPER_CONFIGS = {
 INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
 
-def gluon_config(block_m: int, block_n: int, stages: int, pingpong: bool = False, exp2_poly_of_4: int = 0) -> FwdConfig:
+def gluon_config(block_m: int, block_n: int, stages: int, pingpong: bool = False) -> FwdConfig:
     """A config of the Gluon kernel: ``block_m / 64`` consumer warpgroups over ``block_n``-key tiles with
-    ``stages`` K/V buffers, the warpgroups issuing their matmuls in turn with ``pingpong``, ``exp2_poly_of_4``
-    of every 4 exponentials by a polynomial."""
-    return FwdConfig(block_m, block_n, 4, stages, use_tma=True, gluon=True, pingpong=pingpong,
-                     exp2_poly_of_4=exp2_poly_of_4)
+    ``stages`` K/V buffers, the warpgroups issuing their matmuls in turn with ``pingpong``."""
+    return FwdConfig(block_m, block_n, 4, stages, use_tma=True, gluon=True, pingpong=pingpong)
 
 
 # The Gluon kernel's candidates (Hopper), from the sweeps of docs/design/gluon_forward.md: at D=128 two

@@ -30,7 +30,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .._runtime.gluon_compat import tma_load, tma_store
 from .configs import GLUON_PRODUCER_REGISTERS, GLUON_WG_ROWS
-from .gluon_exp2 import exp2_shared
 
 WG_ROWS = gl.constexpr(GLUON_WG_ROWS)   # query rows per consumer warpgroup (one wgmma M)
 PRODUCER_REGS = gl.constexpr(GLUON_PRODUCER_REGISTERS)
@@ -71,10 +70,9 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_
 @gluon.jit
 def _softmax_step(s, m_i, l_i, t, b, h, q_idx, tile_ids, t_begin, kv_len, sm_scale, qk_scale, mask_args,
                   score_args, MASK_FN: gl.constexpr, SCORE_FN: gl.constexpr, HAS_SCORE: gl.constexpr,
-                  MASKED: gl.constexpr, BLOCK_N: gl.constexpr, POLY_EXP2: gl.constexpr, s_layout: gl.constexpr):
-    """Scores of tile ``t`` (fp32, the wgmma layout) to probabilities ``p`` in base-2 units, ``POLY_EXP2``
-    of every 4 exponentials by a polynomial (:mod:`.gluon_exp2`); returns ``(p, m_new, l_new, alpha)`` where
-    ``alpha`` rescales the output accumulator."""
+                  MASKED: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """Scores of tile ``t`` (fp32, the wgmma layout) to probabilities ``p`` in base-2 units; returns
+    ``(p, m_new, l_new, alpha)`` where ``alpha`` rescales the output accumulator."""
     if HAS_SCORE or MASKED:
         start_n = gl.load(tile_ids + (t - t_begin)) * BLOCK_N
         kv_idx = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -96,7 +94,7 @@ def _softmax_step(s, m_i, l_i, t, b, h, q_idx, tile_ids, t_begin, kv_len, sm_sca
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)   # a row without an allowed pair so far
     else:
         m_ref = m_new
-    p = exp2_shared(x * factor - m_ref[:, None], POLY_EXP2)
+    p = gl.exp2(x * factor - m_ref[:, None])
     alpha = gl.exp2(m_i - m_ref)
     l_new = l_i * alpha + gl.sum(p, 1)
     return p, m_new, l_new, alpha
@@ -123,8 +121,7 @@ def _attend(acc, m_i, l_i, turns, q, k_smem, v_smem, k_ready, k_empty, v_ready, 
             t_begin, t_end, tile_ids, b, h, q_idx, kv_len, sm_scale, qk_scale, mask_args, score_args,
             MASK_FN: gl.constexpr, SCORE_FN: gl.constexpr, HAS_SCORE: gl.constexpr, MASKED: gl.constexpr,
             BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr,
-            PINGPONG: gl.constexpr, POLY_EXP2: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-            o_layout: gl.constexpr):
+            PINGPONG: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr):
     """Tiles ``t_begin .. t_end - 1`` of one consumer warpgroup, FlashAttention-3's step order:
     ``S_t`` and ``O += P_{t-1} V_{t-1}`` in flight together, the softmax of tile t between the waits for
     the two (where ptxas puts the second wait: the module docstring).
@@ -142,7 +139,7 @@ def _attend(acc, m_i, l_i, turns, q, k_smem, v_smem, k_ready, k_empty, v_ready, 
         mbarrier.arrive(k_empty.index(stage), count=1)
         p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, t_begin, b, h, q_idx, tile_ids, t_begin, kv_len,
                                            sm_scale, qk_scale, mask_args, score_args, MASK_FN, SCORE_FN,
-                                           HAS_SCORE, MASKED, BLOCK_N, POLY_EXP2, s_layout)
+                                           HAS_SCORE, MASKED, BLOCK_N, s_layout)
         p_op = gl.convert_layout(p.to(q.dtype), p_layout)
         for t in range(t_begin + 1, t_end):
             stage = t % STAGES
@@ -159,7 +156,7 @@ def _attend(acc, m_i, l_i, turns, q, k_smem, v_smem, k_ready, k_empty, v_ready, 
             mbarrier.arrive(k_empty.index(stage), count=1)
             p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, t, b, h, q_idx, tile_ids, t_begin, kv_len,
                                                sm_scale, qk_scale, mask_args, score_args, MASK_FN, SCORE_FN,
-                                               HAS_SCORE, MASKED, BLOCK_N, POLY_EXP2, s_layout)
+                                               HAS_SCORE, MASKED, BLOCK_N, s_layout)
             acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
             mbarrier.arrive(v_empty.index(prev), count=1)
             # converted only now, so the fp32 P never shares registers with the next S (beside it, three
@@ -181,7 +178,7 @@ def _consumer(o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, 
               b, h, row_start, q_len, kv_len, num_full, full_ids, num_partial, partial_ids, sm_scale, qk_scale,
               mask_args, score_args, MASK_FN: gl.constexpr, SCORE_FN: gl.constexpr, HAS_SCORE: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr,
-              PINGPONG: gl.constexpr, POLY_EXP2: gl.constexpr, wg):
+              PINGPONG: gl.constexpr, wg):
     """Consumer warpgroup ``wg``: WG_ROWS query rows over every listed tile, then Out and LSE of its rows."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -200,12 +197,11 @@ def _consumer(o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, 
     acc, m_i, l_i, turns = _attend(acc, m_i, l_i, turns, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                    turn_bars, wg, 0, num_full, full_ids, b, h, q_idx, kv_len, sm_scale, qk_scale,
                                    mask_args, score_args, MASK_FN, SCORE_FN, HAS_SCORE, False, BLOCK_N, HEAD_DIM,
-                                   STAGES, NUM_WG, PINGPONG, POLY_EXP2, s_layout, p_layout, o_layout)
+                                   STAGES, NUM_WG, PINGPONG, s_layout, p_layout, o_layout)
     acc, m_i, l_i, turns = _attend(acc, m_i, l_i, turns, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                    turn_bars, wg, num_full, num_full + num_partial, partial_ids, b, h, q_idx, kv_len,
                                    sm_scale, qk_scale, mask_args, score_args, MASK_FN, SCORE_FN, HAS_SCORE, True,
-                                   BLOCK_N, HEAD_DIM, STAGES, NUM_WG, PINGPONG, POLY_EXP2, s_layout, p_layout,
-                                   o_layout)
+                                   BLOCK_N, HEAD_DIM, STAGES, NUM_WG, PINGPONG, s_layout, p_layout, o_layout)
     empty_row = l_i == 0.0
     lse = gl.where(empty_row, float("-inf"), (m_i + gl.log2(l_i)) * LN2)
     offs = rows + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
@@ -242,8 +238,7 @@ def _attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, strid
                            num_heads, group_size, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
                            MASK_FN: gl.constexpr, SCORE_FN: gl.constexpr, HAS_SCORE: gl.constexpr,
                            NUM_WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                           STAGES: gl.constexpr, PINGPONG: gl.constexpr, POLY_EXP2: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr):
+                           STAGES: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """q/k/v/o_desc: host TMA descriptors over ``[B, H, S, D]`` moving ``[1, 1, WG_ROWS, D]`` (Q, Out) and
     ``[1, 1, BLOCK_N, D]`` (K, V) tiles; TMA fills rows past the end with zeros and clips stores."""
     q_block = gl.num_programs(0) - 1 - gl.program_id(0)   # the last q-blocks usually carry the most tiles
@@ -281,7 +276,7 @@ def _attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, strid
     _specialize((o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars, LSE, b, h,
                  row_start, q_len, kv_len, num_full, full_ids, num_partial, partial_ids, sm_scale, qk_scale,
                  mask_args, score_args, gl.constexpr(MASK_FN), gl.constexpr(SCORE_FN), HAS_SCORE, BLOCK_N,
-                 HEAD_DIM, STAGES, NUM_WG, PINGPONG, POLY_EXP2),
+                 HEAD_DIM, STAGES, NUM_WG, PINGPONG),
                 (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
                  b, h, kv_h, row_start, num_full, full_ids, num_partial, partial_ids, BLOCK_N, STAGES, NUM_WG),
                 NUM_WG, CONSUMER_REGS)

@@ -55,7 +55,6 @@ def kernel_constexprs(head_dim: int, config: FwdConfig, mask_mod: MaskMod, score
     return {"MASK_FN": mask_mod.device_fn, "SCORE_FN": score_mod.device_fn if score_mod is not None else None,
             "HAS_SCORE": score_mod is not None, "NUM_WG": config.block_m // WG_ROWS, "BLOCK_N": config.block_n,
             "HEAD_DIM": head_dim, "STAGES": config.num_stages, "PINGPONG": config.pingpong,
-            "POLY_EXP2": config.exp2_poly_of_4,
             "CONSUMER_REGS": gluon_consumer_registers(config)}
 
 

@@ -5,7 +5,6 @@ Gluon candidates left out), non-causal and causal; optionally against another re
     python -m scripts.research.gluon_forward [--head-dims 128,64] [--lengths 4096,8192] [--rounds N] [--out DIR]
     git show REV:kernels/fwd/gluon_kernel.py > /tmp/base_fwd.py
     python -m scripts.research.gluon_forward --baseline /tmp/base_fwd.py
-    python -m scripts.research.gluon_forward --exp2-poly 1,2
 
 (on a Hopper GPU; DIR/gluon_forward.json). Prints one line per (D, S, mask): useful TFLOP/s of each
 implementation (do_bench medians, B=4 H=16 bf16), with each Gluon config's relative error against SDPA flash's
@@ -13,9 +12,7 @@ output. With ``--rounds N`` every implementation of a row is timed N times in tu
 lower middle one for an even N, is reported; the JSON keeps every round). With ``--baseline FILE`` (another
 revision of ``kernels/fwd/gluon_kernel.py``, imported beside it for the run: :mod:`._kernel_copy`) every Gluon
 config also runs that kernel, labelled ``@base``, in the same run, and the line says whether its output and
-log-sum-exp are bitwise the current kernel's (the JSON records the file's git blob hash). With
-``--exp2-poly 1,2`` every config also runs with 1 and with 2 of every 4 softmax exponentials computed by the
-polynomial of ``kernels/fwd/gluon_exp2.py`` (labels ``-e1``, ``-e2``).
+log-sum-exp are bitwise the current kernel's (the JSON records the file's git blob hash).
 Findings: docs/design/gluon_forward.md.
 """
 from __future__ import annotations
@@ -23,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from dataclasses import replace
 from unittest import mock
 
 import torch
@@ -66,8 +62,7 @@ def gluon_runner(q, k, v, mask, config, kernel_module):
     return run
 
 
-def measure(head_dim: int, seq: int, causal: bool, configs: list, baseline=None, with_tl: bool = False,
-            rounds: int = 1) -> dict:
+def measure(head_dim: int, seq: int, causal: bool, baseline=None, with_tl: bool = False, rounds: int = 1) -> dict:
     """Milliseconds of each implementation for one shape, each timed ``rounds`` times in turn (the median round
     reported, every round kept), and each Gluon config's error (and bits against the baseline)."""
     q, k, v = (torch.randn(BATCH, HEADS, seq, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -86,7 +81,7 @@ def measure(head_dim: int, seq: int, causal: bool, configs: list, baseline=None,
     if with_tl:
         calls["tl"] = triton_language   # tunes in do_bench's first, untimed call
     errors, same_bits = {}, {}
-    for config in configs:
+    for config in CONFIGS[head_dim]:
         variants = [(config.label(), gluon_kernel)] + ([(config.label() + "@base", baseline)] if baseline else [])
         outputs = {}
         for label, module in variants:
@@ -121,14 +116,10 @@ def main() -> int:
     parser.add_argument("--baseline", default=None, help="a file with another revision of gluon_kernel.py")
     parser.add_argument("--rounds", type=positive_int, default=1, metavar="N",
                         help="time every implementation of a row N times in turn; the median round is reported")
-    parser.add_argument("--exp2-poly", type=int_list, default=[], metavar="N,..",
-                        help="also run every config with N of every 4 exponentials by the polynomial (1 or 2)")
     parser.add_argument("--out", default=None, help="directory for gluon_forward.json")
     args = parser.parse_args()
     if bad := [d for d in args.head_dims if d not in CONFIGS]:
         parser.error(f"--head-dims: {bad} not among {sorted(CONFIGS)}")
-    if bad := [n for n in args.exp2_poly if n not in (1, 2)]:
-        parser.error(f"--exp2-poly: {bad}; give 1 and/or 2 (of every 4 exponentials)")
     environment = run_environment(baseline=args.baseline, baseline_blob=git_blob(args.baseline))
     print(environment_line(environment), flush=True)
     rows = []
@@ -136,9 +127,7 @@ def main() -> int:
         for head_dim in args.head_dims:
             for seq in args.lengths:
                 for causal in (False, True):
-                    configs = CONFIGS[head_dim] + [replace(config, exp2_poly_of_4=n)
-                                                   for config in CONFIGS[head_dim] for n in args.exp2_poly]
-                    rows.append(measure(head_dim, seq, causal, configs, baseline, args.tl, args.rounds))
+                    rows.append(measure(head_dim, seq, causal, baseline, args.tl, args.rounds))
                     print(describe(rows[-1]), flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
