@@ -30,7 +30,8 @@ CASES += [(d, configs[0], m) for d, configs in fwd_configs.GLUON_CONFIGS.items()
 # D=64 hold S (64 registers), P and O (32 each) in 160 registers; ptxas keeps one or two probabilities per step in
 # local memory (3,264 / 3,244 B of stores when P's conversion sat beside the next S, D=128 softcap 652 B).
 SPILL_BUDGET = {(64, "BM192-BN128-w4-s2-gluon", "causal"): (44, 44),
-                (64, "BM192-BN128-w4-s3-gluon", "causal"): (36, 36)}
+                (64, "BM192-BN128-w4-s3-gluon", "causal"): (36, 36),
+                (64, "BM192-BN128-w4-s2-gluon-pp", "causal"): (44, 44)}
 
 
 def compile_gluon(config, head_dim, mask, score, dtype=torch.bfloat16):
