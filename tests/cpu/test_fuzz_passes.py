@@ -21,13 +21,27 @@ from tritonpatch.fuzz.run import _check_kernel
 from tritonpatch.fuzz.checks import static_findings
 from tritonpatch.fuzz.compiling import Compiled, compile_all, compile_case
 from tritonpatch.fuzz.masks import Arith, Compare, Const, Index, Loaded, Logic, Not, Scalar
+from tritonpatch.fuzz.results import RunResult
 from tritonpatch.fuzz.ttir import ScalarProgram, check_segments, dropped_iterations, iterations
+from session_results import computed_once
 
 # The fast default: 32 kernels x 8 compiles. This window holds both statically visible classes of
 # the bugs the passes had at 5875a21 (empty / reversed ranges narrowed outside [lb, ub): seeds 109,
 # 112, 122; impure inline asm dropped by skipping: 124, 128), so it fails on that code.
 CI_SEEDS = range(100, 132)
 SLOW_SEEDS = range(132, 164)             # 32 more kernels: about 75 s on two cores
+# The elide-uniform-masks variants not in PIPELINES, fuzzed on the CI seeds.
+OPT_IN_PIPELINES = ("branch", "skip+branch+hoist", "skip+elide-one-select+hoist")
+
+
+def chunks(seeds: range, size: int = 8) -> list[range]:
+    """``seeds`` in consecutive ranges of ``size``: the fuzz tests run one range per test, so that
+    pytest-xdist spreads a seed range's compiles over its workers."""
+    return [seeds[start:start + size] for start in range(0, len(seeds), size)]
+
+
+def seed_ids(seeds: range) -> str:
+    return f"seeds{seeds[0]}-{seeds[-1]}"
 
 
 # --- the generator ---------------------------------------------------------------------------------------
@@ -461,39 +475,51 @@ def test_a_case_that_fell_back_keeps_why_for_the_log(causal_reference):
     assert asdict(cases[1])["messages"] == [why]
 
 
-def test_the_opt_in_elide_variants_hold_on_the_ci_seeds():
-    """The branch form and ``same_mask_selects=false`` on the CI seeds: every case compiles without a
-    fallback, every rewritten loop passes the static checks, and every branch's claim holds on the
-    tiles they evaluate."""
-    result = run(CI_SEEDS, ["branch", "skip+branch+hoist", "skip+elide-one-select+hoist"], jobs=2)
-    assert_clean(result)
-    assert not [case for case in result.cases if case.status == "fallback"]
-    branched = [case for case in result.cases for name, counts, kept in case.reports
-                if name == "elide-uniform-masks" and kept and counts.get("masks_branched")]
-    split = [case for case in result.cases for name, counts, kept in case.reports
-             if name == "elide-uniform-masks" and kept and counts.get("loops_split")]
-    assert len(branched) >= 8 and len(split) >= 8
-
-
 # --- the fuzz run ---------------------------------------------------------------------------------------------
 def assert_clean(result):
     assert result.ok, "\n" + summary(result)
 
 
-@pytest.fixture(scope="module")
-def ci_run():
-    return run(CI_SEEDS, PIPELINES, jobs=2)
+def ci_seeds_run(tmp_path_factory, seeds: range) -> RunResult:
+    """The kernels of ``seeds`` (CI_SEEDS or one of its chunks) compiled under PIPELINES and
+    OPT_IN_PIPELINES and checked. Each chunk of CI_SEEDS is one fuzz run (the reference compiled
+    once for both sets of pipelines), computed once per test session by whichever test (in
+    whichever pytest-xdist worker) asks first."""
+    return merged([computed_once(tmp_path_factory, f"fuzz-ci-{seed_ids(chunk)}",
+                                 lambda chunk=chunk: run(chunk, PIPELINES + OPT_IN_PIPELINES, jobs=2))
+                   for chunk in chunks(CI_SEEDS) if chunk[0] in seeds])
 
 
-def test_every_case_compiles_and_every_rewritten_loop_stays_inside_the_original(ci_run):
+def only(result: RunResult, pipelines) -> RunResult:
+    """``result`` with only the cases and findings of the reference and ``pipelines``."""
+    kept = {REFERENCE, *pipelines}
+    return RunResult([case for case in result.cases if case.pipeline in kept],
+                     [finding for finding in result.findings if finding.pipeline in kept],
+                     {**result.config, "pipelines": list(pipelines)}, result.timings)
+
+
+def merged(results: list) -> RunResult:
+    """The runs ``results`` (of consecutive seed ranges, the same pipelines) as one run."""
+    seeds = [seed for result in results for seed in range(result.config["seeds"][0], result.config["seeds"][1] + 1)]
+    return RunResult([case for result in results for case in result.cases],
+                     [finding for result in results for finding in result.findings],
+                     {**results[0].config, "seeds": [seeds[0], seeds[-1]], "kernels": len(seeds)},
+                     {**{name: round(sum(result.timings[name] for result in results), 2)
+                         for name in ("generate_s", "total_s", "compile_s_sum", "launch_compare_s")},
+                      "jobs": results[0].timings["jobs"]})
+
+
+@pytest.mark.parametrize("seeds", chunks(CI_SEEDS), ids=seed_ids)
+def test_every_case_compiles_and_every_rewritten_loop_stays_inside_the_original(tmp_path_factory, seeds):
     """CPU mode on a fixed seed range: every (kernel, pipeline) compiles or falls back with the
     documented warning, and every rewritten loop runs a contiguous run of the original
     iterations (all of them unless skipping applies; no live or side-effecting tile dropped)."""
-    assert_clean(ci_run)
+    assert_clean(only(ci_seeds_run(tmp_path_factory, seeds), PIPELINES))
 
 
-def test_the_ci_run_exercises_the_passes(ci_run):
+def test_the_ci_run_exercises_the_passes(tmp_path_factory):
     """Not vacuous: the seeds make every pass rewrite something, and every loop was checked."""
+    ci_run = only(ci_seeds_run(tmp_path_factory, CI_SEEDS), PIPELINES)
     outcomes = Counter()
     for case in ci_run.cases:
         for name, counts, kept in case.reports:
@@ -502,6 +528,20 @@ def test_the_ci_run_exercises_the_passes(ci_run):
         assert outcomes[name, "applied"] >= 4, outcomes
     assert len(ci_run.cases) == len(CI_SEEDS) * (len(PIPELINES) + 1)
     assert all(case.loops_checked > 0 for case in ci_run.cases if case.pipeline != REFERENCE)
+
+
+def test_the_opt_in_elide_variants_hold_on_the_ci_seeds(tmp_path_factory):
+    """The branch form and ``same_mask_selects=false`` on the CI seeds: every case compiles without a
+    fallback, every rewritten loop passes the static checks, and every branch's claim holds on the
+    tiles they evaluate."""
+    result = only(ci_seeds_run(tmp_path_factory, CI_SEEDS), OPT_IN_PIPELINES)
+    assert_clean(result)
+    assert not [case for case in result.cases if case.status == "fallback"]
+    branched = [case for case in result.cases for name, counts, kept in case.reports
+                if name == "elide-uniform-masks" and kept and counts.get("masks_branched")]
+    split = [case for case in result.cases for name, counts, kept in case.reports
+             if name == "elide-uniform-masks" and kept and counts.get("loops_split")]
+    assert len(branched) >= 8 and len(split) >= 8
 
 
 def test_carried_pointer_kernels_are_narrowed_and_stay_inside_the_original():
@@ -525,8 +565,9 @@ def test_carried_pointer_kernels_match_the_unpatched_kernel_bit_for_bit():
 
 
 @pytest.mark.slow
-def test_more_seeds():
-    assert_clean(run(SLOW_SEEDS, PIPELINES, jobs=2))
+@pytest.mark.parametrize("seeds", chunks(SLOW_SEEDS), ids=seed_ids)
+def test_more_seeds(seeds):
+    assert_clean(run(seeds, PIPELINES, jobs=2))
 
 
 def test_command_line_shows_a_case_and_writes_the_log(tmp_path, capsys):
