@@ -1,5 +1,6 @@
 """Shared pytest setup: a private Triton cache for the run, GPU tests skip without CUDA (and the
-summary says how many and how to run them), compile tests never reuse a cached kernel."""
+summary says how many and how to run them), slow tests skip unless ``-m slow`` asks for them,
+compile tests never reuse a cached kernel."""
 from __future__ import annotations
 
 import os
@@ -56,13 +57,20 @@ def _cuda_available() -> bool:
         return False
 
 
+SLOW_SKIP_REASON = "a wider fuzz range, opt-in: run with `python -m pytest -m slow`"
+
+
 def pytest_collection_modifyitems(config, items):
-    if _cuda_available():
-        return
-    skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
+    """GPU tests skip without CUDA; slow tests (more fuzz seeds) skip unless ``-m`` names them."""
+    skips = []
+    if "slow" not in (config.getoption("markexpr") or ""):
+        skips.append(("slow", pytest.mark.skip(reason=SLOW_SKIP_REASON)))
+    if not _cuda_available():
+        skips.append(("gpu", pytest.mark.skip(reason=GPU_SKIP_REASON)))
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for keyword, skip in skips:
+            if keyword in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture

@@ -149,7 +149,9 @@ def interpreter_probe(seeds) -> list[str]:
 def test_mask_model_agrees_with_the_triton_interpreter():
     """The model that judges skip-masked-blocks' dropped tiles mirrors Triton's integer semantics
     (int32 wrap, int64 promotion, truncating // and %, loaded masks)."""
-    code = (f"import json, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_fuzz_passes as t; "
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = [here, os.path.join(os.path.dirname(here), "_support")]      # this module and what it imports
+    code = (f"import json, sys; sys.path[:0] = {paths!r}; import test_fuzz_passes as t; "
             f"print(json.dumps(t.interpreter_probe(list(range(0, 30)))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                             env={**os.environ, "TRITON_INTERPRET": "1"})

@@ -210,6 +210,7 @@ class _Symbolic:
 
     def __init__(self, facts: tuple = ()):
         self.facts = facts
+        self._verdicts = {}          # (a, b, strict) -> _at_least's answer: max/min trees share parts
 
     def _nonnegative(self, form: Affine) -> bool:
         if not form.scalars:
@@ -275,6 +276,12 @@ class _Symbolic:
 
     def _at_least(self, a, b, strict: bool):
         """Whether ``a >= b`` (``a > b``) in every program: True, False, or None (it depends)."""
+        key = (a, b, strict)
+        if key not in self._verdicts:
+            self._verdicts[key] = self._compare(a, b, strict)
+        return self._verdicts[key]
+
+    def _compare(self, a, b, strict: bool):
         if isinstance(a, tuple):
             verdicts = [self._at_least(part, b, strict) for part in a[1]]
             return _verdict({"max": "any", "min": "all"}.get(a[0], "same"), verdicts)
