@@ -12,10 +12,12 @@ import pickle
 
 
 def session_folder(tmp_path_factory) -> str:
-    """The session's temporary folder that every worker shares: the parent of the workers' own
-    base folders under xdist (``.../pytest-N/popen-gw0``), the base folder without it."""
+    """The session's temporary folder that every worker shares: the parent of a local xdist
+    worker's own base folder (``.../pytest-N/popen-gw0``), else the base folder itself. Decided by
+    the folder's name, not by ``PYTEST_XDIST_WORKER``: a pytest started inside a worker inherits
+    that variable, and its base folder's parent is shared by every session of the user."""
     base = tmp_path_factory.getbasetemp()
-    return str(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
+    return str(base.parent if base.name.startswith("popen-gw") else base)
 
 
 def computed_once(tmp_path_factory, key: str, compute):
