@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 
 import tritonpatch.kernels as K
 from tritonpatch.kernels.fwd import configs as fwd_configs
@@ -104,8 +105,11 @@ def test_warp_specialized_variants_match_reference(variant, name, groups):
 
 
 def test_warp_specialized_config_is_refused_where_it_would_be_wrong():
+    """A prefix-LM mask is not shift-invariant: refused with that reason on Triton 3.6; on any other
+    Triton the kernel is refused first for the version it was verified with."""
     device = torch.device("cuda")
     q, k, v = (torch.randn(1, 2, 1024, 128, device=device, dtype=torch.bfloat16) for _ in range(3))
-    with pytest.raises(ValueError, match="shift-invariant"):
+    reason = "shift-invariant" if triton.__version__.startswith("3.6.") else "verified with Triton 3.6 only"
+    with pytest.raises(ValueError, match=reason):
         fwd_forward.attention_forward(q, k, v, mask_mod=K.prefix_lm(100), config=fwd_configs.WARP_SPECIALIZED_CONFIG)
 
