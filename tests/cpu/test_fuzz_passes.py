@@ -503,10 +503,10 @@ def only(result: RunResult, pipelines) -> RunResult:
 
 def merged(results: list) -> RunResult:
     """The runs ``results`` (of consecutive seed ranges, the same pipelines) as one run."""
-    seeds = [seed for result in results for seed in range(result.config["seeds"][0], result.config["seeds"][1] + 1)]
     return RunResult([case for result in results for case in result.cases],
                      [finding for result in results for finding in result.findings],
-                     {**results[0].config, "seeds": [seeds[0], seeds[-1]], "kernels": len(seeds)},
+                     {**results[0].config, "seeds": [results[0].config["seeds"][0], results[-1].config["seeds"][-1]],
+                      "kernels": sum(result.config["kernels"] for result in results)},
                      {**{name: round(sum(result.timings[name] for result in results), 2)
                          for name in ("generate_s", "total_s", "compile_s_sum", "launch_compare_s")},
                       "jobs": results[0].timings["jobs"]})
