@@ -28,6 +28,8 @@ class FwdConfig:
     gluon: bool = False       # the Gluon kernel (FlashAttention-3's shape, Hopper): block_m / 64 consumer
     #                           warpgroups, num_stages K/V buffers (fwd/gluon_kernel.py)
     pingpong: bool = False    # Gluon: the consumer warpgroups issue their matmuls in turn
+    head_swizzle: int = 0     # Gluon: 0 runs the heads one after another, each one's q-blocks longest first;
+    #                           G > 0 runs groups of G heads side by side, longest q-blocks first (gluon_kernel)
     pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
     pipeline_label: str = ""
 
@@ -40,6 +42,9 @@ class FwdConfig:
             raise ValueError("FwdConfig: a Gluon config has use_tma=True, num_warps=4 (one consumer warpgroup; "
                              "the kernel adds the others and the producer) and block_m 128 or 192 (2 or 3 "
                              "consumer warpgroups of 64 rows)")
+        if self.head_swizzle and not (self.gluon and self.head_swizzle > 0):
+            raise ValueError("FwdConfig: head_swizzle orders the Gluon kernel's programs; it needs gluon=True "
+                             "and a positive group of heads")
         if self.pingpong and not self.gluon:
             raise ValueError("FwdConfig: pingpong orders the Gluon kernel's consumer warpgroups; it needs gluon=True")
         if self.split and not self.warp_specialize:
@@ -47,7 +52,8 @@ class FwdConfig:
 
     def label(self) -> str:
         if self.gluon:
-            kind = "-gluon" + ("-pp" if self.pingpong else "")
+            kind = "-gluon" + ("-pp" if self.pingpong else "") + \
+                (f"-hs{self.head_swizzle}" if self.head_swizzle else "")
         else:
             kind = ("-tma" if self.use_tma else "") + ("-ws" if self.warp_specialize else "") + \
                 ("-split" if self.split else "")
@@ -105,10 +111,13 @@ HOPPER_CONFIGS = {
 INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
 
-def gluon_config(block_m: int, block_n: int, stages: int, pingpong: bool = False) -> FwdConfig:
+def gluon_config(block_m: int, block_n: int, stages: int, pingpong: bool = False,
+                 head_swizzle: int = 0) -> FwdConfig:
     """A config of the Gluon kernel: ``block_m / 64`` consumer warpgroups over ``block_n``-key tiles with
-    ``stages`` K/V buffers, the warpgroups issuing their matmuls in turn with ``pingpong``."""
-    return FwdConfig(block_m, block_n, 4, stages, use_tma=True, gluon=True, pingpong=pingpong)
+    ``stages`` K/V buffers, the warpgroups issuing their matmuls in turn with ``pingpong``, the programs in
+    groups of ``head_swizzle`` heads (0: head after head)."""
+    return FwdConfig(block_m, block_n, 4, stages, use_tma=True, gluon=True, pingpong=pingpong,
+                     head_swizzle=head_swizzle)
 
 
 # The Gluon kernel's candidates (Hopper), from the sweeps of docs/design/gluon_forward.md: at D=128 two

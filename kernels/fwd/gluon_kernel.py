@@ -232,17 +232,40 @@ def _specialize(consumer_args, producer_args, NUM_WG: gl.constexpr, CONSUMER_REG
 
 
 @gluon.jit
+def _work_item(HEAD_SWIZZLE: gl.constexpr):
+    """``(q_block, batch*head)`` of this program. The grid is ``(q-blocks, batch*heads)``, launched q-block
+    fastest; the last q-blocks usually carry the most tiles (causal masks), so each head's run goes longest
+    first. With ``HEAD_SWIZZLE`` G > 0 the launch order instead walks groups of G heads, and inside a group
+    its q-blocks longest first, the group's heads side by side: the longest blocks of G heads start before
+    any short one, and the group's K/V stays in L2 while its programs run. A bijection on the grid (the
+    last group may hold fewer heads)."""
+    num_q_blocks = gl.num_programs(0)
+    if HEAD_SWIZZLE == 0:
+        q_block = num_q_blocks - 1 - gl.program_id(0)
+        bh = gl.program_id(1)
+    else:
+        order = gl.program_id(1) * num_q_blocks + gl.program_id(0)
+        group = order // (HEAD_SWIZZLE * num_q_blocks)
+        first_bh = group * HEAD_SWIZZLE
+        width = gl.minimum(gl.num_programs(1) - first_bh, HEAD_SWIZZLE)
+        rank = order - first_bh * num_q_blocks
+        q_block = num_q_blocks - 1 - rank // width
+        bh = first_bh + rank % width
+    return q_block, bh
+
+
+@gluon.jit
 def _attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh,
                            partial_num, partial_ids, full_num, full_ids,
                            stride_nb, stride_nh, stride_ib, stride_ih, stride_iq,
                            num_heads, group_size, q_len, kv_len, sm_scale, qk_scale, mask_args, score_args,
                            MASK_FN: gl.constexpr, SCORE_FN: gl.constexpr, HAS_SCORE: gl.constexpr,
                            NUM_WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                           STAGES: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                           STAGES: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                           HEAD_SWIZZLE: gl.constexpr):
     """q/k/v/o_desc: host TMA descriptors over ``[B, H, S, D]`` moving ``[1, 1, WG_ROWS, D]`` (Q, Out) and
     ``[1, 1, BLOCK_N, D]`` (K, V) tiles; TMA fills rows past the end with zeros and clips stores."""
-    q_block = gl.num_programs(0) - 1 - gl.program_id(0)   # the last q-blocks usually carry the most tiles
-    bh = gl.program_id(1)
+    q_block, bh = _work_item(HEAD_SWIZZLE)
     b = bh // num_heads
     h = bh % num_heads
     kv_h = h // group_size

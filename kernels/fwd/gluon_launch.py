@@ -55,7 +55,7 @@ def kernel_constexprs(head_dim: int, config: FwdConfig, mask_mod: MaskMod, score
     return {"MASK_FN": mask_mod.device_fn, "SCORE_FN": score_mod.device_fn if score_mod is not None else None,
             "HAS_SCORE": score_mod is not None, "NUM_WG": config.block_m // WG_ROWS, "BLOCK_N": config.block_n,
             "HEAD_DIM": head_dim, "STAGES": config.num_stages, "PINGPONG": config.pingpong,
-            "CONSUMER_REGS": gluon_consumer_registers(config)}
+            "CONSUMER_REGS": gluon_consumer_registers(config), "HEAD_SWIZZLE": config.head_swizzle}
 
 
 def compile_spec(dtype: torch.dtype, head_dim: int, config: FwdConfig, mask_mod: MaskMod,

@@ -3,6 +3,7 @@ tile, against SDPA (cuDNN, flash) and, with ``--tl``, the Triton-language forwar
 Gluon candidates left out), non-causal and causal; optionally against another revision of the Gluon kernel.
 
     python -m scripts.research.gluon_forward [--head-dims 128,64] [--lengths 4096,8192] [--rounds N] [--out DIR]
+    python -m scripts.research.gluon_forward --only BM128-BN128-w4-s2-gluon --head-swizzle 4,8,16
     git show REV:kernels/fwd/gluon_kernel.py > /tmp/base_fwd.py
     python -m scripts.research.gluon_forward --baseline /tmp/base_fwd.py
 
@@ -12,7 +13,9 @@ output. With ``--rounds N`` every implementation of a row is timed N times in tu
 lower middle one for an even N, is reported; the JSON keeps every round). With ``--baseline FILE`` (another
 revision of ``kernels/fwd/gluon_kernel.py``, imported beside it for the run: :mod:`._kernel_copy`) every Gluon
 config also runs that kernel, labelled ``@base``, in the same run, and the line says whether its output and
-log-sum-exp are bitwise the current kernel's (the JSON records the file's git blob hash).
+log-sum-exp are bitwise the current kernel's (the JSON records the file's git blob hash). ``--only`` keeps the
+configs of those labels; ``--head-swizzle G,...`` adds each kept config with its programs in groups of G heads
+(``FwdConfig.head_swizzle``).
 Findings: docs/design/gluon_forward.md.
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import replace
 from unittest import mock
 
 import torch
@@ -62,7 +66,16 @@ def gluon_runner(q, k, v, mask, config, kernel_module):
     return run
 
 
-def measure(head_dim: int, seq: int, causal: bool, baseline=None, with_tl: bool = False, rounds: int = 1) -> dict:
+def chosen_configs(only: list[str] | None, head_swizzles: list[int]) -> dict:
+    """CONFIGS restricted to the labels in ``only`` (all without it), each followed by its variants in
+    groups of ``head_swizzles`` heads."""
+    return {d: [replace(c, head_swizzle=g) for c in configs if only is None or c.label() in only
+                for g in [0, *head_swizzles]]
+            for d, configs in CONFIGS.items()}
+
+
+def measure(head_dim: int, seq: int, causal: bool, configs: dict, baseline=None, with_tl: bool = False,
+            rounds: int = 1) -> dict:
     """Milliseconds of each implementation for one shape, each timed ``rounds`` times in turn (the median round
     reported, every round kept), and each Gluon config's error (and bits against the baseline)."""
     q, k, v = (torch.randn(BATCH, HEADS, seq, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -81,7 +94,7 @@ def measure(head_dim: int, seq: int, causal: bool, baseline=None, with_tl: bool 
     if with_tl:
         calls["tl"] = triton_language   # tunes in do_bench's first, untimed call
     errors, same_bits = {}, {}
-    for config in CONFIGS[head_dim]:
+    for config in configs[head_dim]:
         variants = [(config.label(), gluon_kernel)] + ([(config.label() + "@base", baseline)] if baseline else [])
         outputs = {}
         for label, module in variants:
@@ -116,10 +129,20 @@ def main() -> int:
     parser.add_argument("--baseline", default=None, help="a file with another revision of gluon_kernel.py")
     parser.add_argument("--rounds", type=positive_int, default=1, metavar="N",
                         help="time every implementation of a row N times in turn; the median round is reported")
+    parser.add_argument("--only", type=lambda text: text.split(","), default=None, metavar="LABEL,...",
+                        help="keep the configs of these labels (e.g. BM128-BN128-w4-s2-gluon)")
+    parser.add_argument("--head-swizzle", type=int_list, default=[], metavar="G,...",
+                        help="also run each kept config with its programs in groups of G heads")
     parser.add_argument("--out", default=None, help="directory for gluon_forward.json")
     args = parser.parse_args()
     if bad := [d for d in args.head_dims if d not in CONFIGS]:
         parser.error(f"--head-dims: {bad} not among {sorted(CONFIGS)}")
+    known = {c.label() for configs in CONFIGS.values() for c in configs}
+    if args.only and (bad := [label for label in args.only if label not in known]):
+        parser.error(f"--only: {bad} not among {sorted(known)}")
+    if bad := [g for g in args.head_swizzle if g < 1]:
+        parser.error(f"--head-swizzle: groups must hold at least one head (got {bad})")
+    configs = chosen_configs(args.only, args.head_swizzle)
     environment = run_environment(baseline=args.baseline, baseline_blob=git_blob(args.baseline))
     print(environment_line(environment), flush=True)
     rows = []
@@ -127,7 +150,7 @@ def main() -> int:
         for head_dim in args.head_dims:
             for seq in args.lengths:
                 for causal in (False, True):
-                    rows.append(measure(head_dim, seq, causal, baseline, args.tl, args.rounds))
+                    rows.append(measure(head_dim, seq, causal, configs, baseline, args.tl, args.rounds))
                     print(describe(rows[-1]), flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)

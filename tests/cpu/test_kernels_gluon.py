@@ -74,6 +74,11 @@ def test_config_checks():
         fwd_configs.FwdConfig(128, 128, 4, 2, gluon=True)
     with pytest.raises(ValueError, match="needs gluon=True"):
         fwd_configs.FwdConfig(128, 128, 4, 2, use_tma=True, pingpong=True)
+    with pytest.raises(ValueError, match="head_swizzle .* needs gluon=True"):
+        fwd_configs.FwdConfig(128, 128, 4, 2, use_tma=True, head_swizzle=4)
+    with pytest.raises(ValueError, match="positive group of heads"):
+        fwd_configs.gluon_config(128, 128, 2, head_swizzle=-1)
+    assert fwd_configs.gluon_config(192, 128, 2, True, head_swizzle=8).label() == "BM192-BN128-w4-s2-gluon-pp-hs8"
     assert fwd_configs.GLUON_CONFIGS[128][0].compile_options() == {"num_warps": 4, "maxnreg": 168}
     assert fwd_configs.gluon_consumer_registers(fwd_configs.GLUON_CONFIGS[64][1]) == 160
 

@@ -4,6 +4,8 @@ ragged lengths, rows without keys, loops without tiles, score modifiers, fp16. R
 machine: ``pytest -m gpu tests/gpu/test_kernels_gluon_gpu.py``."""
 from __future__ import annotations
 
+import unittest.mock
+
 import pytest
 import torch
 
@@ -94,6 +96,24 @@ def test_disable_lsr_candidate_gives_the_plain_candidates_bits(head_dim):
     for config in (plain, variant):
         check_forward(q, k, v, config, mask)
     first, again = (fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=c) for c in (plain, variant))
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
+@pytest.mark.parametrize("head_swizzle", [1, 4, 16])
+@pytest.mark.parametrize("block_m", [128, 192])
+def test_head_swizzle_gives_the_head_after_head_bits(block_m, head_swizzle):
+    """The program order of groups of heads (15 batch-heads: the last group of 4 holds 3, 16 covers all in
+    one) only reorders programs: each output and log-sum-exp bit is the plain order's, so no program is
+    skipped or run twice (the outputs start as NaN), with a ragged causal length and GQA."""
+    device = torch.device("cuda")
+    q = torch.randn(3, 10, 1000, 64, device=device, dtype=torch.bfloat16)
+    k, v = (torch.randn(3, 5, 1000, 64, device=device, dtype=torch.bfloat16) for _ in range(2))
+    plain = fwd_configs.gluon_config(block_m, 128, 2)
+    swizzled = fwd_configs.gluon_config(block_m, 128, 2, head_swizzle=head_swizzle)
+    check_forward(q, k, v, swizzled, K.causal(), enable_gqa=True)
+    with unittest.mock.patch.object(torch, "empty_like", lambda t, **kw: torch.full_like(t, float("nan"), **kw)):
+        first, again = (fwd_forward.attention_forward(q, k, v, mask_mod=K.causal(), enable_gqa=True, config=c)
+                        for c in (plain, swizzled))
     assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
 
 
