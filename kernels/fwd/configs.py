@@ -30,6 +30,7 @@ class FwdConfig:
     pingpong: bool = False    # Gluon: the consumer warpgroups issue their matmuls in turn
     head_swizzle: int = 0     # Gluon: 0 runs the heads one after another, each one's q-blocks longest first;
     #                           G > 0 runs groups of G heads side by side, longest q-blocks first (gluon_kernel)
+    programs_per_sm: int = 1  # Gluon: 1 or 2 programs share an SM's registers (gluon_launch_registers)
     pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
     pipeline_label: str = ""
 
@@ -37,23 +38,28 @@ class FwdConfig:
         if self.warp_specialize and not (self.use_tma and self.num_warps == 4):
             raise ValueError("FwdConfig: warp_specialize needs use_tma=True and num_warps=4 (Triton adds the "
                              "producer and the second consumer warpgroup)")
-        if self.gluon and not (self.use_tma and self.num_warps == 4 and self.block_m in (128, 192)
+        if self.gluon and not (self.use_tma and self.num_warps == 4 and self.block_m in (64, 128, 192)
                                and not self.warp_specialize):
             raise ValueError("FwdConfig: a Gluon config has use_tma=True, num_warps=4 (one consumer warpgroup; "
-                             "the kernel adds the others and the producer) and block_m 128 or 192 (2 or 3 "
+                             "the kernel adds the others and the producer) and block_m 64, 128 or 192 (1, 2 or 3 "
                              "consumer warpgroups of 64 rows)")
         if self.head_swizzle and not (self.gluon and self.head_swizzle > 0):
             raise ValueError("FwdConfig: head_swizzle orders the Gluon kernel's programs; it needs gluon=True "
                              "and a positive group of heads")
-        if self.pingpong and not self.gluon:
-            raise ValueError("FwdConfig: pingpong orders the Gluon kernel's consumer warpgroups; it needs gluon=True")
+        if self.programs_per_sm not in (1, 2, 3, 4) or (self.programs_per_sm > 1 and not self.gluon):
+            raise ValueError("FwdConfig: programs_per_sm is 1, or up to 4 for a Gluon config (the programs share "
+                             "an SM's registers)")
+        if self.pingpong and not (self.gluon and self.block_m > GLUON_WG_ROWS):
+            raise ValueError("FwdConfig: pingpong orders the Gluon kernel's consumer warpgroups; it needs gluon=True "
+                             "and two or three of them")
         if self.split and not self.warp_specialize:
             raise ValueError("FwdConfig: split runs the full tiles warp-specialized; it needs warp_specialize=True")
 
     def label(self) -> str:
         if self.gluon:
             kind = "-gluon" + ("-pp" if self.pingpong else "") + \
-                (f"-hs{self.head_swizzle}" if self.head_swizzle else "")
+                (f"-hs{self.head_swizzle}" if self.head_swizzle else "") + \
+                (f"-x{self.programs_per_sm}" if self.programs_per_sm > 1 else "")
         else:
             kind = ("-tma" if self.use_tma else "") + ("-ws" if self.warp_specialize else "") + \
                 ("-split" if self.split else "")
@@ -77,18 +83,20 @@ GLUON_PRODUCER_REGISTERS = 24  # per thread of the Gluon producer's warpgroup: t
 
 
 def gluon_consumer_registers(config: FwdConfig) -> int:
-    """Registers per thread of a Gluon consumer warpgroup (``setmaxnreg``): what is left of the SM's
-    register file after the producer's warpgroup, in steps of 8, at most 240."""
+    """Registers per thread of a Gluon consumer warpgroup (``setmaxnreg``): what is left of the program's
+    registers (:func:`gluon_launch_registers`) after the producer's warpgroup, in steps of 8, at most 240."""
     consumers = config.block_m // GLUON_WG_ROWS
-    return min(240, (REGISTERS_PER_SM // 128 - GLUON_PRODUCER_REGISTERS) // consumers // 8 * 8)
+    program = gluon_launch_registers(config) * (consumers + 1)
+    return min(240, (program - GLUON_PRODUCER_REGISTERS) // consumers // 8 * 8)
 
 
 def gluon_launch_registers(config: FwdConfig) -> int:
-    """The Gluon kernel's register cap at launch (``maxnreg``): the register file over all its threads
-    (consumer warpgroups and the producer's warpgroup), so one program fits an SM and ``setmaxnreg``
-    moves registers between the partitions."""
+    """The Gluon kernel's register cap at launch (``maxnreg``): the SM's register file shared by
+    ``programs_per_sm`` programs, over all threads of one (consumer warpgroups and the producer's
+    warpgroup), in steps of 8, so that many programs fit an SM and ``setmaxnreg`` moves registers between
+    a program's partitions."""
     threads = (config.block_m // GLUON_WG_ROWS + 1) * 128
-    return REGISTERS_PER_SM // threads // 8 * 8
+    return REGISTERS_PER_SM // config.programs_per_sm // threads // 8 * 8
 
 
 # Candidates for Hopper (H100/H200), chosen from ptxas reports for sm_90a (registers, spills, shared memory
@@ -112,24 +120,26 @@ INTERPRETER_CONFIG = FwdConfig(32, 16, 4, 1)
 
 
 def gluon_config(block_m: int, block_n: int, stages: int, pingpong: bool = False,
-                 head_swizzle: int = 0) -> FwdConfig:
+                 head_swizzle: int = 0, programs_per_sm: int = 1) -> FwdConfig:
     """A config of the Gluon kernel: ``block_m / 64`` consumer warpgroups over ``block_n``-key tiles with
     ``stages`` K/V buffers, the warpgroups issuing their matmuls in turn with ``pingpong``, the programs in
-    groups of ``head_swizzle`` heads (0: head after head)."""
+    groups of ``head_swizzle`` heads (0: head after head), ``programs_per_sm`` programs per SM."""
     return FwdConfig(block_m, block_n, 4, stages, use_tma=True, gluon=True, pingpong=pingpong,
-                     head_swizzle=head_swizzle)
+                     head_swizzle=head_swizzle, programs_per_sm=programs_per_sm)
 
 
 # The Gluon kernel's candidates (Hopper), from the sweeps of docs/design/gluon_forward.md: at D=128 two
 # consumer warpgroups over 128-key tiles (2 or 3 K/V buffers; the ping-pong order won on the causal 8k row
 # on the H200), at D=64 also three warpgroups (192 query rows) over 64-key tiles and over 128-key tiles (2 or
 # 3 buffers; without a mask on an H100 1.04-1.12x and 1.00-1.08x the best of the others; in ping-pong order
-# 1.03-1.05x the plain order without a mask on the H200, slower causal). Each compiles
+# 1.03-1.05x the plain order without a mask on the H200, slower causal), and at D=64 one consumer warpgroup of
+# 64 rows over 64-key tiles, three programs to an SM (136 registers each; the tuner's pick on an H100 for causal
+# and sliding window at S=8192, docs/design/gluon_forward.md). Each compiles
 # within its spill budget (tests/cpu/test_kernels_gluon.py: none, but 36-44 B for the three-warpgroup
 # 128-key tiles with the causal mask; about 0.5 KB with softcap or the document mask, not budgeted).
 GLUON_CONFIGS = {
     64: [gluon_config(128, 128, 2), gluon_config(192, 64, 3), gluon_config(192, 128, 2), gluon_config(192, 128, 3),
-         gluon_config(192, 128, 2, pingpong=True)],
+         gluon_config(192, 128, 2, pingpong=True), gluon_config(64, 64, 2, programs_per_sm=3)],
     128: [gluon_config(128, 128, 2), gluon_config(128, 128, 3), gluon_config(128, 128, 2, pingpong=True)],
 }
 

@@ -216,11 +216,14 @@ def _consumer(o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, 
 @gluon.jit
 def _specialize(consumer_args, producer_args, NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """Fork into NUM_WG consumer warpgroups (the first is the default partition) and the producer warp
-    (NUM_WG is 2 or 3: ``FwdConfig`` allows no other). The argument tuples are built at the call
+    (NUM_WG is 1, 2 or 3: ``FwdConfig`` allows no other). The argument tuples are built at the call
     (Triton cannot assign a tuple holding a function to a variable); the consumer's index goes last, as
     a run-time value (adding tuples unwraps constants of the right-hand one, and worker partitions take
     run-time values only)."""
-    if NUM_WG == 2:
+    if NUM_WG == 1:
+        gl.warp_specialize([(_consumer, consumer_args + (gl.to_tensor(0), )),
+                            (_producer, producer_args)], [1], [PRODUCER_REGS])
+    elif NUM_WG == 2:
         gl.warp_specialize([(_consumer, consumer_args + (gl.to_tensor(0), )),
                             (_consumer, consumer_args + (gl.to_tensor(1), )),
                             (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

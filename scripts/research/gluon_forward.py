@@ -42,9 +42,11 @@ BATCH, HEADS = 4, 16
 
 
 gluon = fwd_configs.gluon_config
-CONFIGS = {128: [gluon(128, 128, 2), gluon(128, 128, 3), gluon(128, 128, 2, True)],
+CONFIGS = {128: [gluon(128, 128, 2), gluon(128, 128, 3), gluon(128, 128, 2, True),
+                 gluon(64, 64, 2, programs_per_sm=2)],
            64: [gluon(128, 128, 2), gluon(192, 64, 3), gluon(192, 128, 2), gluon(192, 128, 2, True),
-                gluon(192, 128, 3)]}
+                gluon(192, 128, 3), gluon(64, 64, 2, programs_per_sm=3), gluon(64, 64, 3, programs_per_sm=3),
+                gluon(64, 128, 2, programs_per_sm=2)]}
 
 
 def tflops(ms: float, seq: int, head_dim: int, causal: bool) -> float:

@@ -68,8 +68,15 @@ def test_fp16_compiles():
 
 
 def test_config_checks():
-    with pytest.raises(ValueError, match="block_m 128 or 192"):
-        fwd_configs.FwdConfig(64, 64, 4, 2, use_tma=True, gluon=True)
+    with pytest.raises(ValueError, match="block_m 64, 128 or 192"):
+        fwd_configs.FwdConfig(96, 64, 4, 2, use_tma=True, gluon=True)
+    with pytest.raises(ValueError, match="two or three of them"):
+        fwd_configs.gluon_config(64, 64, 2, pingpong=True)
+    with pytest.raises(ValueError, match="up to 4 for a Gluon config"):
+        fwd_configs.FwdConfig(64, 64, 4, 2, use_tma=True, programs_per_sm=2)
+    one_consumer = fwd_configs.gluon_config(64, 64, 2, programs_per_sm=3)
+    assert one_consumer.label() == "BM64-BN64-w4-s2-gluon-x3"
+    assert one_consumer.compile_options()["maxnreg"] == 80 and fwd_configs.gluon_consumer_registers(one_consumer) == 136
     with pytest.raises(ValueError, match="use_tma=True"):
         fwd_configs.FwdConfig(128, 128, 4, 2, gluon=True)
     with pytest.raises(ValueError, match="needs gluon=True"):
@@ -135,5 +142,8 @@ def test_tuner_offers_the_gluon_candidates_where_they_apply(monkeypatch):
     custom = K.custom_mask(key_padding_dev, lambda b, h, qi, kv, n: kv < n[b], (torch.tensor([64]),))
     assert not [c for c in fwd_tuner.tuning_candidates(q, q, q, custom, None, None, True) if c.gluon]
     tiles = K.build_block_mask(K.causal(), 1, 2, 256, 256, block_m=128, block_n=128, device="cpu")
-    with_mask = fwd_tuner.tuning_candidates(q, q, q, K.causal(), None, tiles, True)
-    assert {c.label() for c in with_mask if c.gluon} == {c.label() for c in fwd_configs.gluon_candidates(128)}
+    q64 = torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16)
+    with_mask = fwd_tuner.tuning_candidates(q64, q64, q64, K.causal(), None, tiles, True)
+    of_its_tiles = [c for c in fwd_configs.gluon_candidates(64) if (c.block_m, c.block_n) == (128, 128)]
+    assert of_its_tiles and len(of_its_tiles) < len(fwd_configs.gluon_candidates(64))
+    assert {c.label() for c in with_mask if c.gluon} == {c.label() for c in of_its_tiles}

@@ -99,6 +99,22 @@ def test_disable_lsr_candidate_gives_the_plain_candidates_bits(head_dim):
     assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
 
 
+@pytest.mark.parametrize("block_n, stages, programs", [(64, 2, 3), (64, 3, 3), (128, 2, 2), (64, 2, 2)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_one_consumer_warpgroup_programs_sharing_an_sm(head_dim, block_n, stages, programs):
+    """64-row programs of one consumer warpgroup, 2 or 3 to an SM (their register budget), every mask kind
+    of the shared table's combination, a ragged length; repeatable bit for bit."""
+    if head_dim == 128 and programs == 3:
+        pytest.skip("80 registers per thread are too few for D=128 (ptxas refuses)")
+    config = fwd_configs.gluon_config(64, block_n, stages, programs_per_sm=programs)
+    seq, device = 1100, torch.device("cuda")
+    q, k, v = (torch.randn(2, 3, seq, head_dim, device=device, dtype=torch.bfloat16) for _ in range(3))
+    check_forward(q, k, v, config, MASKS["sliding|prefix"](seq, device))
+    check_forward(q, k, v, config, K.causal())
+    first, again = (fwd_forward.attention_forward(q, k, v, mask_mod=K.causal(), config=config) for _ in range(2))
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
 @pytest.mark.parametrize("head_swizzle", [1, 4, 16])
 @pytest.mark.parametrize("block_m", [128, 192])
 def test_head_swizzle_gives_the_head_after_head_bits(block_m, head_swizzle):
