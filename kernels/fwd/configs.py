@@ -30,7 +30,8 @@ class FwdConfig:
     pingpong: bool = False    # Gluon: the consumer warpgroups issue their matmuls in turn
     head_swizzle: int = 0     # Gluon: 0 runs the heads one after another, each one's q-blocks longest first;
     #                           G > 0 runs groups of G heads side by side, longest q-blocks first (gluon_kernel)
-    programs_per_sm: int = 1  # Gluon: 1 or 2 programs share an SM's registers (gluon_launch_registers)
+    programs_per_sm: int = 1  # Gluon: 1 to 4 programs share an SM's registers (gluon_launch_registers; shared
+    #                           memory may still fit fewer)
     pipeline: object = None   # a tritonpatch.Pipeline (None: Triton's defaults)
     pipeline_label: str = ""
 
@@ -43,9 +44,9 @@ class FwdConfig:
             raise ValueError("FwdConfig: a Gluon config has use_tma=True, num_warps=4 (one consumer warpgroup; "
                              "the kernel adds the others and the producer) and block_m 64, 128 or 192 (1, 2 or 3 "
                              "consumer warpgroups of 64 rows)")
-        if self.head_swizzle and not (self.gluon and self.head_swizzle > 0):
+        if self.head_swizzle and not (self.gluon and 0 < self.head_swizzle <= 65535):
             raise ValueError("FwdConfig: head_swizzle orders the Gluon kernel's programs; it needs gluon=True "
-                             "and a positive group of heads")
+                             "and a positive group of heads (at most 65535, the grid's limit)")
         if self.programs_per_sm not in (1, 2, 3, 4) or (self.programs_per_sm > 1 and not self.gluon):
             raise ValueError("FwdConfig: programs_per_sm is 1, or up to 4 for a Gluon config (the programs share "
                              "an SM's registers)")
@@ -94,9 +95,12 @@ def gluon_launch_registers(config: FwdConfig) -> int:
     """The Gluon kernel's register cap at launch (``maxnreg``): the SM's register file shared by
     ``programs_per_sm`` programs, over all threads of one (consumer warpgroups and the producer's
     warpgroup), in steps of 8, so that many programs fit an SM and ``setmaxnreg`` moves registers between
-    a program's partitions."""
-    threads = (config.block_m // GLUON_WG_ROWS + 1) * 128
-    return REGISTERS_PER_SM // config.programs_per_sm // threads // 8 * 8
+    a program's partitions; at most what gives the consumers 240 each (one consumer warpgroup would
+    otherwise be handed more than ``setmaxnreg`` takes)."""
+    consumers = config.block_m // GLUON_WG_ROWS
+    threads = (consumers + 1) * 128
+    shared_file = REGISTERS_PER_SM // config.programs_per_sm // threads // 8 * 8
+    return min(shared_file, (240 * consumers + GLUON_PRODUCER_REGISTERS) // (consumers + 1) // 8 * 8)
 
 
 # Candidates for Hopper (H100/H200), chosen from ptxas reports for sm_90a (registers, spills, shared memory

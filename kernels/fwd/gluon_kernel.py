@@ -220,7 +220,7 @@ def _specialize(consumer_args, producer_args, NUM_WG: gl.constexpr, CONSUMER_REG
     (Triton cannot assign a tuple holding a function to a variable); the consumer's index goes last, as
     a run-time value (adding tuples unwraps constants of the right-hand one, and worker partitions take
     run-time values only)."""
-    if NUM_WG == 1:
+    if NUM_WG == 1:   # the one consumer (the default partition) gets what the producer leaves: CONSUMER_REGS
         gl.warp_specialize([(_consumer, consumer_args + (gl.to_tensor(0), )),
                             (_producer, producer_args)], [1], [PRODUCER_REGS])
     elif NUM_WG == 2:

@@ -15,6 +15,7 @@ from tritonpatch.kernels._runtime.launch import pipeline_scope
 from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import launch as fwd_launch
 from tritonpatch.kernels.fwd.gluon_launch import gluon_problem
+from tritonpatch.kernels.fwd.gluon_launch import kernel_constexprs as gluon_constexprs
 from tritonpatch.targets import compile_for_target
 from attention_cases import spill_allowance
 
@@ -77,6 +78,12 @@ def test_config_checks():
     one_consumer = fwd_configs.gluon_config(64, 64, 2, programs_per_sm=3)
     assert one_consumer.label() == "BM64-BN64-w4-s2-gluon-x3"
     assert one_consumer.compile_options()["maxnreg"] == 80 and fwd_configs.gluon_consumer_registers(one_consumer) == 136
+    alone = fwd_configs.gluon_config(64, 64, 2)   # one consumer per program: never more than setmaxnreg's 240
+    assert alone.compile_options()["maxnreg"] == 128 and fwd_configs.gluon_consumer_registers(alone) == 232
+    with pytest.raises(ValueError, match="at most 65535"):
+        fwd_configs.gluon_config(128, 128, 2, head_swizzle=1 << 16)
+    swizzled = fwd_configs.gluon_config(128, 128, 2, head_swizzle=8)
+    assert gluon_constexprs(64, swizzled, K.causal(), None)["HEAD_SWIZZLE"] == 8
     with pytest.raises(ValueError, match="use_tma=True"):
         fwd_configs.FwdConfig(128, 128, 4, 2, gluon=True)
     with pytest.raises(ValueError, match="needs gluon=True"):
