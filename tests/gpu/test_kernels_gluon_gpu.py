@@ -116,6 +116,30 @@ def test_one_consumer_warpgroup_programs_sharing_an_sm(head_dim, block_n, stages
     assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", ["causal+softcap", "alibi", "sliding+gqa", "document+block_mask"])
+def test_one_consumer_candidate_with_modifiers(case, dtype):
+    """The D=64 tuner candidate BM64-BN64-s2-x3 with score modifiers, GQA, a user block mask of its tiles
+    and fp16, on a ragged length."""
+    device, seq = torch.device("cuda"), 777
+    config = fwd_configs.gluon_config(64, 64, 2, programs_per_sm=3)
+    assert config in fwd_configs.GLUON_CONFIGS[64]
+    doc_ids = torch.randint(0, 3, (seq,), device=device).sort().values
+    mask, score, gqa = {"causal+softcap": (K.causal(), K.softcap(20.0), False),
+                        "alibi": (None, K.alibi(K.alibi_slopes(8).to(device)), False),
+                        "sliding+gqa": (K.sliding_window(200), None, True),
+                        "document+block_mask": (K.and_masks(K.causal(), K.document(doc_ids)), None, False)}[case]
+    q = torch.randn(2, 8, seq, 64, device=device, dtype=dtype)
+    k, v = (torch.randn(2, 2 if gqa else 8, seq, 64, device=device, dtype=dtype) for _ in range(2))
+    block_mask = K.build_block_mask(mask, 2, 8, seq, seq, block_m=64, block_n=64, device=device) \
+        if case == "document+block_mask" else None
+    out, lse = fwd_forward.attention_forward(q, k, v, mask_mod=mask, score_mod=score, block_mask=block_mask,
+                                             enable_gqa=gqa, config=config)
+    ref, ref_lse = K.reference.attention(q, k, v, mask_mod=mask, score_mod=score, enable_gqa=gqa, return_lse=True)
+    assert rel_err(out, ref) <= 1e-2
+    torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
+
+
 @pytest.mark.parametrize("head_swizzle", [4, 7, 16])
 @pytest.mark.parametrize("block_m", [128, 192])
 def test_head_swizzle_gives_the_head_after_head_bits(block_m, head_swizzle):
