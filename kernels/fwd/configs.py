@@ -138,13 +138,16 @@ def gluon_config(block_m: int, block_n: int, stages: int, pingpong: bool = False
 # 3 buffers; without a mask on an H100 1.04-1.12x and 1.00-1.08x the best of the others; in ping-pong order
 # 1.03-1.05x the plain order without a mask on the H200, slower causal), and at D=64 one consumer warpgroup of
 # 64 rows over 64-key tiles, three programs to an SM (136 registers each; the tuner's pick on an H100 for causal
-# and sliding window at S=8192, docs/design/gluon_forward.md). Each compiles
+# and sliding window at S=8192, docs/design/gluon_forward.md), and at D=128 the 2-buffer config with its
+# programs in groups of 4 heads (on an H100 1.00-1.04x the best of the others without a mask and causal at
+# S 4k-16k, the tuner's pick on 3 of those 6 rows; docs/design/gluon_forward.md). Each compiles
 # within its spill budget (tests/cpu/test_kernels_gluon.py: none, but 36-44 B for the three-warpgroup
 # 128-key tiles with the causal mask; about 0.5 KB with softcap or the document mask, not budgeted).
 GLUON_CONFIGS = {
     64: [gluon_config(128, 128, 2), gluon_config(192, 64, 3), gluon_config(192, 128, 2), gluon_config(192, 128, 3),
          gluon_config(192, 128, 2, pingpong=True), gluon_config(64, 64, 2, programs_per_sm=3)],
-    128: [gluon_config(128, 128, 2), gluon_config(128, 128, 3), gluon_config(128, 128, 2, pingpong=True)],
+    128: [gluon_config(128, 128, 2), gluon_config(128, 128, 3), gluon_config(128, 128, 2, pingpong=True),
+          gluon_config(128, 128, 2, head_swizzle=4)],
 }
 
 
