@@ -13,7 +13,9 @@ output. With ``--rounds N`` every implementation of a row is timed N times in tu
 lower middle one for an even N, is reported; the JSON keeps every round). With ``--baseline FILE`` (another
 revision of ``kernels/fwd/gluon_kernel.py``, imported beside it for the run: :mod:`._kernel_copy`) every Gluon
 config also runs that kernel, labelled ``@base``, in the same run, and the line says whether its output and
-log-sum-exp are bitwise the current kernel's (the JSON records the file's git blob hash). ``--only`` keeps the
+log-sum-exp are bitwise the current kernel's (the JSON records the file's git blob hash); a revision from before
+a compile-time argument existed runs the configs that give it its neutral value (``HEAD_SWIZZLE`` 0) and
+refuses the others. ``--only`` keeps the
 configs of those labels; ``--head-swizzle G,...`` adds each kept config with its programs in groups of G heads
 (``FwdConfig.head_swizzle``).
 Findings: docs/design/gluon_forward.md.
@@ -53,15 +55,47 @@ def tflops(ms: float, seq: int, head_dim: int, causal: bool) -> float:
     return 4 * BATCH * HEADS * seq * seq * head_dim * (0.5 if causal else 1.0) / ms / 1e9
 
 
+# Compile-time arguments later kernel revisions added, with the value that gives an earlier revision's
+# behaviour: a baseline that lacks one runs without it where the config holds that value.
+NEUTRAL_CONSTEXPRS = {"HEAD_SWIZZLE": 0}
+
+
+def undeclared_constexprs(kernel_module, config, head_dim: int = 64) -> dict:
+    """The launcher's compile-time arguments for ``config`` that ``kernel_module``'s kernel does not declare
+    (a revision from before they existed), with their values."""
+    values = gluon_launch.kernel_constexprs(head_dim, config, K.causal(), None)
+    declared = set(kernel_module._attn_fwd_gluon_kernel.arg_names)
+    return {name: value for name, value in values.items() if name not in declared}
+
+
+def refuse_undeclared(kernel_module, configs: dict) -> str | None:
+    """Why ``kernel_module`` (a baseline revision) cannot run every config of ``configs`` (None: it can)."""
+    for config in (c for chosen in configs.values() for c in chosen):
+        for name, value in undeclared_constexprs(kernel_module, config).items():
+            if NEUTRAL_CONSTEXPRS.get(name, object()) != value:
+                return (f"the baseline kernel has no {name} parameter, so it cannot run {config.label()} "
+                        f"({name}={value}); leave out the options that set it (--head-swizzle for HEAD_SWIZZLE)")
+    return None
+
+
 def gluon_runner(q, k, v, mask, config, kernel_module):
     """A function that launches ``kernel_module``'s Gluon forward with ``config`` (no launch replay, the
-    same path for every kernel revision) and returns its output and log-sum-exp."""
+    same path for every kernel revision; compile-time arguments the revision does not declare are left
+    out, :func:`refuse_undeclared` having checked they hold their neutral values) and returns its output
+    and log-sum-exp."""
     config, masks, mask_mod, scale = fwd_forward._resolve(q, k, v, mask, None, None, None, False, config)
+    undeclared = undeclared_constexprs(kernel_module, config, q.shape[-1])
+    current_constexprs = gluon_launch.kernel_constexprs
+
+    def declared_constexprs(*args, **kwargs):
+        values = current_constexprs(*args, **kwargs)
+        return {name: value for name, value in values.items() if name not in undeclared}
 
     def run():
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-        with mock.patch.object(gluon_kernel, "_attn_fwd_gluon_kernel", kernel_module._attn_fwd_gluon_kernel):
+        with mock.patch.object(gluon_kernel, "_attn_fwd_gluon_kernel", kernel_module._attn_fwd_gluon_kernel), \
+                mock.patch.object(gluon_launch, "kernel_constexprs", declared_constexprs):
             gluon_launch.launch(q, k, v, out, lse, masks, mask_mod, None, scale, config)
         return out, lse
 
@@ -149,6 +183,8 @@ def main() -> int:
     print(environment_line(environment), flush=True)
     rows = []
     with baseline_copy(gluon_kernel, args.baseline) as baseline:
+        if baseline is not None and (problem := refuse_undeclared(baseline, configs)):
+            parser.error(f"--baseline: {problem}")
         for head_dim in args.head_dims:
             for seq in args.lengths:
                 for causal in (False, True):
