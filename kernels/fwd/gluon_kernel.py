@@ -240,7 +240,7 @@ def _work_item(HEAD_SWIZZLE: gl.constexpr):
     fastest; the last q-blocks usually carry the most tiles (causal masks), so each head's run goes longest
     first. With ``HEAD_SWIZZLE`` G > 0 the launch order instead walks groups of G heads, and inside a group
     its q-blocks longest first, the group's heads side by side: the longest blocks of G heads start before
-    any short one, and the group's K/V stays in L2 while its programs run. A bijection on the grid (the
+    any short one, and the group's K/V can stay in L2 while its programs run. A bijection on the grid (the
     last group may hold fewer heads)."""
     num_q_blocks = gl.num_programs(0)
     if HEAD_SWIZZLE == 0:

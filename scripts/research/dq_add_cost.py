@@ -10,7 +10,8 @@ what its dQ writer warp does with each finished fp32 dQ tile (every handshake ke
     python -m scripts.research.dq_add_cost [--rows 128:8192,64:8192] [--rounds 3] [--out DIR]   # Hopper
     ncu --clock-control none --nvtx --nvtx-include "profiled/" --section SpeedOfLight \\
         --section MemoryWorkloadAnalysis --section WarpStateStats \\
-        python -m scripts.research.dq_add_cost --profile added --rows 128:8192
+        --metrics lts__t_sectors_op_red.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum \\
+        python -m scripts.research.dq_add_cost --profile added --rows 128:8192 --masks causal
 
 Timing prints one line per (D, S, mask): milliseconds of each variant (do_bench medians, B=4 H=16 bf16, the
 plain Gluon candidate; with ``--rounds N`` each variant timed N times in turn, the median round reported and
@@ -39,7 +40,7 @@ from tritonpatch.kernels.fwd import forward as fwd_forward
 from scripts.benchmarks._common import (bench_ms, environment_line, median_round, positive_int, run_environment,
                                        time_in_rounds)
 from scripts.research._kernel_copy import kernel_copy
-from scripts.research.gluon_backward import REDUCE_ADD, kernel_of, no_dq_write_source, rows_list
+from scripts.research.gluon_backward import dq_writer_source, kernel_of, no_dq_write_source, rows_list
 
 BATCH, HEADS = 4, 16
 VARIANTS = ("added", "stored", "not written", "no dQ")
@@ -48,12 +49,10 @@ IMPORT_LINE = "from .._runtime.gluon_compat import tma_load, tma_reduce_add"
 
 def stored_source() -> str:
     """The dK/dV kernel's source with the dQ writer's reduce-add replaced by a TMA store of the same tile."""
-    with open(gluon_kernel.__file__) as f:
-        source = f.read()
-    if len(REDUCE_ADD.findall(source)) != 1 or IMPORT_LINE not in source:
-        raise SystemExit("dq_add_cost: the dQ writer's reduce-add or the kernel's compat import changed")
-    source = source.replace(IMPORT_LINE, IMPORT_LINE + ", tma_store")
-    return REDUCE_ADD.sub(lambda m: m.group(0).replace("tma_reduce_add", "tma_store"), source)
+    source = dq_writer_source(lambda call: call.group(0).replace("tma_reduce_add", "tma_store"))
+    if IMPORT_LINE not in source:
+        raise SystemExit(f"the dK/dV kernel no longer imports its TMA copies as {IMPORT_LINE!r}")
+    return source.replace(IMPORT_LINE, IMPORT_LINE + ", tma_store")
 
 
 def variant_calls(head_dim: int, seq: int, causal: bool, copies: dict) -> dict:

@@ -53,13 +53,19 @@ ROWS = [(128, 8192), (128, 4096), (64, 8192)]
 REDUCE_ADD = re.compile(r"tma_reduce_add\(dq_desc, [^\n]*\)")
 
 
-def no_dq_write_source() -> str:
-    """The dK/dV kernel's source with the dQ writer's reduce-add replaced by nothing."""
+def dq_writer_source(replacement) -> str:
+    """The dK/dV kernel's source with the dQ writer's reduce-add call replaced by ``replacement`` (a string,
+    or a function of the call's text)."""
     with open(gluon_kernel.__file__) as f:
         source = f.read()
     if len(REDUCE_ADD.findall(source)) != 1:
-        raise SystemExit(f"gluon_backward: the dQ writer's reduce-add no longer matches {REDUCE_ADD.pattern!r}")
-    return REDUCE_ADD.sub("pass   # dQ computed, not added", source)
+        raise SystemExit(f"the dQ writer's reduce-add no longer matches {REDUCE_ADD.pattern!r}")
+    return REDUCE_ADD.sub(replacement if callable(replacement) else lambda _: replacement, source)
+
+
+def no_dq_write_source() -> str:
+    """The dK/dV kernel's source with the dQ writer's reduce-add replaced by nothing."""
+    return dq_writer_source("pass   # dQ computed, not added")
 
 
 def kernel_of(module):

@@ -14,8 +14,8 @@ lower middle one for an even N, is reported; the JSON keeps every round). With `
 revision of ``kernels/fwd/gluon_kernel.py``, imported beside it for the run: :mod:`._kernel_copy`) every Gluon
 config also runs that kernel, labelled ``@base``, in the same run, and the line says whether its output and
 log-sum-exp are bitwise the current kernel's (the JSON records the file's git blob hash); a revision from before
-a compile-time argument existed runs the configs that give it its neutral value (``HEAD_SWIZZLE`` 0) and
-refuses the others. ``--only`` keeps the
+a compile-time argument existed runs where every chosen config gives that argument its neutral value
+(``HEAD_SWIZZLE`` 0), and the run is refused otherwise. ``--only`` keeps the
 configs of those labels; ``--head-swizzle G,...`` adds each kept config with its programs in groups of G heads
 (``FwdConfig.head_swizzle``).
 Findings: docs/design/gluon_forward.md.
@@ -60,7 +60,7 @@ def tflops(ms: float, seq: int, head_dim: int, causal: bool) -> float:
 NEUTRAL_CONSTEXPRS = {"HEAD_SWIZZLE": 0}
 
 
-def undeclared_constexprs(kernel_module, config, head_dim: int = 64) -> dict:
+def undeclared_constexprs(kernel_module, config, head_dim: int) -> dict:
     """The launcher's compile-time arguments for ``config`` that ``kernel_module``'s kernel does not declare
     (a revision from before they existed), with their values."""
     values = gluon_launch.kernel_constexprs(head_dim, config, K.causal(), None)
@@ -70,11 +70,12 @@ def undeclared_constexprs(kernel_module, config, head_dim: int = 64) -> dict:
 
 def refuse_undeclared(kernel_module, configs: dict) -> str | None:
     """Why ``kernel_module`` (a baseline revision) cannot run every config of ``configs`` (None: it can)."""
-    for config in (c for chosen in configs.values() for c in chosen):
-        for name, value in undeclared_constexprs(kernel_module, config).items():
-            if NEUTRAL_CONSTEXPRS.get(name, object()) != value:
-                return (f"the baseline kernel has no {name} parameter, so it cannot run {config.label()} "
-                        f"({name}={value}); leave out the options that set it (--head-swizzle for HEAD_SWIZZLE)")
+    for head_dim, chosen in configs.items():
+        for config in chosen:
+            for name, value in undeclared_constexprs(kernel_module, config, head_dim).items():
+                if NEUTRAL_CONSTEXPRS.get(name, object()) != value:
+                    return (f"the baseline kernel has no {name} parameter, so it cannot run {config.label()} "
+                            f"({name}={value}); leave out the options that set it (--head-swizzle for HEAD_SWIZZLE)")
     return None
 
 
