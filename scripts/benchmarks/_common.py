@@ -223,6 +223,14 @@ def write_json(path: str, data, indent: int = 1) -> None:
         json.dump(data, f, indent=indent, default=str)
 
 
+def write_rows(out_dir: str | None, file_name: str, environment: dict, rows: list) -> None:
+    """A research script's raw data, ``{"environment": ..., "rows": ...}``, as ``out_dir/file_name`` (nothing
+    without ``out_dir``)."""
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        write_json(os.path.join(out_dir, file_name), {"environment": environment, "rows": rows})
+
+
 def write_lines(path: str, lines: list) -> None:
     """A markdown report: one line per item, ending with a newline."""
     with open(path, "w") as f:

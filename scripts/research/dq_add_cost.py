@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
-import os
 
 import torch
 
@@ -37,10 +35,10 @@ from tritonpatch.kernels.bwd import gluon_kernel
 from tritonpatch.kernels.bwd.launch import Buffers, run as bwd_run
 from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
-from scripts.benchmarks._common import (bench_ms, environment_line, median_round, positive_int, run_environment,
-                                       time_in_rounds)
+from scripts.benchmarks._common import environment_line, median_round, positive_int, run_environment, write_rows
 from scripts.research._kernel_copy import kernel_copy
-from scripts.research.gluon_backward import dq_writer_source, kernel_of, no_dq_write_source, rows_list
+from scripts.research.gluon_backward import (dq_writer_source, kernel_of, no_dq_write_source, rows_list,
+                                             time_calls_in_rounds)
 
 BATCH, HEADS = 4, 16
 VARIANTS = ("added", "stored", "not written", "no dQ")
@@ -80,15 +78,7 @@ def variant_calls(head_dim: int, seq: int, causal: bool, copies: dict) -> dict:
 
 def measure(head_dim: int, seq: int, causal: bool, copies: dict, rounds: int) -> dict:
     """Milliseconds of each variant for one shape, each timed ``rounds`` times in turn."""
-    calls = variant_calls(head_dim, seq, causal, copies)
-
-    def timer(function, context):
-        def time_it():
-            with context():
-                return bench_ms(function)
-        return time_it
-
-    rounds_ms = time_in_rounds({name: timer(*call) for name, call in calls.items()}, rounds)
+    rounds_ms = time_calls_in_rounds(variant_calls(head_dim, seq, causal, copies), rounds)
     return {"head_dim": head_dim, "seq_len": seq, "causal": causal,
             "ms": {name: median_round(ms) for name, ms in rounds_ms.items()}, "ms_rounds": rounds_ms}
 
@@ -138,10 +128,7 @@ def main() -> int:
             for mask in masks:
                 rows.append(measure(head_dim, seq, mask == "causal", copies, args.rounds))
                 print(describe(rows[-1]), flush=True)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "dq_add_cost.json"), "w") as f:
-            json.dump({"environment": environment, "rows": rows}, f, indent=1)
+    write_rows(args.out, "dq_add_cost.json", environment, rows)
     return 0
 
 

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
-import os
 import re
 from unittest import mock
 
@@ -43,7 +41,7 @@ from tritonpatch.kernels.bwd import gluon_kernel
 from tritonpatch.kernels.bwd.launch import Buffers, run as bwd_run
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from scripts.benchmarks._common import (bench_ms, environment_line, median_round, positive_int, run_environment,
-                                       time_in_rounds, tune_in_this_run)
+                                       time_in_rounds, tune_in_this_run, write_rows)
 from scripts.research._kernel_copy import baseline_copy, git_blob, kernel_copy
 
 BATCH, HEADS = 4, 16
@@ -71,6 +69,18 @@ def no_dq_write_source() -> str:
 def kernel_of(module):
     """A context in which the launcher runs ``module``'s dK/dV kernel in place of the shipped one."""
     return mock.patch.object(gluon_kernel, "_attn_bwd_dkdv_gluon_kernel", module._attn_bwd_dkdv_gluon_kernel)
+
+
+def time_calls_in_rounds(calls: dict, rounds: int) -> dict:
+    """``name -> [ms per round]`` of ``calls`` (``name -> (function, the context it runs in)``), each timed
+    ``rounds`` times in turn."""
+    def timer(function, context):
+        def time_it():
+            with context():
+                return bench_ms(function)
+        return time_it
+
+    return time_in_rounds({name: timer(*call) for name, call in calls.items()}, rounds)
 
 
 def compare_to_baseline(buffers, baseline) -> dict:
@@ -125,13 +135,7 @@ def measure(head_dim: int, seq: int, causal: bool, no_write, baseline, rounds: i
         calls[name] = (lambda sdpa_out=sdpa_out, leaves=leaves: torch.autograd.grad(sdpa_out, leaves, dout,
                                                                                      retain_graph=True),
                        contextlib.nullcontext)
-    def timer(function, context):
-        def time_it():
-            with context():
-                return bench_ms(function)
-        return time_it
-
-    rounds_ms = time_in_rounds({name: timer(*call) for name, call in calls.items()}, rounds)
+    rounds_ms = time_calls_in_rounds(calls, rounds)
     row = {"head_dim": head_dim, "seq_len": seq, "causal": causal,
            "ms": {name: median_round(ms) for name, ms in rounds_ms.items()}}
     if rounds > 1:
@@ -177,9 +181,7 @@ def main() -> int:
             for causal in (True, False):
                 rows.append(measure(head_dim, seq, causal, no_write, baseline, args.rounds))
                 print(describe(rows[-1]), flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gluon_backward.json"), "w") as f:
-        json.dump({"environment": environment, "rows": rows}, f, indent=1)
+    write_rows(args.out, "gluon_backward.json", environment, rows)
     return 0
 
 

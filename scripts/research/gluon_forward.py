@@ -23,8 +23,6 @@ Findings: docs/design/gluon_forward.md.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 from dataclasses import replace
 from unittest import mock
 
@@ -37,7 +35,7 @@ from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from tritonpatch.kernels.fwd import gluon_kernel, gluon_launch
 from scripts.benchmarks._common import (bench_ms, environment_line, int_list, median_round, positive_int,
-                                       run_environment, time_in_rounds)
+                                       run_environment, time_in_rounds, write_rows)
 from scripts.research._kernel_copy import baseline_copy, git_blob
 
 BATCH, HEADS = 4, 16
@@ -191,10 +189,7 @@ def main() -> int:
                 for causal in (False, True):
                     rows.append(measure(head_dim, seq, causal, configs, baseline, args.tl, args.rounds))
                     print(describe(rows[-1]), flush=True)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "gluon_forward.json"), "w") as f:
-            json.dump({"environment": environment, "rows": rows}, f, indent=1)
+    write_rows(args.out, "gluon_forward.json", environment, rows)
     return 0
 
 

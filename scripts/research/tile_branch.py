@@ -27,14 +27,12 @@ D=64 forward template uses BLOCK_N 128). Writes ``tile_branch.json`` into ``--ou
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from scripts.benchmarks._common import bench_ms, require_gpu, run_environment
+from scripts.benchmarks._common import bench_ms, require_gpu, run_environment, write_rows
 
 WINDOW = 1024
 VARIANTS = ("masked", "split", "branch", "block_mask")
@@ -159,10 +157,7 @@ def main() -> None:
             print(f"S={length} D={head_dim}: " + ", ".join(
                 f"{name} {times[name]:.3f} ms ({times[name] / times['block_mask']:.2f}x block_mask"
                 f"{', bitwise' if bitwise[name] else ''})" for name in VARIANTS), flush=True)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "tile_branch.json"), "w") as handle:
-            json.dump({"environment": run_environment(), "rows": rows}, handle, indent=1)
+    write_rows(args.out, "tile_branch.json", run_environment(), rows)
 
 
 if __name__ == "__main__":
