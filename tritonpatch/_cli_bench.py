@@ -69,8 +69,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if status:
             failed.append(name)
     if failed:
-        print("a script's own options (those its messages name) are passed with --script-args, e.g. "
-              "--script-args=--compile-only", file=sys.stderr)
+        compile_only = [name for name in failed if '"--compile-only"' in scripts[name].read_text()]
+        example = (f"--script-args=--compile-only (no GPU needed: {', '.join(compile_only)})" if compile_only
+                   else "--script-args=--help (each script's options)")
+        print(f"a script's own options (those its messages name) are passed with --script-args, e.g. {example}",
+              file=sys.stderr)
         if created and not os.listdir(args.out):
             os.rmdir(args.out)          # nothing was written: leave no empty folder behind
     return 1 if failed else 0

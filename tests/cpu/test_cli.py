@@ -170,13 +170,21 @@ def test_license_is_mit_as_the_metadata_says():
 
 def test_a_failed_benchmark_says_how_to_pass_its_options_and_leaves_no_empty_folder(fake_benchmarks, tmp_path,
                                                                                     capsys):
-    (fake_benchmarks / "broken.py").write_text("raise SystemExit('needs a GPU; without one, --compile-only ...')\n")
+    (fake_benchmarks / "broken.py").write_text(
+        "import argparse\nparser = argparse.ArgumentParser()\nparser.add_argument(\"--compile-only\")\n"
+        "raise SystemExit('needs a GPU; without one, --compile-only ...')\n")
+    (fake_benchmarks / "gpu_only.py").write_text("raise SystemExit('needs a GPU')\n")
     fresh, existing = tmp_path / "fresh", tmp_path / "existing"
     existing.mkdir()
     for out in (fresh, existing):
         assert cli.main(["bench", "broken", "--out", str(out)]) == 1
-        assert "are passed with --script-args, e.g. --script-args=--compile-only" in capsys.readouterr().err
+        assert ("are passed with --script-args, e.g. --script-args=--compile-only (no GPU needed: broken)"
+                in capsys.readouterr().err)
     assert not fresh.exists() and existing.is_dir()
+    # a script without --compile-only is not offered it
+    assert cli.main(["bench", "gpu_only", "--out", str(fresh)]) == 1
+    err = capsys.readouterr().err
+    assert "--script-args=--help (each script's options)" in err and "--compile-only" not in err
 
 
 def test_bench_writes_into_bench_out_of_the_working_directory(fake_benchmarks, tmp_path, monkeypatch, capsys):
