@@ -15,6 +15,7 @@ from ._identity import launch_key
 from ._inputs import validate_inputs
 from ._runtime.launch import replay_key
 from .block_mask import BlockMask, build_block_mask
+from . import masks, scores
 from .masks import MaskMod, allow_all
 from .scores import ScoreMod
 
@@ -31,6 +32,15 @@ def call_key(tensors: tuple, mask_mod, score_mod, block_mask, *options):
                       None if block_mask is None else block_mask.launch_key(), *options)
 
 
+def uncalled_factory(value, module) -> str:
+    """The end of a modifier error when ``value`` is one of ``module``'s factories passed without calling it
+    (``mask_mod=causal``): what to pass instead; empty otherwise."""
+    name = getattr(value, "__name__", None)
+    if name and getattr(module, name, None) is value:
+        return f"; {name} is the factory: pass {name}(...)"
+    return ""
+
+
 def checked_modifiers(q, k, v, mask_mod, score_mod, block_mask, enable_gqa: bool, what: str) -> MaskMod:
     """Check the inputs and the modifiers of a call (``what`` names it in errors) and return the mask
     it runs (``allow_all()`` for None). A ``block_mask`` needs its ``mask_mod``: the kernels evaluate the
@@ -40,9 +50,10 @@ def checked_modifiers(q, k, v, mask_mod, score_mod, block_mask, enable_gqa: bool
                          "kernels apply it in the block mask's partial tiles), or allow_all() to run them unmasked")
     if mask_mod is not None and not isinstance(mask_mod, MaskMod):
         raise TypeError(f"{what}: mask_mod must come from tritonpatch.kernels masks (causal(), prefix_lm(), ..., "
-                        "custom_mask())")
+                        f"custom_mask()){uncalled_factory(mask_mod, masks)}")
     if score_mod is not None and not isinstance(score_mod, ScoreMod):
-        raise TypeError(f"{what}: score_mod must come from tritonpatch.kernels (alibi(), softcap(), custom_score())")
+        raise TypeError(f"{what}: score_mod must come from tritonpatch.kernels (alibi(), softcap(), custom_score())"
+                        f"{uncalled_factory(score_mod, scores)}")
     validate_inputs(q, k, v, enable_gqa)
     batch, heads, q_len, _ = q.shape
     mask_mod = allow_all() if mask_mod is None else mask_mod

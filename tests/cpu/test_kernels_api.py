@@ -34,6 +34,9 @@ def t(*shape, dtype=torch.float16):
     ((t(1, 4, 8, 16), t(1, 2, 8, 16), t(1, 2, 8, 16)), {}, ValueError, "enable_gqa=True"),
     ((t(1, 4, 8, 16), t(1, 3, 8, 16), t(1, 3, 8, 16)), {"enable_gqa": True}, ValueError, "multiple of Hkv"),
     ((t(1, 2, 8, 16),) * 3, {"mask_mod": lambda b, h, q, kv: q >= kv}, TypeError, "mask_mod must come from"),
+    # a factory passed without calling it: the message says what to pass
+    ((t(1, 2, 8, 16),) * 3, {"mask_mod": K.causal}, TypeError, r"causal is the factory: pass causal\(\.\.\.\)"),
+    ((t(1, 2, 8, 16),) * 3, {"score_mod": K.softcap}, TypeError, r"softcap is the factory: pass softcap\(\.\.\.\)"),
     # the interpreter's bfloat16 dot is wrong; a zero, negative or non-finite scale turns masked scores into NaN
     ((t(1, 2, 8, 16, dtype=torch.bfloat16),) * 3, {}, TypeError, "bfloat16 is not supported on cpu"),
     *[((t(1, 2, 8, 16),) * 3, {"mask_mod": K.causal(), "scale": scale}, ValueError,
