@@ -34,6 +34,11 @@ def needs_gpu(script: pathlib.Path) -> bool:
     return "require_gpu(" in script.read_text(encoding="utf-8")
 
 
+def takes_compile_only(script: pathlib.Path) -> bool:
+    """Whether the benchmark declares ``--compile-only`` (compiles its variants for sm_90 without a GPU)."""
+    return '"--compile-only"' in script.read_text(encoding="utf-8")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run benchmark scripts one after another; each writes JSON, markdown and a plot into --out
     (./bench-out unless given)."""
@@ -69,7 +74,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if status:
             failed.append(name)
     if failed:
-        compile_only = [name for name in failed if '"--compile-only"' in scripts[name].read_text()]
+        compile_only = [name for name in failed if takes_compile_only(scripts[name])]
         example = (f"--script-args=--compile-only (no GPU needed: {', '.join(compile_only)})" if compile_only
                    else "--script-args=--help (each script's options)")
         print(f"a script's own options (those its messages name) are passed with --script-args, e.g. {example}",
