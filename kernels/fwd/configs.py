@@ -81,26 +81,30 @@ class FwdConfig:
 REGISTERS_PER_SM = 65536
 GLUON_WG_ROWS = 64             # query rows per consumer warpgroup of the Gluon kernel (one wgmma M)
 GLUON_PRODUCER_REGISTERS = 24  # per thread of the Gluon producer's warpgroup: the least setmaxnreg gives
+GLUON_CONSUMER_REGISTERS_MAX = 240  # per thread of a consumer warpgroup: FlashAttention-3's budget, what two
+#                                     consumers and the producer leave of the register file
 
 
 def gluon_consumer_registers(config: FwdConfig) -> int:
     """Registers per thread of a Gluon consumer warpgroup (``setmaxnreg``): what is left of the program's
-    registers (:func:`gluon_launch_registers`) after the producer's warpgroup, in steps of 8, at most 240."""
+    registers (:func:`gluon_launch_registers`) after the producer's warpgroup, in steps of 8, at most
+    GLUON_CONSUMER_REGISTERS_MAX."""
     consumers = config.block_m // GLUON_WG_ROWS
     program = gluon_launch_registers(config) * (consumers + 1)
-    return min(240, (program - GLUON_PRODUCER_REGISTERS) // consumers // 8 * 8)
+    return min(GLUON_CONSUMER_REGISTERS_MAX, (program - GLUON_PRODUCER_REGISTERS) // consumers // 8 * 8)
 
 
 def gluon_launch_registers(config: FwdConfig) -> int:
     """The Gluon kernel's register cap at launch (``maxnreg``): the SM's register file shared by
     ``programs_per_sm`` programs, over all threads of one (consumer warpgroups and the producer's
     warpgroup), in steps of 8, so that many programs fit an SM and ``setmaxnreg`` moves registers between
-    a program's partitions; at most what gives the consumers 240 each (one consumer warpgroup would
-    otherwise be handed more than ``setmaxnreg`` takes)."""
+    a program's partitions; at most what gives the consumers GLUON_CONSUMER_REGISTERS_MAX each (one consumer
+    warpgroup would otherwise be handed more than ``setmaxnreg`` takes)."""
     consumers = config.block_m // GLUON_WG_ROWS
     threads = (consumers + 1) * 128
     shared_file = REGISTERS_PER_SM // config.programs_per_sm // threads // 8 * 8
-    return min(shared_file, (240 * consumers + GLUON_PRODUCER_REGISTERS) // (consumers + 1) // 8 * 8)
+    most = (GLUON_CONSUMER_REGISTERS_MAX * consumers + GLUON_PRODUCER_REGISTERS) // (consumers + 1) // 8 * 8
+    return min(shared_file, most)
 
 
 # Candidates for Hopper (H100/H200), chosen from ptxas reports for sm_90a (registers, spills, shared memory

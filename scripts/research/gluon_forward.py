@@ -68,12 +68,11 @@ def undeclared_constexprs(kernel_module, config, head_dim: int) -> dict:
 
 def refuse_undeclared(kernel_module, configs: dict) -> str | None:
     """Why ``kernel_module`` (a baseline revision) cannot run every config of ``configs`` (None: it can)."""
-    for head_dim, chosen in configs.items():
-        for config in chosen:
-            for name, value in undeclared_constexprs(kernel_module, config, head_dim).items():
-                if NEUTRAL_CONSTEXPRS.get(name, object()) != value:
-                    return (f"the baseline kernel has no {name} parameter, so it cannot run {config.label()} "
-                            f"({name}={value}); leave out the options that set it (--head-swizzle for HEAD_SWIZZLE)")
+    for head_dim, config in ((d, c) for d, chosen in configs.items() for c in chosen):
+        for name, value in undeclared_constexprs(kernel_module, config, head_dim).items():
+            if NEUTRAL_CONSTEXPRS.get(name, object()) != value:
+                return (f"the baseline kernel has no {name} parameter, so it cannot run {config.label()} "
+                        f"({name}={value}); leave out the options that set it (--head-swizzle for HEAD_SWIZZLE)")
     return None
 
 
