@@ -17,7 +17,7 @@ import torch
 import triton
 
 from .compile_workers import DeferredCompiles
-from .triton_compat import async_compile_active, async_compile_mode, fix_interpreter_index
+from .triton_compat import async_compile_active, async_compile_mode, fix_interpreter_index, slp_vectorizer_packs_masks
 
 
 def interpreting() -> bool:
@@ -239,17 +239,43 @@ def fastest(candidates: list, launch_config, what: str):
     return min(timings, key=timings.get)
 
 
-def pipeline_variants(configs: list) -> list:
-    """The tritonpatch Pipeline tuning axis (disable-lsr) for the given kernel configs (dataclasses
-    with ``pipeline`` and ``pipeline_label`` fields); none when the native LLVM-option module is
-    unavailable."""
+def _native_pipeline(**settings):
+    """``Pipeline(**settings)``, or None when the native LLVM-option module is unavailable."""
     from tritonpatch import Pipeline, TritonpatchError
 
     try:
-        pipeline = Pipeline(disable_lsr=True)
+        return Pipeline(**settings)
     except TritonpatchError:
+        return None
+
+
+def with_pipeline(config, pipeline, label: str):
+    """``config`` (a dataclass with ``pipeline`` and ``pipeline_label`` fields) also compiled through
+    ``pipeline``: merged over the config's own Pipeline, the label appended to its own."""
+    merged = pipeline if config.pipeline is None else config.pipeline.merge(pipeline)
+    return dataclasses.replace(config, pipeline=merged,
+                               pipeline_label="+".join(filter(None, (config.pipeline_label, label))))
+
+
+def without_mask_bit_packing(configs: list, kernel: str) -> list:
+    """``configs`` of ``kernel`` ("forward" or "backward") compiled with LLVM's SLP vectorizer off
+    (``vectorize-slp=false``, label ``no-slp``) where it packs the masks of partial tiles into bit vectors
+    (:func:`.triton_compat.slp_vectorizer_packs_masks`); unchanged elsewhere and without the native
+    LLVM-option module. The arithmetic is the same, bit for bit; the partial tiles' loops are shorter
+    (docs/design/gluon_forward.md)."""
+    if not slp_vectorizer_packs_masks(kernel) or (pipeline := _native_pipeline(llvm={"vectorize-slp": False})) is None:
+        return list(configs)
+    return [with_pipeline(c, pipeline, "no-slp") for c in configs]
+
+
+def pipeline_variants(configs: list) -> list:
+    """The tritonpatch Pipeline tuning axis (disable-lsr, added to each config's own Pipeline) for the given
+    kernel configs (dataclasses with ``pipeline`` and ``pipeline_label`` fields); none when the native
+    LLVM-option module is unavailable."""
+    pipeline = _native_pipeline(disable_lsr=True)
+    if pipeline is None:
         return []
-    return [dataclasses.replace(c, pipeline=pipeline, pipeline_label="disable-lsr") for c in configs]
+    return [with_pipeline(c, pipeline, "disable-lsr") for c in configs]
 
 
 def pipeline_scope(pipeline):

@@ -1,7 +1,7 @@
 """Every use of Triton's private runtime by the kernels, in one place (as ``tritonpatch._triton_compat``
 is for the compiler hooks): scoped scratch memory for device-built TMA descriptors, Triton's
 asynchronous compile mode, Triton's configured cache manager (which the tuning decisions are shared
-through), and one interpreter fix.
+through), one interpreter fix, and where Triton's LLVM packs masks into bit vectors.
 
 Triton 3.6's interpreter converts scalars to loop bounds with ``int(array_of_shape_1)``, which
 numpy >= 2.4 rejects ("only 0-dimensional arrays can be converted to Python scalars"); Triton 3.9
@@ -84,3 +84,22 @@ def fix_interpreter_index() -> None:
 
     patch_lang_tensor._tritonpatch_index_fix = True
     interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+def slp_vectorizer_packs_masks(kernel: str) -> bool:
+    """Whether LLVM's SLP vectorizer, as this Triton runs it, turns the masks of ``kernel``'s partial tiles
+    ("forward" or "backward": the Gluon forward and dK/dV kernels; one boolean per score) into vectors of
+    ``i1``, which the NVPTX backend lowers to bit packing (16-bit selects, shifts and ors around every element).
+    Compiled for sm_90a with the causal mask (``tests/cpu/test_kernels_gluon.py`` and ``_bwd.py`` check both
+    answers on each supported Triton): the backward packs on Triton 3.6, 3.8 and 3.9 (D=128 partial-step loop
+    801 / 796 / 806 SASS instructions, 688 / 692 / 693 with ``vectorize-slp=false``, and fewer spills); the
+    forward on Triton 3.6 only (D=64 partial-tile loop 957, 758 without), while on 3.8 and 3.9 it does not
+    (757 and 767 instructions) and the option gains nothing there (3.9: 773, with more spills)."""
+    if kernel == "backward":
+        return True
+    if kernel != "forward":
+        raise ValueError(f"kernel is 'forward' or 'backward', got {kernel!r}")
+    import triton
+
+    major, minor = (int(part) for part in triton.__version__.split(".")[:2])
+    return (major, minor) < (3, 7)

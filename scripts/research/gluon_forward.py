@@ -9,7 +9,8 @@ Gluon candidates left out), non-causal and causal; optionally against another re
 
 (on a Hopper GPU; DIR/gluon_forward.json). Prints one line per (D, S, mask): useful TFLOP/s of each
 implementation (do_bench medians, B=4 H=16 bf16), with each Gluon config's relative error against SDPA flash's
-output. With ``--rounds N`` every implementation of a row is timed N times in turn (the median round, the
+output (without a mask or causal; other masks, ``--masks``, as the attention benchmark builds them, run without
+the SDPA anchors and report the error against the fp32 reference of the first batch and head). With ``--rounds N`` every implementation of a row is timed N times in turn (the median round, the
 lower middle one for an even N, is reported; the JSON keeps every round). With ``--baseline FILE`` (another
 revision of ``kernels/fwd/gluon_kernel.py``, imported beside it for the run: :mod:`._kernel_copy`) every Gluon
 config also runs that kernel, labelled ``@base``, in the same run, and the line says whether its output and
@@ -17,7 +18,9 @@ log-sum-exp are bitwise the current kernel's (the JSON records the file's git bl
 a compile-time argument existed runs where every chosen config gives that argument its neutral value
 (``HEAD_SWIZZLE`` 0), and the run is refused otherwise. ``--only`` keeps the
 configs of those labels; ``--head-swizzle G,...`` adds each kept config with its programs in groups of G heads
-(``FwdConfig.head_swizzle``).
+(``FwdConfig.head_swizzle``). ``--pipeline TEXT`` (repeatable; ``Pipeline.parse``'s text form, e.g.
+``llvm:vectorize-slp=false``) adds each kept config compiled through that Pipeline, labelled ``+TEXT``, and the line
+says whether its output and log-sum-exp are bitwise the plain config's.
 Findings: docs/design/gluon_forward.md.
 """
 from __future__ import annotations
@@ -31,11 +34,12 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tritonpatch.kernels as K
+from tritonpatch import Pipeline
 from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from tritonpatch.kernels.fwd import gluon_kernel, gluon_launch
-from scripts.benchmarks._common import (bench_ms, environment_line, int_list, median_round, positive_int,
-                                       run_environment, time_in_rounds, write_rows)
+from scripts.benchmarks._common import (MASKS, allowed_fraction, bench_ms, environment_line, int_list, make_mask,
+                                       median_round, positive_int, run_environment, time_in_rounds, write_rows)
 from scripts.research._kernel_copy import baseline_copy, git_blob
 
 BATCH, HEADS = 4, 16
@@ -49,8 +53,9 @@ CONFIGS = {128: [gluon(128, 128, 2), gluon(128, 128, 3), gluon(128, 128, 2, True
                 gluon(64, 128, 2, programs_per_sm=2)]}
 
 
-def tflops(ms: float, seq: int, head_dim: int, causal: bool) -> float:
-    return 4 * BATCH * HEADS * seq * seq * head_dim * (0.5 if causal else 1.0) / ms / 1e9
+def tflops(ms: float, seq: int, head_dim: int, fraction: float) -> float:
+    """Useful TFLOP/s: ``fraction`` is the share of (query, key) pairs the mask allows."""
+    return 4 * BATCH * HEADS * seq * seq * head_dim * fraction / ms / 1e9
 
 
 # Compile-time arguments later kernel revisions added, with the value that gives an earlier revision's
@@ -100,20 +105,37 @@ def gluon_runner(q, k, v, mask, config, kernel_module):
     return run
 
 
-def chosen_configs(only: list[str] | None, head_swizzles: list[int]) -> dict:
+def chosen_configs(only: list[str] | None, head_swizzles: list[int], pipelines: list[str]) -> dict:
     """CONFIGS restricted to the labels in ``only`` (all without it), each followed by its variants in
-    groups of ``head_swizzles`` heads."""
-    return {d: [replace(c, head_swizzle=g) for c in configs if only is None or c.label() in only
-                for g in [0, *head_swizzles]]
-            for d, configs in CONFIGS.items()}
+    groups of ``head_swizzles`` heads, and each of those by its variants compiled through ``pipelines``
+    (``Pipeline.parse`` text, also the label's suffix)."""
+    grouped = {d: [replace(c, head_swizzle=g) for c in configs if only is None or c.label() in only
+                   for g in [0, *head_swizzles]]
+               for d, configs in CONFIGS.items()}
+    return {d: [variant for c in configs
+                for variant in [c] + [replace(c, pipeline=Pipeline.parse(text), pipeline_label=text)
+                                      for text in pipelines]]
+            for d, configs in grouped.items()}
 
 
-def measure(head_dim: int, seq: int, causal: bool, configs: dict, baseline=None, with_tl: bool = False,
+def reference_for(config, configs: list):
+    """The config whose output ``config``'s output is compared bit for bit with: the same config without a
+    Pipeline (None for that one itself)."""
+    if config.pipeline is None:
+        return None
+    return next(c for c in configs if c.pipeline is None and replace(c, pipeline=config.pipeline,
+                                                                         pipeline_label=config.pipeline_label) == config)
+
+
+def measure(head_dim: int, seq: int, mask_name: str, configs: dict, baseline=None, with_tl: bool = False,
             rounds: int = 1) -> dict:
     """Milliseconds of each implementation for one shape, each timed ``rounds`` times in turn (the median round
-    reported, every round kept), and each Gluon config's error (and bits against the baseline)."""
+    reported, every round kept), and each Gluon config's error (and bits against the baseline, or against the
+    plain config for a Pipeline variant)."""
     q, k, v = (torch.randn(BATCH, HEADS, seq, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    mask = K.causal() if causal else None
+    causal = mask_name == "causal"
+    mask = None if mask_name == "none" else make_mask(mask_name, seq, q.device)[0]
+    fraction = 1.0 if mask is None else allowed_fraction(mask, seq, seq, q.device)
 
     def sdpa(backend):
         with sdpa_kernel(backend):
@@ -123,36 +145,50 @@ def measure(head_dim: int, seq: int, causal: bool, configs: dict, baseline=None,
         with mock.patch.dict(fwd_configs.GLUON_CONFIGS, {d: [] for d in fwd_configs.GLUON_CONFIGS}):
             return K.attention(q, k, v, mask_mod=mask)
 
-    calls = {"cudnn": lambda: sdpa(SDPBackend.CUDNN_ATTENTION), "flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION)}
-    ref = sdpa(SDPBackend.FLASH_ATTENTION).float()
+    if mask_name in ("none", "causal"):
+        calls = {"cudnn": lambda: sdpa(SDPBackend.CUDNN_ATTENTION),
+                 "flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION)}
+        ref = sdpa(SDPBackend.FLASH_ATTENTION).float()
+    else:   # the fp32 reference of the first batch and head (a dense S x S reference of all of them is too large)
+        calls = {}
+        ref = K.reference.attention(q[:1, :1].float(), k[:1, :1].float(), v[:1, :1].float(), mask_mod=mask)
+    compared = tuple(slice(0, n) for n in ref.shape)
     if with_tl:
         calls["tl"] = triton_language   # tunes in do_bench's first, untimed call
     errors, same_bits = {}, {}
+    outputs = {}
     for config in configs[head_dim]:
         variants = [(config.label(), gluon_kernel)] + ([(config.label() + "@base", baseline)] if baseline else [])
-        outputs = {}
         for label, module in variants:
             calls[label] = gluon_runner(q, k, v, mask, config, module)
             outputs[label] = calls[label]()
-            errors[label] = ((outputs[label][0].float() - ref).norm() / ref.norm()).item()
+            errors[label] = ((outputs[label][0][compared].float() - ref).norm() / ref.norm()).item()
         if baseline:
-            (out, lse), (base_out, base_lse) = outputs.values()
-            same_bits[config.label()] = torch.equal(out, base_out) and torch.equal(lse, base_lse)
+            same_bits[config.label() + "@base"] = bitwise_equal(outputs[config.label()],
+                                                                outputs[config.label() + "@base"])
+        if (plain := reference_for(config, configs[head_dim])) is not None:
+            same_bits[config.label()] = bitwise_equal(outputs[config.label()], outputs[plain.label()])
     rounds_ms = time_in_rounds({name: lambda call=call: bench_ms(call) for name, call in calls.items()}, rounds)
     ms = {name: median_round(times) for name, times in rounds_ms.items()}
-    return {"head_dim": head_dim, "seq_len": seq, "causal": causal, "ms": ms, "rel_err_vs_flash": errors,
-            "bitwise_equal_to_baseline": same_bits, **({"ms_rounds": rounds_ms} if rounds > 1 else {}),
-            "tflops": {name: tflops(t, seq, head_dim, causal) for name, t in ms.items()}}
+    return {"head_dim": head_dim, "seq_len": seq, "mask": mask_name, "allowed_fraction": fraction, "ms": ms,
+            "rel_err": errors, "rel_err_against": "SDPA flash" if mask_name in ("none", "causal") else "fp32 reference",
+            "bitwise_equal": same_bits, **({"ms_rounds": rounds_ms} if rounds > 1 else {}),
+            "tflops": {name: tflops(t, seq, head_dim, fraction) for name, t in ms.items()}}
+
+
+def bitwise_equal(a: tuple, b: tuple) -> bool:
+    """Whether two ``(out, lse)`` pairs hold the same bits."""
+    return all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 def describe(row: dict) -> str:
-    parts = [f"{name} {row['tflops'][name]:.0f}" + (f" (err {row['rel_err_vs_flash'][name]:.1e})"
-                                                    if name in row["rel_err_vs_flash"] else "")
+    parts = [f"{name} {row['tflops'][name]:.0f}" + (f" (err {row['rel_err'][name]:.1e})"
+                                                    if name in row["rel_err"] else "")
              for name in row["ms"]]
-    differ = [label for label, same in row["bitwise_equal_to_baseline"].items() if not same]
-    bits = (f"  | baseline bits differ: {', '.join(differ)}" if differ else "  | bitwise equal to baseline") \
-        if row["bitwise_equal_to_baseline"] else ""
-    return f"D{row['head_dim']} S{row['seq_len']} {'causal' if row['causal'] else 'full'}: " + "  ".join(parts) + bits
+    differ = [label for label, same in row["bitwise_equal"].items() if not same]
+    bits = (f"  | bits differ: {', '.join(differ)}" if differ else "  | every variant bitwise equal") \
+        if row["bitwise_equal"] else ""
+    return f"D{row['head_dim']} S{row['seq_len']} {row['mask']}: " + "  ".join(parts) + bits
 
 
 def main() -> int:
@@ -167,6 +203,10 @@ def main() -> int:
                         help="keep the configs of these labels (e.g. BM128-BN128-w4-s2-gluon)")
     parser.add_argument("--head-swizzle", type=int_list, default=[], metavar="G,...",
                         help="also run each kept config with its programs in groups of G heads")
+    parser.add_argument("--masks", type=lambda text: text.split(","), default=["none", "causal"],
+                        metavar="MASK,...", help=f"of {', '.join(MASKS)} (default: none,causal)")
+    parser.add_argument("--pipeline", action="append", default=[], metavar="TEXT",
+                        help="also run each kept config through this Pipeline (Pipeline.parse text; repeatable)")
     parser.add_argument("--out", default=None, help="directory for gluon_forward.json")
     args = parser.parse_args()
     if bad := [d for d in args.head_dims if d not in CONFIGS]:
@@ -176,7 +216,14 @@ def main() -> int:
         parser.error(f"--only: {bad} not among {sorted(known)}")
     if bad := [g for g in args.head_swizzle if g < 1]:
         parser.error(f"--head-swizzle: groups must hold at least one head (got {bad})")
-    configs = chosen_configs(args.only, args.head_swizzle)
+    if bad := [m for m in args.masks if m not in MASKS]:
+        parser.error(f"--masks: {bad} not among {', '.join(MASKS)}")
+    for text in args.pipeline:
+        try:
+            Pipeline.parse(text)
+        except ValueError as exc:
+            parser.error(f"--pipeline {text!r}: {exc}")
+    configs = chosen_configs(args.only, args.head_swizzle, args.pipeline)
     environment = run_environment(baseline=args.baseline, baseline_blob=git_blob(args.baseline))
     print(environment_line(environment), flush=True)
     rows = []
@@ -185,8 +232,8 @@ def main() -> int:
             parser.error(f"--baseline: {problem}")
         for head_dim in args.head_dims:
             for seq in args.lengths:
-                for causal in (False, True):
-                    rows.append(measure(head_dim, seq, causal, configs, baseline, args.tl, args.rounds))
+                for mask_name in args.masks:
+                    rows.append(measure(head_dim, seq, mask_name, configs, baseline, args.tl, args.rounds))
                     print(describe(rows[-1]), flush=True)
     write_rows(args.out, "gluon_forward.json", environment, rows)
     return 0

@@ -44,6 +44,11 @@ MASKS = {
 }
 
 
+# The PTX of a mask packed into bit vectors (Triton 3.6's SLP vectorizer, kernels/_runtime/triton_compat.py):
+# 16-bit selects, shifts and ors around every score of a partial tile (16-bit ands also do thread-index math).
+MASK_BIT_PACKING = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:selp|shl|or)\.b16\b", re.M)
+
+
 def spill_allowance(bytes_on_triton_36: int) -> int:
     """Spill bytes a tuning candidate may show: as measured on Triton 3.6 (the candidate tables were
     tuned there); later versions allocate differently (3.9 spills more on some tiles), which the

@@ -5,6 +5,7 @@ what it refuses, and the backward tuner offering it where it applies."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import re
 
 import pytest
@@ -13,9 +14,10 @@ import torch
 import tritonpatch.kernels as K
 from tritonpatch.inspection import disassemble, measure_resources
 from tritonpatch.kernels.bwd import configs as bwd_configs
+from tritonpatch.kernels._runtime.launch import pipeline_scope
 from tritonpatch.kernels.bwd import gluon_launch
 from tritonpatch.targets import compile_for_target
-from attention_cases import spill_allowance
+from attention_cases import MASK_BIT_PACKING, spill_allowance
 
 MODIFIERS = {"none": (K.allow_all(), None), "causal": (K.causal(), None), "causal+softcap": (K.causal(), K.softcap(30.0)),
              "document": (K.and_masks(K.causal(), K.document(torch.zeros(64, dtype=torch.int32))), None)}
@@ -31,12 +33,27 @@ SPILL_BUDGET = {(128, "none", True): (264, 396), (128, "causal", True): (316, 47
                 (64, "document", True): (8, 40)}
 
 
-def compile_dkdv(head_dim, modifiers, add_dq, dtype=torch.bfloat16):
+def compile_dkdv(head_dim, modifiers, add_dq, dtype=torch.bfloat16, config=None):
+    """The dK/dV kernel compiled for sm_90a: GLUON_CONFIGS[0] under Triton's defaults, or ``config`` through its
+    Pipeline."""
     mask, score = MODIFIERS[modifiers]
-    config = bwd_configs.GLUON_CONFIGS[0]
+    config = config or bwd_configs.GLUON_CONFIGS[0]
     fn, signature, constexprs, _ = gluon_launch.compile_spec(dtype, head_dim, config, mask, score, add_dq=add_dq,
                                                              mask_tile=(128, 128))
-    return compile_for_target(fn, signature, constexprs, target="sm_90", **config.compile_options())
+    with pipeline_scope(config.pipeline):
+        return compile_for_target(fn, signature, constexprs, target="sm_90", **config.compile_options())
+
+
+def test_candidates_do_not_pack_masks_into_bit_vectors():
+    """As the forward's candidates (tests/cpu/test_kernels_gluon.py): LLVM's SLP vectorizer packs the partial
+    steps' mask into bit vectors under Triton's defaults (on every supported Triton, as
+    ``slp_vectorizer_packs_masks`` says), and the candidates compile without it."""
+    from tritonpatch.kernels._runtime.triton_compat import slp_vectorizer_packs_masks
+
+    for config in bwd_configs.gluon_candidates():
+        assert not MASK_BIT_PACKING.findall(compile_dkdv(128, "causal", True, config=config).asm["ptx"]), config.label()
+    packed = MASK_BIT_PACKING.findall(compile_dkdv(128, "causal", True).asm["ptx"])
+    assert bool(packed) == slp_vectorizer_packs_masks("backward"), len(packed)
 
 
 @pytest.mark.parametrize("head_dim, modifiers, add_dq", CASES,
@@ -105,7 +122,8 @@ def test_disable_lsr_candidate_compiles_through_its_pipeline_and_spills_less(mon
     lse = torch.zeros(1, 2, 256)
     buf = bwd_launch.Buffers(q, q, q, q, q, lse, None, K.causal(), None, 0.1, BlockMasks(None, K.causal(), q, q))
     plain, variant = bwd_configs.gluon_candidates()
-    assert (plain, variant.pipeline_label) == (bwd_configs.GLUON_CONFIGS[0], "disable-lsr")
+    assert dataclasses.replace(plain, pipeline=None, pipeline_label="") == bwd_configs.GLUON_CONFIGS[0]
+    assert variant.pipeline_label == "+".join(filter(None, (plain.pipeline_label, "disable-lsr")))
     for config in (plain, variant):
         buf.dkdv(config, torch.zeros(q.shape), ATOMIC_ADD, warmup=True)
     kernels = list(_attn_bwd_dkdv_gluon_kernel.device_caches[0][0].values())

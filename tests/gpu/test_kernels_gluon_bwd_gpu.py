@@ -115,21 +115,23 @@ def test_separate_mode_is_repeatable():
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_disable_lsr_candidate_gives_the_plain_candidates_bits(head_dim):
-    """The tuner's disable-lsr candidate changes address arithmetic only: in separate mode its gradients are
-    bitwise the plain candidate's (and match the reference)."""
-    candidates = bwd_configs.gluon_candidates()
-    if len(candidates) < 2:
-        pytest.skip("tritonpatch._native is not usable here (no disable-lsr candidate)")
+def test_candidates_give_the_bits_of_tritons_defaults(head_dim):
+    """The candidates' Pipelines change instruction selection and address arithmetic only (disable-lsr; and the
+    SLP vectorizer off, ``+no-slp``, where it packs the masks into bit vectors): in separate mode each one's
+    gradients are bitwise those of the same kernel under Triton's defaults (and match the reference)."""
+    candidates = [c for c in bwd_configs.gluon_candidates() if c.pipeline is not None]
+    if not candidates:
+        pytest.skip("tritonpatch._native is not usable here (no Pipeline candidate)")
     device = torch.device("cuda")
     q, k, v = (torch.randn(2, 4, 1100, head_dim, device=device, dtype=torch.bfloat16) for _ in range(3))
     dq = [c for c in bwd_configs.DQ_CONFIGS[head_dim] if c.use_tma][0]
     mask = MASKS["sliding|prefix"](1100, device)
     torch.manual_seed(0)
-    plain = check_backward(q, k, v, bwd_configs.BwdConfig("separate", candidates[0], dq), mask)
-    torch.manual_seed(0)   # the same dout
-    variant = check_backward(q, k, v, bwd_configs.BwdConfig("separate", candidates[1], dq), mask)
-    assert all(torch.equal(a, b) for a, b in zip(plain, variant))
+    defaults = check_backward(q, k, v, bwd_configs.BwdConfig("separate", bwd_configs.GLUON_CONFIGS[0], dq), mask)
+    for config in candidates:
+        torch.manual_seed(0)   # the same dout
+        grads = check_backward(q, k, v, bwd_configs.BwdConfig("separate", config, dq), mask)
+        assert all(torch.equal(a, b) for a, b in zip(defaults, grads)), config.label()
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ ragged lengths, rows without keys, loops without tiles, score modifiers, fp16. R
 machine: ``pytest -m gpu tests/gpu/test_kernels_gluon_gpu.py``."""
 from __future__ import annotations
 
+import dataclasses
 import unittest.mock
 
 import pytest
@@ -98,6 +99,23 @@ def test_disable_lsr_candidate_gives_the_plain_candidates_bits(head_dim):
         check_forward(q, k, v, config, mask)
     first, again = (fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=c) for c in (plain, variant))
     assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_candidates_without_mask_bit_packing_give_triton_defaults_bits(head_dim):
+    """Where the candidates compile with LLVM's SLP vectorizer off (Triton 3.6, whose SLP packs the partial
+    tiles' masks into bit vectors), each one's output and log-sum-exp are bitwise those of the same config
+    under Triton's defaults: the option changes instruction selection, not arithmetic."""
+    changed = [c for c in fwd_configs.gluon_candidates(head_dim) if "no-slp" in c.pipeline_label]
+    if not changed:
+        pytest.skip("the candidates compile under Triton's defaults here (no mask bit packing to avoid)")
+    seq, device = 1100, torch.device("cuda")
+    q, k, v = (torch.randn(2, 4, seq, head_dim, device=device, dtype=torch.bfloat16) for _ in range(3))
+    mask = MASKS["sliding|prefix"](seq, device)
+    for config in changed[:3]:
+        defaults = dataclasses.replace(config, pipeline=None, pipeline_label="")
+        first, again = (fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=c) for c in (config, defaults))
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1]), config.label()
 
 
 @pytest.mark.parametrize("block_n, stages, programs", [(64, 2, 3), (64, 3, 3), (128, 2, 2), (64, 2, 2)])
