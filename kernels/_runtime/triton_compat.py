@@ -86,20 +86,23 @@ def fix_interpreter_index() -> None:
     interpreter._patch_lang_tensor = patch_lang_tensor
 
 
+def triton_version() -> tuple[int, int]:
+    """The installed Triton's (major, minor) version."""
+    import triton
+
+    major, minor = (int(part) for part in triton.__version__.split(".")[:2])
+    return major, minor
+
+
 def slp_vectorizer_packs_masks(kernel: str) -> bool:
     """Whether LLVM's SLP vectorizer, as this Triton runs it, turns the masks of ``kernel``'s partial tiles
-    ("forward" or "backward": the Gluon forward and dK/dV kernels; one boolean per score) into vectors of
-    ``i1``, which the NVPTX backend lowers to bit packing (16-bit selects, shifts and ors around every element).
-    Compiled for sm_90a with the causal mask (``tests/cpu/test_kernels_gluon.py`` and ``_bwd.py`` check both
-    answers on each supported Triton): the backward packs on Triton 3.6, 3.8 and 3.9 (D=128 partial-step loop
-    801 / 796 / 806 SASS instructions, 688 / 692 / 693 with ``vectorize-slp=false``, and fewer spills); the
-    forward on Triton 3.6 only (D=64 partial-tile loop 957, 758 without), while on 3.8 and 3.9 it does not
-    (757 and 767 instructions) and the option gains nothing there (3.9: 773, with more spills)."""
+    ("forward" or "backward": the Gluon forward and dK/dV kernels) into vectors of ``i1``, which the NVPTX
+    backend lowers to bit packing (16-bit selects, shifts and ors around every score): the backward on every
+    supported Triton (3.6, 3.8, 3.9), the forward on Triton 3.6 only. Measured compiles:
+    docs/design/gluon_forward.md and gluon_backward.md; ``tests/cpu/test_kernels_gluon.py`` and ``_bwd.py``
+    check both answers on each Triton."""
     if kernel == "backward":
         return True
     if kernel != "forward":
         raise ValueError(f"kernel is 'forward' or 'backward', got {kernel!r}")
-    import triton
-
-    major, minor = (int(part) for part in triton.__version__.split(".")[:2])
-    return (major, minor) < (3, 7)
+    return triton_version() < (3, 7)

@@ -66,14 +66,16 @@ GLUON_CONFIGS = [gluon_config(2)]
 
 
 def gluon_candidates() -> list:
-    """The Gluon dK/dV candidates the tuner times: GLUON_CONFIGS and their disable-lsr variants. Loop strength
-    reduction changes the kernel's address arithmetic: at D=128 the variant spills about a third less
-    (tests/cpu/test_kernels_gluon_bwd.py); which one is faster is measured per shape. On Triton 3.6 both compile
-    without the SLP vectorizer's mask bit packing (``+no-slp``, bitwise the same dK and dV; on an H100 the
-    disable-lsr variant gained 3.9% at D=128 S=8192 with the sliding window, causal within the rounds' spread:
-    docs/design/gluon_backward.md)."""
-    configs = without_mask_bit_packing(GLUON_CONFIGS, "backward")
-    return configs + pipeline_variants(configs)
+    """The Gluon dK/dV candidates the tuner times: GLUON_CONFIGS, their disable-lsr variants, and those variants
+    compiled without the SLP vectorizer's mask bit packing where Triton's LLVM does that (``+no-slp``: on
+    every supported Triton). Loop strength reduction changes the kernel's address arithmetic: at D=128 the
+    disable-lsr variant spills about a third less (tests/cpu/test_kernels_gluon_bwd.py); without the bit
+    packing the partial steps' loop is shorter and spills less again, and dK and dV stay bitwise the same
+    (on an H100 +3.9% at D=128 S=8192 with the sliding window, causal within the rounds' spread:
+    docs/design/gluon_backward.md). Which one is faster is measured per shape."""
+    variants = pipeline_variants(GLUON_CONFIGS)
+    unpacked = [c for c in without_mask_bit_packing(variants, "backward") if c not in variants]
+    return GLUON_CONFIGS + variants + unpacked
 
 
 # Hopper candidates. dK/dV: a wide kv tile (the accumulators) walked by narrow q steps; dQ: the

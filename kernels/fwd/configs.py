@@ -159,8 +159,8 @@ def gluon_candidates(head_dim: int) -> list:
     """The Gluon candidates the tuner times at ``head_dim``: GLUON_CONFIGS's and the disable-lsr variant of
     the first (loop strength reduction changes the kernel's address arithmetic; which one is faster is
     measured per shape), all without the SLP vectorizer's mask bit packing where Triton's LLVM does that
-    (Triton 3.6; on an H100 +4-5% at D=128 causal and sliding window, up to +29% on a D=64 sliding-window
-    config, bitwise the same output: docs/design/gluon_forward.md)."""
+    (Triton 3.6; on an H100 +4-5% at D=128 causal and sliding window, +8% and +29% with the sliding window on the
+    D=64 configs over 128-key tiles; bitwise the same output: docs/design/gluon_forward.md)."""
     configs = without_mask_bit_packing(GLUON_CONFIGS[head_dim], "forward")
     return configs + pipeline_variants(configs[:1])
 

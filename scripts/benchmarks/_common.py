@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -47,6 +48,26 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
 
 
+def pipeline_text(text: str) -> str:
+    """An argparse type: a tritonpatch Pipeline in ``Pipeline.parse``'s text form (e.g.
+    ``llvm:vectorize-slp=false;disable-lsr``), returned as given once it parses."""
+    from tritonpatch import Pipeline
+
+    try:
+        Pipeline.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def mask_names(text: str) -> list[str]:
+    """An argparse type: comma-separated names of MASKS."""
+    names = text.split(",")
+    if bad := [name for name in names if name not in MASKS]:
+        raise argparse.ArgumentTypeError(f"{', '.join(bad)}: not among {', '.join(MASKS)}")
+    return names
+
+
 # --- the run: where, when and how ------------------------------------------------------------------
 def command_line(argv: list[str] | None = None) -> str:
     """The command of this run as typed in the repository root: ``python scripts/benchmarks/NAME.py
@@ -58,7 +79,7 @@ def command_line(argv: list[str] | None = None) -> str:
     else:
         script = os.path.abspath(sys.argv[0])
         program = os.path.relpath(script, REPO_ROOT) if script.startswith(REPO_ROOT + os.sep) else sys.argv[0]
-    return " ".join(["python", program, *(sys.argv[1:] if argv is None else argv)])
+    return " ".join(["python", program, *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
 
 
 def require_gpu(script: str, without_gpu: str = "--from-json rewrites its reports from a JSON report") -> None:

@@ -7,7 +7,8 @@ D 64 / 128, S 4k / 8k.
     git show REV:kernels/bwd/gluon_kernel.py > /tmp/base_bwd.py
     python -m scripts.research.gluon_backward --baseline /tmp/base_bwd.py
 
-The dK/dV kernel alone with dQ runs as the tuner's two Gluon candidates: plain and with disable-lsr.
+The dK/dV kernel alone with dQ runs as the tuner's Gluon candidates: under Triton's defaults, with disable-lsr, and
+with disable-lsr and without the SLP vectorizer's mask bit packing (``+no-slp``); without dQ under Triton's defaults.
 Prints one line per (D, S, mask): backward milliseconds and useful TFLOP/s (2.5 x the forward's FLOPs) of each
 (do_bench medians, B=4 H=16 bf16, the forward's out and lse from the tuned forward). SDPA's backward is timed
 as ``torch.autograd.grad`` of its output (retained graph). With ``--rounds N`` every implementation of a row
@@ -121,7 +122,7 @@ def measure(head_dim: int, seq: int, causal: bool, no_write, baseline, rounds: i
     bwd_run(buffers, configs["gluon atomic"])   # fills buffers.delta, as in a backward, for the kernel alone
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=device)
     calls["dK/dV kernel without dQ"] = (lambda: buffers.dkdv(gluon, None, None), contextlib.nullcontext)
-    for candidate in bwd_configs.gluon_candidates():   # the plain kernel and its disable-lsr variant
+    for candidate in bwd_configs.gluon_candidates():   # Triton's defaults and the Pipeline variants
         suffix = f" +{candidate.pipeline_label}" if candidate.pipeline is not None else ""
         with_dq = lambda candidate=candidate: buffers.dkdv(candidate, dq_acc, bwd_configs.ATOMIC_ADD)   # noqa: E731
         calls["dK/dV kernel with dQ" + suffix] = (with_dq, contextlib.nullcontext)

@@ -30,7 +30,7 @@ from tritonpatch.kernels.bwd.launch import Buffers, run as bwd_run
 from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from scripts.benchmarks._common import (MASKS, allowed_fraction, bench_ms, environment_line, make_mask, median_round,
-                                       positive_int, run_environment, time_in_rounds, write_rows)
+                                       pipeline_text, positive_int, run_environment, time_in_rounds, write_rows)
 
 BATCH, HEADS, SEQ = 4, 16, 8192
 PIPELINES = ["disable-lsr", "llvm:disable-lsr,nvptx-sched4reg", "llvm:disable-lsr,sink-insts-to-avoid-spills",
@@ -47,15 +47,6 @@ def rows_list(text: str) -> list[tuple[int, str]]:
             raise argparse.ArgumentTypeError(f"{item!r}: give D:MASK with D 64 or 128 and MASK one of {', '.join(MASKS)}")
         rows.append((int(head_dim), mask))
     return rows
-
-
-def pipeline_text(text: str) -> str:
-    """``text`` once ``Pipeline.parse`` has accepted it."""
-    try:
-        Pipeline.parse(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 def compare(head_dim: int, mask_name: str, pipelines: list[str], rounds: int) -> dict:

@@ -39,7 +39,8 @@ from tritonpatch.kernels.fwd import configs as fwd_configs
 from tritonpatch.kernels.fwd import forward as fwd_forward
 from tritonpatch.kernels.fwd import gluon_kernel, gluon_launch
 from scripts.benchmarks._common import (MASKS, allowed_fraction, bench_ms, environment_line, int_list, make_mask,
-                                       median_round, positive_int, run_environment, time_in_rounds, write_rows)
+                                       mask_names, median_round, pipeline_text, positive_int, run_environment,
+                                       time_in_rounds, write_rows)
 from scripts.research._kernel_copy import baseline_copy, git_blob
 
 BATCH, HEADS = 4, 16
@@ -118,13 +119,9 @@ def chosen_configs(only: list[str] | None, head_swizzles: list[int], pipelines: 
             for d, configs in grouped.items()}
 
 
-def reference_for(config, configs: list):
-    """The config whose output ``config``'s output is compared bit for bit with: the same config without a
-    Pipeline (None for that one itself)."""
-    if config.pipeline is None:
-        return None
-    return next(c for c in configs if c.pipeline is None and replace(c, pipeline=config.pipeline,
-                                                                         pipeline_label=config.pipeline_label) == config)
+def under_tritons_defaults(config):
+    """``config`` compiled without a tritonpatch Pipeline (Triton's defaults)."""
+    return replace(config, pipeline=None, pipeline_label="")
 
 
 def measure(head_dim: int, seq: int, mask_name: str, configs: dict, baseline=None, with_tl: bool = False,
@@ -156,18 +153,21 @@ def measure(head_dim: int, seq: int, mask_name: str, configs: dict, baseline=Non
     if with_tl:
         calls["tl"] = triton_language   # tunes in do_bench's first, untimed call
     errors, same_bits = {}, {}
-    outputs = {}
+    plain_outputs = {}   # label -> (out, lse) of each config under Triton's defaults, for the Pipeline variants' bits
     for config in configs[head_dim]:
         variants = [(config.label(), gluon_kernel)] + ([(config.label() + "@base", baseline)] if baseline else [])
+        outputs = {}
         for label, module in variants:
             calls[label] = gluon_runner(q, k, v, mask, config, module)
             outputs[label] = calls[label]()
             errors[label] = ((outputs[label][0][compared].float() - ref).norm() / ref.norm()).item()
         if baseline:
-            same_bits[config.label() + "@base"] = bitwise_equal(outputs[config.label()],
-                                                                outputs[config.label() + "@base"])
-        if (plain := reference_for(config, configs[head_dim])) is not None:
-            same_bits[config.label()] = bitwise_equal(outputs[config.label()], outputs[plain.label()])
+            same_bits[config.label() + "@base"] = bitwise_equal(*outputs.values())
+        if config.pipeline is None:
+            plain_outputs[config.label()] = outputs[config.label()]
+        else:
+            same_bits[config.label()] = bitwise_equal(outputs[config.label()],
+                                                      plain_outputs[under_tritons_defaults(config).label()])
     rounds_ms = time_in_rounds({name: lambda call=call: bench_ms(call) for name, call in calls.items()}, rounds)
     ms = {name: median_round(times) for name, times in rounds_ms.items()}
     return {"head_dim": head_dim, "seq_len": seq, "mask": mask_name, "allowed_fraction": fraction, "ms": ms,
@@ -203,9 +203,9 @@ def main() -> int:
                         help="keep the configs of these labels (e.g. BM128-BN128-w4-s2-gluon)")
     parser.add_argument("--head-swizzle", type=int_list, default=[], metavar="G,...",
                         help="also run each kept config with its programs in groups of G heads")
-    parser.add_argument("--masks", type=lambda text: text.split(","), default=["none", "causal"],
+    parser.add_argument("--masks", type=mask_names, default=["none", "causal"],
                         metavar="MASK,...", help=f"of {', '.join(MASKS)} (default: none,causal)")
-    parser.add_argument("--pipeline", action="append", default=[], metavar="TEXT",
+    parser.add_argument("--pipeline", type=pipeline_text, action="append", default=[], metavar="TEXT",
                         help="also run each kept config through this Pipeline (Pipeline.parse text; repeatable)")
     parser.add_argument("--out", default=None, help="directory for gluon_forward.json")
     args = parser.parse_args()
@@ -216,13 +216,6 @@ def main() -> int:
         parser.error(f"--only: {bad} not among {sorted(known)}")
     if bad := [g for g in args.head_swizzle if g < 1]:
         parser.error(f"--head-swizzle: groups must hold at least one head (got {bad})")
-    if bad := [m for m in args.masks if m not in MASKS]:
-        parser.error(f"--masks: {bad} not among {', '.join(MASKS)}")
-    for text in args.pipeline:
-        try:
-            Pipeline.parse(text)
-        except ValueError as exc:
-            parser.error(f"--pipeline {text!r}: {exc}")
     configs = chosen_configs(args.only, args.head_swizzle, args.pipeline)
     environment = run_environment(baseline=args.baseline, baseline_blob=git_blob(args.baseline))
     print(environment_line(environment), flush=True)

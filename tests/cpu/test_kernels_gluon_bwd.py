@@ -5,7 +5,6 @@ what it refuses, and the backward tuner offering it where it applies."""
 from __future__ import annotations
 
 import collections
-import dataclasses
 import re
 
 import pytest
@@ -44,16 +43,20 @@ def compile_dkdv(head_dim, modifiers, add_dq, dtype=torch.bfloat16, config=None)
         return compile_for_target(fn, signature, constexprs, target="sm_90", **config.compile_options())
 
 
-def test_candidates_do_not_pack_masks_into_bit_vectors():
+def test_no_slp_candidate_does_not_pack_masks_into_bit_vectors():
     """As the forward's candidates (tests/cpu/test_kernels_gluon.py): LLVM's SLP vectorizer packs the partial
     steps' mask into bit vectors under Triton's defaults (on every supported Triton, as
-    ``slp_vectorizer_packs_masks`` says), and the candidates compile without it."""
+    ``slp_vectorizer_packs_masks`` says), and the ``+no-slp`` candidate compiles without it."""
+    from tritonpatch import llvm
     from tritonpatch.kernels._runtime.triton_compat import slp_vectorizer_packs_masks
 
-    for config in bwd_configs.gluon_candidates():
-        assert not MASK_BIT_PACKING.findall(compile_dkdv(128, "causal", True, config=config).asm["ptx"]), config.label()
     packed = MASK_BIT_PACKING.findall(compile_dkdv(128, "causal", True).asm["ptx"])
     assert bool(packed) == slp_vectorizer_packs_masks("backward"), len(packed)
+    if not llvm.available():
+        pytest.skip("tritonpatch._native is not usable here (no Pipeline candidates)")
+    unpacked = bwd_configs.gluon_candidates()[-1]
+    assert unpacked.label() == "BM64-BN128-w4-s2-gluon+disable-lsr+no-slp"
+    assert not MASK_BIT_PACKING.findall(compile_dkdv(128, "causal", True, config=unpacked).asm["ptx"])
 
 
 @pytest.mark.parametrize("head_dim, modifiers, add_dq", CASES,
@@ -103,7 +106,7 @@ def test_gluon_problem_names_what_the_kernel_cannot_run():
 def test_disable_lsr_candidate_compiles_through_its_pipeline_and_spills_less(monkeypatch, fresh_compiles):
     """The tuner's disable-lsr Gluon candidate, compiled as the launcher does (the JIT, no GPU): a kernel of its
     own in the JIT's cache (the Pipeline is in the key), different code, and at D=128 fewer spills than the
-    plain candidate (Triton 3.6: 204 against 316 bytes of spill stores)."""
+    plain candidate (Triton 3.6: 204 against 316 bytes of spill stores); the third candidate is it with ``+no-slp``."""
     from triton.runtime.driver import driver
 
     from tritonpatch import llvm
@@ -121,9 +124,9 @@ def test_disable_lsr_candidate_compiles_through_its_pipeline_and_spills_less(mon
     q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
     lse = torch.zeros(1, 2, 256)
     buf = bwd_launch.Buffers(q, q, q, q, q, lse, None, K.causal(), None, 0.1, BlockMasks(None, K.causal(), q, q))
-    plain, variant = bwd_configs.gluon_candidates()
-    assert dataclasses.replace(plain, pipeline=None, pipeline_label="") == bwd_configs.GLUON_CONFIGS[0]
-    assert variant.pipeline_label == "+".join(filter(None, (plain.pipeline_label, "disable-lsr")))
+    plain, variant, unpacked = bwd_configs.gluon_candidates()
+    assert plain == bwd_configs.GLUON_CONFIGS[0]
+    assert (variant.pipeline_label, unpacked.pipeline_label) == ("disable-lsr", "disable-lsr+no-slp")
     for config in (plain, variant):
         buf.dkdv(config, torch.zeros(q.shape), ATOMIC_ADD, warmup=True)
     kernels = list(_attn_bwd_dkdv_gluon_kernel.device_caches[0][0].values())
