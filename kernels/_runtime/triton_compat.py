@@ -87,11 +87,10 @@ def fix_interpreter_index() -> None:
 
 
 def triton_version() -> tuple[int, int]:
-    """The installed Triton's (major, minor) version."""
-    import triton
+    """The installed Triton's (major, minor) version, as tritonpatch's compiler hooks read it."""
+    from tritonpatch._triton_compat import TRITON_VERSION
 
-    major, minor = (int(part) for part in triton.__version__.split(".")[:2])
-    return major, minor
+    return TRITON_VERSION
 
 
 def slp_vectorizer_packs_masks(kernel: str) -> bool:
