@@ -9,6 +9,7 @@ import triton
 
 from .._runtime.launch import pipeline_variants, without_mask_bit_packing
 from .._runtime.tma import tma_compatible
+from .._runtime.triton_compat import triton_version
 from ..masks import MaskMod
 
 
@@ -184,7 +185,7 @@ def warp_specialize_problem(q, k, v, mask_mod: MaskMod, score_mod, block_mask, s
     block = WARP_SPECIALIZED_CONFIG.block_m
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
         return "needs a Hopper GPU (sm_90)"
-    if not triton.__version__.startswith("3.6."):
+    if triton_version() != (3, 6):
         return f"verified with Triton 3.6 only (this is {triton.__version__})"
     if q.shape[-1] != 128:
         return "only head dim 128 is specialized (it does not pay at 64)"

@@ -53,9 +53,9 @@ def spill_allowance(bytes_on_triton_36: int) -> int:
     """Spill bytes a tuning candidate may show: as measured on Triton 3.6 (the candidate tables were
     tuned there); later versions allocate differently (3.9 spills more on some tiles), which the
     run-time tuner then weighs by timing."""
-    import triton
+    from tritonpatch._triton_compat import TRITON_VERSION
 
-    return bytes_on_triton_36 if triton.__version__.startswith("3.6.") else 2 * bytes_on_triton_36 + 64
+    return bytes_on_triton_36 if TRITON_VERSION == (3, 6) else 2 * bytes_on_triton_36 + 64
 
 
 def forward_candidates():
