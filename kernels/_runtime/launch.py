@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import statistics
 from collections import OrderedDict
 
 import torch
@@ -222,21 +223,30 @@ def parallel_compiles():
             executor.run()   # also when the block fails: Triton keeps every submitted compile's future
 
 
+# The tuners time every candidate this many times, the candidates in turn each round, and keep each one's
+# median: a drift of the GPU's clocks while they tune falls on all candidates alike instead of on whichever
+# was timed during it (on an H100 the rounds of one kernel were seen to spread by up to 18%).
+TUNING_ROUNDS = 3
+TUNING_WARMUP_MS, TUNING_REP_MS = 2, 7   # do_bench's warm-up and repetitions per round
+
+
 def fastest(candidates: list, launch_config, what: str):
-    """The candidate whose ``launch_config(candidate)`` has the lowest ``do_bench`` median; ones that
-    do not fit the GPU (shared memory, registers) are skipped, and none fitting is an error."""
+    """The candidate whose ``launch_config(candidate)`` has the lowest median over TUNING_ROUNDS rounds of
+    ``do_bench`` medians, the candidates timed in turn each round; ones that do not fit the GPU (shared
+    memory, registers) are skipped, and none fitting is an error."""
     if len(candidates) == 1 or interpreting():   # the interpreter times nothing
         return candidates[0]
-    timings = {}
-    for config in candidates:
-        try:
-            timings[config] = triton.testing.do_bench(lambda: launch_config(config), warmup=5, rep=20,
-                                                      return_mode="median")
-        except triton.runtime.errors.OutOfResources:
-            continue
-    if not timings:
+    rounds = {config: [] for config in candidates}
+    for _ in range(TUNING_ROUNDS):
+        for config in list(rounds):
+            try:
+                rounds[config].append(triton.testing.do_bench(lambda: launch_config(config), warmup=TUNING_WARMUP_MS,
+                                                              rep=TUNING_REP_MS, return_mode="median"))
+            except triton.runtime.errors.OutOfResources:
+                del rounds[config]
+    if not rounds:
         raise RuntimeError(f"{what}: no kernel configuration fits this GPU (shared memory/registers)")
-    return min(timings, key=timings.get)
+    return min(rounds, key=lambda config: statistics.median(rounds[config]))
 
 
 def _native_pipeline(**settings):

@@ -24,7 +24,12 @@ class FakeGPU:
     ``times[label]`` for it; counts timings."""
 
     def __init__(self, times: dict):
-        self.times, self.last, self.timed = times, None, 0
+        self.times, self.last, self.benches = times, None, 0
+
+    @property
+    def timed(self) -> int:
+        """Candidates timed so far (the tuners time each one in TUNING_ROUNDS do_bench calls)."""
+        return self.benches // runtime_launch.TUNING_ROUNDS
 
     def launch(self, config, warmup=False):
         if not warmup:
@@ -32,7 +37,7 @@ class FakeGPU:
 
     def do_bench(self, fn, **kwargs):
         fn()
-        self.timed += 1
+        self.benches += 1
         return self.times[self.last]
 
 
