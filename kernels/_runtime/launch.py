@@ -225,7 +225,8 @@ def parallel_compiles():
 
 # The tuners time every candidate this many times, the candidates in turn each round, and keep each one's
 # median: a drift of the GPU's clocks while they tune falls on all candidates alike instead of on whichever
-# was timed during it (on an H100 the rounds of one kernel were seen to spread by up to 18%).
+# was timed during it (on an H100 the three rounds of one kernel spread by up to 18%:
+# docs/design/gluon_backward_no_slp_h100.json).
 TUNING_ROUNDS = 3
 TUNING_WARMUP_MS, TUNING_REP_MS = 2, 7   # do_bench's warm-up and repetitions per round
 

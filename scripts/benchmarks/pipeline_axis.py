@@ -74,11 +74,11 @@ def measure_row(mask_name: str, head_dim: int, seq: int, only: list[str] | None,
             for config, masks, mask_mod, scale in variants.values():
                 fwd_launch.launch(q, k, v, torch.empty_like(q), torch.empty(q.shape[:3], device=device), masks,
                                   mask_mod, None, scale, config, warmup=True)
+    def run(config):
+        return fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=config)
+
     timers, same_bits = {}, {}
     for label, variants in builds.items():
-        def run(config):
-            return fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=config)
-
         reference = run(variants[DEFAULTS])
         for build, config in variants.items():
             timers[(label, build)] = lambda config=config: bench_ms(lambda: run(config))
@@ -157,8 +157,11 @@ def main() -> int:
     known = {c.label() for configs in fwd_configs.HOPPER_CONFIGS.values() for c in configs}
     if args.configs and (bad := [label for label in args.configs if label not in known]):
         parser.error(f"--configs: {', '.join(bad)} not among the Triton-language candidates {', '.join(sorted(known))}")
-    pipelines = args.pipeline or ["disable-lsr"]
+    pipelines = list(dict.fromkeys(args.pipeline or ["disable-lsr"]))   # each Pipeline once
     require_gpu("scripts/benchmarks/pipeline_axis.py", "it has nothing to do")
+    if torch.cuda.get_device_capability()[0] < 9:
+        raise SystemExit("scripts/benchmarks/pipeline_axis.py times the Hopper candidates (TMA descriptors); "
+                         f"this GPU, {torch.cuda.get_device_name()}, is older than sm_90")
     env = run_environment(batch=BATCH, heads=HEADS, dtype="bfloat16", rounds=args.rounds, commit=checkout_commit())
     log(environment_line(env))
     entries = [e for mask, head_dim in args.rows

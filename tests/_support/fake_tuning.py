@@ -29,7 +29,9 @@ class FakeGPU:
     @property
     def timed(self) -> int:
         """Candidates timed so far (the tuners time each one in TUNING_ROUNDS do_bench calls)."""
-        return self.benches // runtime_launch.TUNING_ROUNDS
+        rounds = runtime_launch.TUNING_ROUNDS
+        assert self.benches % rounds == 0, f"{self.benches} do_bench calls: a candidate was timed in fewer than {rounds} rounds"
+        return self.benches // rounds
 
     def launch(self, config, warmup=False):
         if not warmup:
