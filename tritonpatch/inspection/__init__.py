@@ -21,7 +21,7 @@ from .llir import LoopStats, llir_loops
 from .report import CompileReport, compile_report, describe_pass
 from .report_html import comparison_html, report_environment
 from .resources import Resources, measure_resources, parse_ptxas_verbose, parse_resource_usage, ptxas_warnings
-from .sass import SASS_CLASSES, SassStats, analyze_sass, disassemble, sass_class, sass_loops, wgmma_overlap
+from .sass import SASS_CLASSES, SassStats, analyze_sass, disassemble, loop_instructions, sass_class, sass_loops, wgmma_overlap
 from .tools import run_tool, tool_path
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "LoopStats", "llir_loops", "CompileReport", "compile_report", "describe_pass",
     "comparison_html", "report_environment",
     "Resources", "measure_resources", "parse_ptxas_verbose", "parse_resource_usage", "ptxas_warnings",
-    "SASS_CLASSES", "SassStats", "analyze_sass", "disassemble", "sass_class", "sass_loops", "wgmma_overlap",
+    "SASS_CLASSES", "SassStats", "analyze_sass", "disassemble", "loop_instructions", "sass_class", "sass_loops",
+    "wgmma_overlap",
     "run_tool", "tool_path",
 ]

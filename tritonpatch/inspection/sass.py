@@ -88,11 +88,17 @@ def _sass_instructions(text: str) -> tuple[list[str], list[tuple[int, int]]]:
     return instructions, back_edges
 
 
+def loop_instructions(text: str) -> list[list[str]]:
+    """The instructions (opcodes with their modifiers) of every loop of ``nvdisasm`` output, in address
+    order."""
+    instructions, back_edges = _sass_instructions(text)
+    return [instructions[start:end + 1] for start, end in back_edges]
+
+
 def sass_loops(text: str) -> list[collections.Counter]:
     """Opcode counts (the part before the first '.') of every loop of ``nvdisasm`` output, in
     address order."""
-    instructions, back_edges = _sass_instructions(text)
-    return [collections.Counter(op.split(".")[0] for op in instructions[start:end + 1]) for start, end in back_edges]
+    return [collections.Counter(op.split(".")[0] for op in body) for body in loop_instructions(text)]
 
 
 def analyze_sass(text: str) -> SassStats:
