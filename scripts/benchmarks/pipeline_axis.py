@@ -74,6 +74,7 @@ def measure_row(mask_name: str, head_dim: int, seq: int, only: list[str] | None,
             for config, masks, mask_mod, scale in variants.values():
                 fwd_launch.launch(q, k, v, torch.empty_like(q), torch.empty(q.shape[:3], device=device), masks,
                                   mask_mod, None, scale, config, warmup=True)
+
     def run(config):
         return fwd_forward.attention_forward(q, k, v, mask_mod=mask, config=config)
 

@@ -1,8 +1,8 @@
 """Where the Gluon forward's loops compute the mask, relative to the wait for S (compile-only, sm_90a, no GPU).
 
 For each case and build (Triton's defaults; LLVM's SLP vectorizer off, ``vectorize-slp=false``), every tile
-loop of the kernel's SASS (one per consumer warpgroup and kind of tile, full or partial): its length, its mask instructions (ISETP, LOP3, SEL, VIMNMX and the
-loads, LDG) before and after its first wgmma wait, and the exponentials that run between a wait leaving one
+loop of the kernel's SASS (one per consumer warpgroup and kind of tile, full or partial): its length, its mask
+instructions (ISETP, LOP3, SEL, VIMNMX and the loads, LDG) before and after its first wgmma wait, and the exponentials that run between a wait leaving one
 wgmma group in flight and the next full wait (:func:`tritonpatch.inspection.wgmma_overlap`, the whole kernel).
 A mask computed before the wait runs under the matmuls in flight; after it, in the softmax's serial path.
 

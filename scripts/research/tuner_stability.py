@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-from time import perf_counter
 import math
+from time import perf_counter
 from unittest import mock
 
 from tritonpatch.kernels._call import BlockMasks
