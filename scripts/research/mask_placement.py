@@ -38,7 +38,8 @@ MODIFIERS = {"causal": (K.causal(), None),
              "document": (K.and_masks(K.causal(), K.document(torch.zeros(64, dtype=torch.int32))), None)}
 FORWARD_CASES = [(128, fwd_configs.gluon_config(128, 128, 2), name) for name in MODIFIERS]
 FORWARD_CASES.append((64, fwd_configs.gluon_config(64, 64, 2, programs_per_sm=3), "causal"))
-FORWARD_BUILDS = {"": None, "no-slp": Pipeline(llvm={"vectorize-slp": False})}   # label: Pipeline ("": Triton's defaults)
+# label: Pipeline ("": Triton's defaults)
+FORWARD_BUILDS = {"": None, "no-slp": Pipeline(llvm={"vectorize-slp": False})}
 BACKWARD_CASES = [(128, name) for name in MODIFIERS] + [(64, "causal")]
 
 
