@@ -14,7 +14,7 @@ import sys
 
 from . import env, inspection, targets
 from ._cli_common import TRACEBACK_HINT, CommandError, table, wants_traceback
-from ._cli_spec import load_kernel_spec
+from ._cli_spec import check_launch_arguments, load_kernel_spec
 from .hooks import install
 from .pipeline import Pipeline
 
@@ -99,6 +99,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         targets.check_kernel_arguments(spec["kernel"], spec["signature"], spec["constexprs"],
                                        where=("[signature]", "[constexprs]"))
         targets.check_compile_options(spec["options"], capability, where="[options]")
+        if spec["launch"]:
+            check_launch_arguments(spec["kernel"], spec["signature"], spec["constexprs"], spec["launch"]["args"])
     except ValueError as exc:
         raise CommandError(f"{args.spec}: {exc}") from None
     name = spec["kernel"].__name__

@@ -3,19 +3,29 @@
 launch. Every mistake is a :class:`CommandError` naming the file and what is wrong."""
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
 import json
 import os
+from typing import Any, Mapping
 
-from . import env
+from . import env, targets
 from ._cli_common import TRACEBACK_HINT, CommandError
 from .inspection import check_launch
 
-__all__ = ["load_kernel_spec"]
+__all__ = ["load_kernel_spec", "check_launch_arguments"]
 
 _SPEC_KEYS = ("kernel", "signature", "constexprs", "options", "launch")
+_LAUNCH_KEYS = ("grid", "outputs", "args")
+
+
+def _check_keys(table: Mapping, known: tuple[str, ...], path: str, where: str = "") -> None:
+    """A :class:`CommandError` for the first key of ``table`` not in ``known``, with the closest
+    known key as a hint; ``where`` names the table (`` in [launch]``), empty for the top level."""
+    for key in table:
+        if key not in known:
+            hint = env.did_you_mean(key, known)
+            raise CommandError(f"{path}: unknown key {env.quote(key)}{where}{hint}; known keys: {', '.join(known)}")
 
 
 def _read_spec_file(path: str) -> dict:
@@ -69,11 +79,7 @@ def load_kernel_spec(path: str) -> dict:
     ``[launch]`` (``grid``, ``outputs`` and ``[launch.args]``, used when a GPU is present). A mistake
     in the file raises :class:`CommandError` naming the file and what is wrong."""
     spec = _read_spec_file(path)
-    for key in spec:
-        if key not in _SPEC_KEYS:
-            close = difflib.get_close_matches(key, _SPEC_KEYS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise CommandError(f"{path}: unknown key {env.quote(key)}{hint}; known keys: {', '.join(_SPEC_KEYS)}")
+    _check_keys(spec, _SPEC_KEYS, path)
     for key in ("kernel", "signature"):
         if key not in spec:
             raise CommandError(f"{path}: missing '{key}' (see `tritonpatch compare --help`)")
@@ -90,9 +96,44 @@ def load_kernel_spec(path: str) -> dict:
         raise CommandError(f"{path}: kernel {env.quote(kernel)}: {module_name} has no attribute {attr!r}")
     launch = spec.get("launch")
     if launch is not None:
+        _check_keys(launch, _LAUNCH_KEYS, path, " in [launch]")
+        if not isinstance(launch.get("outputs", []), list):
+            raise CommandError(f"{path}: outputs in [launch] must be a list of argument names, "
+                               f"got {env.quote(launch['outputs'])}")
         try:
             check_launch(launch)
         except ValueError as exc:
             raise CommandError(f"{path}: {exc}") from None
     return {"kernel": getattr(module, attr), "signature": spec["signature"],
             "constexprs": spec.get("constexprs", {}), "options": spec.get("options", {}), "launch": launch}
+
+
+def check_launch_arguments(fn, signature: Mapping[str, Any], constexprs: Mapping[str, Any],
+                           args: Mapping[str, Any]) -> None:
+    """Raise ValueError unless a spec's checked ``[launch.args]`` fit ``fn``, a @triton.jit function
+    whose ``signature`` and ``constexprs`` passed :func:`tritonpatch.targets.check_kernel_arguments`.
+    The launch is ``fn[grid](**args, **constexprs, **options)``, so every name in ``args`` must be an
+    argument of ``fn`` that ``constexprs`` does not give, every argument without a default must be
+    in one of the two, a pointer in ``signature`` must be a tensor table and any other argument a
+    number. Checked before the compiles: on a GPU, a mismatch would fail only at the launch."""
+    targets.check_argument_names(fn, args, "[launch.args]")
+    for name in args:
+        if name in constexprs:
+            raise ValueError(f"{name!r} is in both [launch.args] and [constexprs]; the launch passes the "
+                             "value in [constexprs]: remove it from [launch.args]")
+    for param in fn.params:
+        if param.name not in args and param.name not in constexprs and not param.has_default:
+            raise ValueError(f"argument {param.name!r} of {fn.__name__} is missing from [launch.args] "
+                             "(the launch passes [launch.args] and [constexprs])")
+    for name, value in args.items():
+        kind = signature.get(name)
+        pointer = isinstance(kind, str) and kind.startswith("*")
+        if pointer and not isinstance(value, Mapping):
+            raise ValueError(f"{name!r} is a pointer ({kind} in [signature]); give a tensor in [launch.args]: "
+                             f"{name} = {{ shape = [...], dtype = \"float16\" }}, got {env.quote(value)}")
+        if not pointer and isinstance(value, Mapping):
+            raise ValueError(f"{name!r} is {env.quote(kind)} in [signature], not a pointer; give a number in "
+                             "[launch.args], not a tensor")
+        if not pointer and not isinstance(value, (int, float)):
+            raise ValueError(f"{name!r} in [launch.args] must be a number (true/false for a flag), "
+                             f"got {env.quote(value)}")

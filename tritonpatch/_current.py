@@ -19,7 +19,6 @@ from typing import Any
 
 from . import _llvm_registry as llvm_registry
 from ._fork_safety import renew_in_child
-from .errors import PipelineError
 from .pipeline import EMPTY, Pipeline, pipeline_from_environ
 
 __all__ = ["current_pipeline", "environment_pipeline", "base_pipeline", "set_process_llvm_option"]
@@ -64,9 +63,7 @@ def set_process_llvm_option(name: str, value: Any) -> Any:
     ``name`` out of it for ``None``; return the layer's previous value (``None``: it had none).
     The caller installs tritonpatch into Triton."""
     global _process_layer
-    if not isinstance(name, str) or not name.lstrip("-"):
-        raise PipelineError(f"LLVM option names are non-empty strings, got {name!r}")
-    canonical = name.lstrip("-")
+    canonical = llvm_registry.option_name(name)
     normalized = None if value is None else llvm_registry.normalize_value(canonical, value)
     if value is None:
         llvm_registry.get_option(canonical)  # an unknown name is an error here too (naming the close matches)

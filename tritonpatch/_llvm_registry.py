@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import reprlib
 import threading
 from collections import Counter
 from typing import Any, Mapping
@@ -35,6 +36,7 @@ from .errors import NativeUnavailableError, OptionTypeError, UnknownOptionError,
 __all__ = [
     "LLVMOption", "SETTABLE_TYPES", "available", "native_info", "native_registry", "list_options", "get_option",
     "snapshot", "normalize_value", "apply_options", "restore_options", "allow_unsafe_options", "unsafe_reason",
+    "option_name", "check_settings",
 ]
 
 
@@ -126,10 +128,29 @@ def _unknown(name: str) -> UnknownOptionError:
         f"unknown LLVM option {name!r}{hint} (`tritonpatch llvm-options PATTERN` lists them)")
 
 
+def option_name(name: Any) -> str:
+    """``name`` without its leading dashes, checked without opening the registry: a name that is
+    not a string is an :class:`OptionTypeError`, an empty one an :class:`UnknownOptionError`."""
+    if not isinstance(name, str):
+        raise OptionTypeError(f"an LLVM option name is a string such as 'disable-lsr', got {reprlib.repr(name)} "
+                              f"({type(name).__name__})")
+    canonical = name.lstrip("-")
+    if not canonical:
+        raise UnknownOptionError(f"an LLVM option name must not be empty, got {name!r} "
+                                 "(`tritonpatch llvm-options PATTERN` lists them)")
+    return canonical
+
+
+def check_settings(settings: Any, where: str) -> None:
+    """An :class:`OptionTypeError` unless ``settings`` is a mapping of option name to value, as
+    ``where`` (the function given them) takes: a name or a list of names is a common slip."""
+    if not isinstance(settings, Mapping):
+        raise OptionTypeError(f"{where} takes a mapping of option name to value such as {{'disable-lsr': True}}, "
+                              f"got {reprlib.repr(settings)}")
+
+
 def _raw(name: str) -> Mapping[str, Any]:
-    if not isinstance(name, str) or not name:
-        raise UnknownOptionError(f"an LLVM option name must be a non-empty string, got {name!r}")
-    raw = native_registry().option(name.lstrip("-"))
+    raw = native_registry().option(option_name(name))
     if raw is None:
         raise _unknown(name)
     return raw
@@ -138,6 +159,9 @@ def _raw(name: str) -> Mapping[str, Any]:
 def list_options(pattern: str | None = None) -> list[LLVMOption]:
     """All registered options sorted by name; ``pattern`` is a case-insensitive substring, or a
     glob when it contains ``*?[``."""
+    if pattern is not None and not isinstance(pattern, str):
+        raise OptionTypeError(f"list_options() takes a pattern string such as 'lsr' or 'unroll-*' (or None for "
+                              f"every option), got {reprlib.repr(pattern)}")
     options = [_to_option(raw) for raw in native_registry().options()]
     if pattern:
         pat = pattern.lower()
@@ -244,6 +268,7 @@ def apply_options(settings: Mapping[str, Any]) -> list:
     :func:`restore_options`. Low level, for code that does not compile: a compile in any thread
     until the restore is neither scoped nor keyed (it sees these values and is cached under plain
     keys). To compile with options use :func:`llvm_options` or ``tritonpatch.options(llvm=...)``."""
+    check_settings(settings, "apply_options()")
     saved: list = []
     apply_options_into(settings, saved)
     return saved
@@ -271,8 +296,24 @@ def apply_options_into(settings: Mapping[str, Any], saved: list) -> None:
 
 def restore_options(saved: list) -> None:
     """Restore states saved by :func:`apply_options` (or the native ``snapshot``), newest first.
-    Low level, like :func:`apply_options`: compiles in between are neither scoped nor keyed."""
-    restore_options_from(list(saved))
+    Low level, like :func:`apply_options`: compiles in between are neither scoped nor keyed.
+    Anything else in ``saved`` is an :class:`OptionTypeError` before any option is restored."""
+    restore_options_from(_saved_states(saved))
+
+
+def _saved_states(saved: Any) -> list:
+    """``saved`` as a new list of the native registry's saved states, each checked."""
+    native_registry()  # the native extension is importable once the registry is open
+    from . import _native
+
+    expected = "restore_options() takes the list apply_options() returned"
+    if not isinstance(saved, (list, tuple)):
+        raise OptionTypeError(f"{expected}, got {reprlib.repr(saved)}")
+    for state in saved:
+        if not isinstance(state, _native.OptionState):
+            raise OptionTypeError(f"{expected}; it holds {reprlib.repr(state)} ({type(state).__name__}), "
+                                  "which is no saved option state")
+    return list(saved)
 
 
 def restore_options_from(saved: list) -> None:

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import sys
@@ -27,8 +28,10 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.jit import JITFunction
 
 from .errors import PipelineError
-from .pipeline import Pipeline
+from .pipeline import KEYWORDS as PIPELINE_KEYWORDS
+from .pipeline import Pipeline, unknown_keywords_error
 from .scope import use_pipeline
+from .targets import compile_for_target
 
 __all__ = ["jit", "autotune", "PipelineJITFunction", "PipelineAutotuner", "PipelineConfig", "PIPELINE_KWARG"]
 
@@ -48,10 +51,10 @@ def as_pipeline(value: Any, where: str) -> Pipeline:
     if isinstance(value, Pipeline):
         return value
     if isinstance(value, Mapping):
-        try:
-            return Pipeline(**value)
-        except TypeError as exc:
-            raise PipelineError(f"{where}: {exc}; the keys are disable_lsr, llvm, passes, ptxas") from exc
+        unknown = set(value) - set(PIPELINE_KEYWORDS)
+        if unknown:
+            raise PipelineError(f"{where}: {unknown_keywords_error('a Pipeline dict', map(str, unknown))}")
+        return Pipeline(**value)
     raise PipelineError(f"{where} takes a tritonpatch.Pipeline or a dict of its keywords "
                         f"(disable_lsr=, llvm=, passes=, ptxas=), got {value!r}")
 
@@ -94,8 +97,6 @@ class PipelineJITFunction(JITFunction):
                            target: str = "sm_90", **options):
         """:func:`tritonpatch.targets.compile_for_target` of this kernel, which compiles under its Pipeline
         (no GPU needed)."""
-        from .targets import compile_for_target
-
         return compile_for_target(self, signature, constexprs, target=target, **options)
 
     def __repr__(self):
@@ -108,8 +109,10 @@ def jit(fn: Callable | None = None, *, pipeline: Pipeline | Mapping | None = Non
     ``@tritonpatch.jit`` alone behaves like ``triton.jit`` (the Pipeline in effect at launch is
     used); ``@tritonpatch.jit(pipeline=Pipeline(...) or {...})`` fixes the Pipeline, ignoring
     ``options()`` and the environment; ``pipeline=Pipeline()`` fixes Triton's defaults. Under
-    ``TRITON_INTERPRET=1`` nothing is compiled, so this returns Triton's interpreted function
-    (with a ``pipeline`` attribute for introspection)."""
+    ``TRITON_INTERPRET=1`` nothing is compiled, so this returns Triton's interpreted function with
+    a ``pipeline`` attribute for introspection and a ``compile_for_target`` that raises the
+    ValueError :func:`tritonpatch.targets.compile_for_target` gives for it (which says to unset
+    TRITON_INTERPRET)."""
     _check_keywords(triton_jit_kwargs, _JIT_KEYWORDS, "tritonpatch.jit")
     resolved = None if pipeline is None else as_pipeline(pipeline, "tritonpatch.jit(pipeline=...)")
 
@@ -117,6 +120,7 @@ def jit(fn: Callable | None = None, *, pipeline: Pipeline | Mapping | None = Non
         if knobs.runtime.interpret:
             interpreted = triton.jit(fn, **triton_jit_kwargs)
             interpreted.pipeline = resolved
+            interpreted.compile_for_target = functools.partial(compile_for_target, interpreted)
             return interpreted
         return PipelineJITFunction(fn, pipeline=resolved, **triton_jit_kwargs)
 

@@ -89,15 +89,32 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser. Arguments it does not take are its own error, with its own usage:
+    argparse would otherwise hand them back to the top-level parser, whose error shows only
+    ``tritonpatch [-h] [--version] COMMAND ...``."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
+TRACEBACK_HELP = "on an error, also print the Python traceback (as TRITONPATCH_LOG=debug does)"
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``tritonpatch`` parser. ``--traceback`` goes before or after the subcommand: the
+    subcommands' copy sets it only when given, so it does not undo one given before."""
     parser = argparse.ArgumentParser(
         prog="tritonpatch", description="Patch Triton's compile pipeline: LLVM options, IR passes, inspection.")
     parser.add_argument("--version", action=_VersionAction,
                         help="print the tritonpatch and Triton versions and whether LLVM options are available")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--traceback", action="store_true", help=TRACEBACK_HELP)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--traceback", action="store_true",
-                        help="on an error, also print the Python traceback (as TRITONPATCH_LOG=debug does)")
+    common.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=TRACEBACK_HELP)
 
     llvm_options = commands.add_parser(
         "llvm-options", parents=[common],

@@ -21,6 +21,7 @@ disables it with one warning). Values quoted in messages are cut to :data:`QUOTE
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from typing import Any, Mapping
@@ -52,7 +53,8 @@ BOOL_WORDS = f"{'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)}"
 _LLVM_NAME = re.compile(r"^-{0,2}[A-Za-z0-9][A-Za-z0-9_.$-]*$")
 _ASCII_DIGITS = re.compile(r"^[0-9]+$")
 # ptxas flags that tritonpatch cannot pass on (long and short spelling): Triton gives ptxas the target,
-# the input and the output itself, and the others would make ptxas compile nothing or read unchecked flags.
+# the input and the output itself, and the others would make ptxas compile nothing (or only a named
+# entry) or read unchecked flags.
 _PTXAS_RESERVED = {
     name: reason
     for names, reason in ((("gpu-name", "arch"), "Triton sets the target"),
@@ -60,9 +62,27 @@ _PTXAS_RESERVED = {
                           (("input-as-string", "ias"), "Triton sets the input"),
                           (("options-file", "optf"), "flags read from a file cannot be checked"),
                           (("help", "h"), "ptxas would print its help and compile nothing"),
-                          (("version", "V"), "ptxas would print its version and compile nothing"))
+                          (("version", "V"), "ptxas would print its version and compile nothing"),
+                          (("list-version", "version-ls"), "ptxas would list its PTX versions and compile nothing"),
+                          (("list-arch", "arch-ls"), "ptxas would list its GPU architectures and compile nothing"),
+                          (("entry", "e"), "it restricts the entry functions ptxas compiles, and a name other "
+                                           "than the kernel's leaves it nothing to compile"),
+                          (("apply-controls",), "compiler controls read from a file cannot be checked"))
     for name in names
 }
+
+
+def reserved_ptxas_reason(name: str) -> str | None:
+    """Why tritonpatch never passes on the ptxas option ``name`` (long or short, without dashes), None
+    where it may."""
+    return _PTXAS_RESERVED.get(name)
+
+
+def did_you_mean(name: Any, known) -> str:
+    """`` (did you mean 'x'?)`` for the entry of ``known`` closest to ``name`` (a misspelling), or ``""``
+    where none is close: the hint the errors for an unknown name end with."""
+    close = difflib.get_close_matches(str(name), list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def quote(value: Any, limit: int = QUOTE_LIMIT) -> str:
@@ -147,7 +167,7 @@ def parse_ptxas_options(value: str, variable: str = PTXAS_OPTIONS) -> list[str]:
     for token in tokens:
         if not token.startswith("-") or token in ("-", "--"):
             raise _bad(variable, value, token, "ptxas flags such as --def-load-cache=cg (one token each, no spaces)")
-        reason = _PTXAS_RESERVED.get(token.lstrip("-").split("=", 1)[0])
+        reason = reserved_ptxas_reason(token.lstrip("-").split("=", 1)[0])
         if reason:
             raise _bad(variable, value, token, f"a flag tritonpatch can pass on ({reason}); "
                                                 "code-generation flags such as --def-load-cache=cg or -O3")

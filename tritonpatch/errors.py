@@ -15,7 +15,9 @@ class UnknownOptionError(TritonpatchError, ValueError):
 
 
 class OptionTypeError(TritonpatchError, TypeError):
-    """A value that does not fit the option's type, or an option whose type cannot be set."""
+    """A value that does not fit the option's type, an option whose type cannot be set, or an
+    argument of the wrong type for ``tritonpatch.llvm`` (an option name that is not a string,
+    settings that are not a mapping, saved states that are not what ``apply_options`` returned)."""
 
 
 class UnsafeOptionError(OptionTypeError):

@@ -9,9 +9,8 @@ with and wraps the NVIDIA stages (``ttir, ttgir, llir, ptx, cubin``):
   restored right after, exceptions included. The scope also snapshots what Triton's own
   ``DISABLE_LLVM_OPT=a,b`` is about to set and restores it, so that stops leaking into later
   compiles. One set is active at a time: a compile in another thread never observes foreign options;
-- ptxas flags reach ``cubin`` through the options' ``ptx_options``; a register cap
-  (``--maxrregcount``) on a kernel whose PTX declares launch bounds, as Triton's always does, gets
-  a warning: ptxas follows the launch bounds, and Triton's ``maxnreg`` launch option is what works;
+- ptxas flags reach ``cubin`` through the options' ``ptx_options`` (the Pipeline checked them, and
+  warned of a register cap that Triton's launch bounds make ptxas ignore, when it was made);
 - IR passes run right after ``ttir`` and ``ttgir`` (Triton-language kernels only). When a stage's
   passes change its module, the later stages are compiled right away from the patched module, so
   that a failure in any of them (a later stage rejecting the pass output, LLVM, ptxas, a loop whose
@@ -31,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import sys
 import threading
 from typing import Callable
@@ -114,8 +112,7 @@ def _wrap_stages(backend, stages: dict, options, language, pipeline: Pipeline, s
         if stages.get("cubin") is not stock_cubin:
             raise PipelineError("another stages hook replaced Triton's cubin stage, so tritonpatch cannot pass "
                                 f"the ptxas flags {list(pipeline.ptxas)}; drop ptxas= or that hook")
-        stages["cubin"] = _warn_on_ignored_register_cap(
-            compat.cubin_stage_with_ptxas_options(backend, options, pipeline.ptxas), pipeline.ptxas)
+        stages["cubin"] = compat.cubin_stage_with_ptxas_options(backend, options, pipeline.ptxas)
     if not pipeline.is_empty:
         first = next(iter(stages))
         stages[first] = _recording_pipeline(stages[first], pipeline)
@@ -127,29 +124,6 @@ def _wrap_stages(backend, stages: dict, options, language, pipeline: Pipeline, s
                             shared_memory_limit=shared_memory_per_block(capability))
         else:
             logger.debug("IR passes skipped for a %s kernel (hand-written TTGIR)", language)
-
-
-_REGISTER_CAP_FLAGS = frozenset({"--maxrregcount", "-maxrregcount"})
-_LAUNCH_BOUNDS = re.compile(r"^\s*\.(?:reqntid|maxntid|maxnreg)\b", re.MULTILINE)
-
-
-def _warn_on_ignored_register_cap(cubin_stage: Callable, flags: tuple[str, ...]) -> Callable:
-    """``cubin_stage``, warning when ``flags`` cap registers (``--maxrregcount``) on PTX that
-    declares launch bounds or a register limit: ptxas then allocates by those directives (checked
-    on 3.6: ``--maxrregcount=128`` leaves a 218-register kernel at 218), so the flag would do
-    nothing without a word. Triton's ``maxnreg`` launch option writes ``.maxnreg`` and works."""
-    caps = [flag for flag in flags if flag.split("=", 1)[0] in _REGISTER_CAP_FLAGS]
-    if not caps:
-        return cubin_stage
-
-    def stage(src, metadata):
-        if isinstance(src, str) and _LAUNCH_BOUNDS.search(src):
-            user_warnings.warn(f"tritonpatch: ptxas does not cap registers with {caps[-1]} on kernel "
-                               f"{metadata.get('name', '?')}: its PTX declares launch bounds (.reqntid / .maxnreg), "
-                               f"which ptxas follows instead; to cap registers use Triton's maxnreg launch option "
-                               f"(kernel[grid](..., maxnreg=N) or triton.Config(..., maxnreg=N))")
-        return cubin_stage(src, metadata)
-    return stage
 
 
 _warned_overrides: set = set()

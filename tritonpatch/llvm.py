@@ -31,8 +31,8 @@ from typing import Any, Mapping
 
 from ._current import set_process_llvm_option
 from ._llvm_registry import (SETTABLE_TYPES, LLVMOption, allow_unsafe_options, apply_options, available,
-                             get_option, list_options, native_info, normalize_value, restore_options,
-                             snapshot, unsafe_reason)
+                             check_settings, get_option, list_options, native_info, normalize_value, option_name,
+                             restore_options, snapshot, unsafe_reason)
 from .errors import NativeUnavailableError, OptionTypeError, UnknownOptionError, UnsafeOptionError
 from .scope import ensure_installed, options
 
@@ -54,8 +54,9 @@ def set_option(name: str, value: Any) -> Any:
     layer (back to LLVM's unspecified state and, with nothing else set, plain Triton's cache keys);
     any other value is given to LLVM as set, even one equal to the default, because LLVM code can
     tell a given option from an untouched one. Returns the layer's previous value, ``None`` when
-    it had none, so ``set_option(name, previous)`` undoes the call. Installs tritonpatch into Triton."""
-    previous = set_process_llvm_option(name, value)
+    it had none, so ``set_option(name, previous)`` undoes the call. Installs tritonpatch into Triton.
+    A name that is not a string raises :class:`OptionTypeError`, as :func:`get_option` does."""
+    previous = set_process_llvm_option(option_name(name), value)
     ensure_installed()
     return previous
 
@@ -69,4 +70,5 @@ def llvm_options(settings: Mapping[str, Any]) -> options:
     are unaffected. LLVM itself is not changed while the block runs: inside it, outside a compile,
     ``get_option`` reads LLVM's default. Code that must change LLVM's live values without compiling
     uses :func:`apply_options` / :func:`restore_options`."""
+    check_settings(settings, "llvm_options()")
     return options(llvm=settings)

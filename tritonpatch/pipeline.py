@@ -8,6 +8,7 @@ it (``options()``, ``use_pipeline()``) are :mod:`.scope`'s.
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import json
@@ -15,12 +16,13 @@ import os
 from typing import Any, Iterable, Mapping
 
 from . import __version__, env
+from . import _ptxas as ptxas_flags
 from . import passes as ir_passes
 from .passes import registry as pass_registry
-from ._llvm_registry import normalize_value
+from ._llvm_registry import get_option, normalize_value, option_name
 from .errors import NativeUnavailableError, OptionTypeError, PipelineError, UnknownOptionError
 
-__all__ = ["Pipeline", "pipeline_from_environ"]
+__all__ = ["Pipeline", "pipeline_from_environ", "KEYWORDS", "unknown_keywords_error"]
 
 _FINGERPRINT_VERSION = "tritonpatch-pipeline-1"
 # _strict_setting() is the raw TRITONPATCH_STRICT value (or None), which a memoized cache tag of a
@@ -47,11 +49,23 @@ def _canonical_value(value: Any, where: str) -> Any:
 def _normalize_llvm(settings: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     normalized = {}
     for name, value in settings.items():
-        if not isinstance(name, str) or not name.lstrip("-"):
-            raise PipelineError(f"LLVM option names are non-empty strings, got {name!r}")
-        canonical = name.lstrip("-")
+        canonical = option_name(name)
         normalized[canonical] = normalize_value(canonical, value)
     return tuple(sorted(normalized.items()))
+
+
+_VALUE_PLACEHOLDERS = {"float": "X", "double": "X", "string": "TEXT", "enum": "CHOICE"}
+
+
+def _needs_a_value(name: str) -> None:
+    """An :class:`OptionTypeError` when the LLVM option ``name``, written alone in the text form or a
+    ``TRITONPATCH_*`` variable (which reads as ``True``), is settable but no bool: it needs ``name=VALUE``."""
+    option = get_option(name)
+    if option.settable and option.type not in ("bool", "boolOrDefault"):
+        placeholder = _VALUE_PLACEHOLDERS.get(option.type, "N")
+        choices = f" ({', '.join(option.choices)})" if option.type == "enum" else ""
+        raise OptionTypeError(f"LLVM option {name!r} ({option.type}) needs a value: write "
+                              f"{name}={placeholder}{choices}; a name alone sets a bool option to true")
 
 
 def _normalize_passes(passes: Iterable[Any] | Mapping[str, Any]) -> tuple:
@@ -92,7 +106,22 @@ def _normalize_ptxas(flags: Iterable[str]) -> tuple[str, ...]:
         if not isinstance(flag, str):
             raise PipelineError(f"ptxas flags are strings, got {flag!r}")
         tokens.extend(env.parse_ptxas_options(flag, variable="ptxas"))
+    ptxas_flags.check_flags(tokens)
     return tuple(tokens)
+
+
+KEYWORDS = ("disable_lsr", "llvm", "passes", "ptxas")
+
+
+def unknown_keywords_error(where: str, unknown: Iterable[str]) -> TypeError:
+    """The TypeError for keywords ``where`` (a Pipeline, ``tritonpatch.options``) does not take: it
+    lists the keywords and names the one each unknown keyword is a misspelling of, if any."""
+    unknown = sorted(unknown)
+    close = {name: difflib.get_close_matches(name, KEYWORDS, n=1, cutoff=0.6) for name in unknown}
+    hints = [f"{match[0]} (for {name})" for name, match in close.items() if match]
+    hint = f"; did you mean {', '.join(hints)}?" if hints else ""
+    return TypeError(f"{where} got unknown keyword(s) {unknown}; the keywords are {', '.join(KEYWORDS)} (an LLVM "
+                     f"option goes in llvm= by its name, e.g. llvm={{'disable-lsr': True}}){hint}")
 
 
 def _merge_by_key(items: Iterable, key) -> tuple:
@@ -110,14 +139,23 @@ class Pipeline:
     ptxas=["--def-load-cache=cg"])``. LLVM option names and values are validated against the LLVM
     inside Triton (``tritonpatch.llvm``); pass specs against the pass registry (``passes=`` is a
     list of specs, or a mapping of pass name to its options); ptxas flags must each be one
-    ``-flag`` or ``-flag=value`` token. The canonical form sorts LLVM options by name
-    and keeps pass and ptxas order (order can matter there). ``Pipeline()`` changes nothing.
+    ``-flag`` or ``-flag=value`` token, checked here against the options of the ptxas Triton runs
+    (its ``--help``, read once; where no ptxas can be run, the form only, and ptxas reports the rest
+    at compile time). Refused: flags for what Triton sets itself (target, input, output), flags that
+    make ptxas compile nothing or only a named entry (``--help``, ``--version``, ``--list-version``,
+    ``--entry``), flags read from files, unknown flags (naming the close ones) and a value missing
+    from its flag's token. ``--maxrregcount`` without ``--override-directive-values`` warns here,
+    once per process: ptxas follows the launch bounds of Triton's PTX instead. The canonical form
+    sorts LLVM options by name and keeps pass and ptxas order (order can matter there).
+    ``Pipeline()`` changes nothing; an unknown keyword is a TypeError naming the close one.
     """
 
     __slots__ = ("llvm", "passes", "ptxas", "_fingerprint", "_hash", "_tag", "_pass_tag")
 
     def __init__(self, *, disable_lsr: bool | None = None, llvm: Mapping[str, Any] | None = None,
-                 passes: Iterable[Any] | Mapping[str, Any] = (), ptxas: Iterable[str] = ()):
+                 passes: Iterable[Any] | Mapping[str, Any] = (), ptxas: Iterable[str] = (), **unknown: Any):
+        if unknown:
+            raise unknown_keywords_error("Pipeline", unknown)
         if llvm is not None and not isinstance(llvm, Mapping):
             raise PipelineError(f"llvm= takes a mapping of option name to value, got {llvm!r}")
         settings = dict(llvm or {})
@@ -301,6 +339,8 @@ def _from_settings(settings: Mapping[str, Any], message) -> Pipeline:
     for name, value in settings.get("llvm", {}).items():
         token = name if value is True else f"{name}={value}"
         try:
+            if value is True:  # the name alone
+                _needs_a_value(name)
             llvm.update(_normalize_llvm({name: value}))
         except (UnknownOptionError, OptionTypeError, NativeUnavailableError) as exc:
             raise PipelineError(message("llvm", token, exc)) from exc
@@ -310,8 +350,15 @@ def _from_settings(settings: Mapping[str, Any], message) -> Pipeline:
             passes.extend(_normalize_passes([text]))
         except PipelineError as exc:
             raise PipelineError(message("passes", text, exc)) from exc
+    ptxas = tuple(settings.get("ptxas", ()))
+    for token in ptxas:
+        try:
+            ptxas_flags.check_flag(token)
+        except PipelineError as exc:
+            raise PipelineError(message("ptxas", token, exc)) from exc
+    ptxas_flags.warn_on_ignored_register_cap(ptxas)
     return Pipeline._from_canonical(tuple(sorted(llvm.items())), _merge_by_key(passes, key=lambda spec: spec[0]),
-                                    tuple(settings.get("ptxas", ())))
+                                    ptxas)
 
 
 def pipeline_from_environ(environ: Mapping[str, str]) -> Pipeline:
@@ -321,6 +368,8 @@ def pipeline_from_environ(environ: Mapping[str, str]) -> Pipeline:
     def message(section: str, token: str, exc: Exception) -> str:
         if section == "passes":
             variable = env.PASSES
+        elif section == "ptxas":
+            variable = env.PTXAS_OPTIONS
         elif token.partition("=")[0] == "disable-lsr":
             variable = env.DISABLE_LSR if env.DISABLE_LSR in environ else env.LLVM_OPTIONS
         else:

@@ -13,7 +13,7 @@ from typing import Any
 from . import hooks
 from ._current import _effective, _Fixed, _forced, _Frame, _scoped
 from .errors import PipelineError
-from .pipeline import Pipeline
+from .pipeline import KEYWORDS, Pipeline, unknown_keywords_error
 
 __all__ = ["options", "use_pipeline", "ensure_installed"]
 
@@ -154,9 +154,6 @@ class use_pipeline:
         _exit_block(self, sys._getframe(1))
 
 
-_PIPELINE_KEYWORDS = frozenset(inspect.signature(Pipeline.__init__).parameters) - {"self"}
-
-
 class options:
     """Compile the kernels of a block (or of every call of a decorated function) with these settings.
 
@@ -170,11 +167,9 @@ class options:
     """
 
     def __init__(self, **settings: Any):
-        unknown = sorted(set(settings) - _PIPELINE_KEYWORDS)
+        unknown = set(settings) - set(KEYWORDS)
         if unknown:
-            raise TypeError(f"tritonpatch.options got unknown keyword(s) {unknown}; the keywords are "
-                            f"{', '.join(sorted(_PIPELINE_KEYWORDS))} (an LLVM option goes in llvm= by its name, "
-                            "e.g. llvm={'disable-lsr': True})")
+            raise unknown_keywords_error("tritonpatch.options", unknown)
         self.layer = Pipeline(**settings)
         self._merged: dict = {}
 

@@ -7,14 +7,11 @@ so that a mistake is one error naming the problem, not a traceback from deep ins
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
-import os
 import re
-import subprocess
 from typing import Any, Mapping
 
-from .env import quote
+from ._ptxas import gpu_capabilities, ptxas_path
+from .env import did_you_mean, quote
 
 _TARGET_RE = re.compile(r"^sm_?(\d+)a?$")
 _WARPS = (1, 2, 4, 8, 16, 32)  # a CUDA block holds at most 1024 threads
@@ -34,43 +31,55 @@ def shared_memory_per_block(capability) -> int | None:
     return _SHARED_MEMORY_PER_BLOCK.get(capability) if isinstance(capability, int) else None
 
 
-def ptxas_path(capability: int) -> str:
-    """The ptxas Triton uses for ``sm_<capability>`` (Triton ships one for older GPUs and one for newer)."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    return get_ptxas(capability).path
-
-
-@functools.lru_cache(maxsize=None)
-def _ptxas_capabilities(path: str) -> tuple[int, ...]:
-    """The ``sm_NN`` that ``ptxas --help`` lists for ``--gpu-name`` (empty if ptxas cannot be asked,
-    and then only the target's form is checked: the compile reports what ptxas says)."""
-    try:
-        result = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return ()
-    return tuple(sorted({int(n) for n in re.findall(r"'sm_(\d+)a?'", result.stdout)}))
+def supported_capabilities() -> tuple[int, ...]:
+    """Every capability ``NN`` that ``sm_NN`` compiles for: those the ptxas Triton uses for ``NN``
+    lists for ``--gpu-name``. Triton ships more than one ptxas (an older one for older GPUs), so
+    this starts from the one for sm_90 and follows each capability it lists to the ptxas Triton
+    uses for that, until every ptxas reached has been asked."""
+    supported, asked, pending = set(), set(), [ptxas_path(90)]
+    while pending:
+        path = pending.pop()
+        if path in asked:
+            continue
+        asked.add(path)
+        for capability in gpu_capabilities(path):
+            owner = ptxas_path(capability)
+            if owner == path:
+                supported.add(capability)
+            else:
+                pending.append(owner)
+    return tuple(sorted(supported))
 
 
 def parse_target(target: str, where: str = "target"):
     """``"sm_90"`` (or ``"sm90"``, ``"sm_90a"``) -> ``GPUTarget("cuda", 90, 32)``. The capability must
-    be one the ptxas Triton uses for it compiles for; ``where`` names the target in the error."""
+    be one the ptxas Triton uses for it compiles for; ``where`` names the target in the error, which
+    lists every capability any of Triton's ptxas binaries compiles for (:func:`supported_capabilities`)."""
     from triton.backends.compiler import GPUTarget
 
     match = _TARGET_RE.match(target.strip().lower()) if isinstance(target, str) else None
     if not match:
         raise ValueError(f"{where} {quote(target)}: expected sm_NN, a CUDA compute capability such as sm_90 or sm_80")
     capability = int(match.group(1))
-    supported = _ptxas_capabilities(ptxas_path(capability))
-    if supported and capability not in supported:
-        raise ValueError(f"{where} {quote(target)}: expected sm_NN with NN >= {supported[0]} that Triton's "
-                         f"{os.path.basename(ptxas_path(capability))} compiles for: "
-                         f"{', '.join(str(n) for n in supported)}")
+    own = gpu_capabilities(ptxas_path(capability))
+    if own and capability not in own:
+        supported = supported_capabilities() or own   # own: when the ptxas for sm_90 cannot be asked
+        raise ValueError(f"{where} {quote(target)}: expected sm_NN with NN >= {supported[0]} that Triton's ptxas "
+                         f"compiles for: {', '.join(str(n) for n in supported)}")
     return GPUTarget("cuda", capability, 32)
 
 
 def _kernel_signature(fn) -> str:
     return f"{fn.__name__}({', '.join(fn.arg_names)})"
+
+
+def check_argument_names(fn, mapping: Mapping[str, Any], where: str) -> None:
+    """Raise ValueError, with the closest argument name as a hint, for a key of ``mapping`` that is
+    not an argument of the @triton.jit function ``fn``; ``where`` names the mapping."""
+    for name in mapping:
+        if name not in fn.arg_names:
+            hint = did_you_mean(name, fn.arg_names)
+            raise ValueError(f"{quote(name)} in {where} is not an argument of {_kernel_signature(fn)}{hint}")
 
 
 def check_kernel_arguments(fn, signature: Mapping[str, Any], constexprs: Mapping[str, Any],
@@ -83,7 +92,7 @@ def check_kernel_arguments(fn, signature: Mapping[str, Any], constexprs: Mapping
 
     if not isinstance(fn, JITFunction):
         wrapped = getattr(fn, "fn", None)
-        if type(fn).__name__ == "InterpretedFunction":   # @triton.jit under TRITON_INTERPRET=1
+        if type(fn).__name__ == "InterpretedFunction":   # @triton.jit or @tritonpatch.jit under TRITON_INTERPRET=1
             hint = (" (TRITON_INTERPRET=1 is set: Triton then runs kernels in its interpreter and compiles "
                     "nothing; unset it to compile for a GPU target)")
         elif wrapped is not None:
@@ -92,14 +101,14 @@ def check_kernel_arguments(fn, signature: Mapping[str, Any], constexprs: Mapping
         else:
             hint = ""
         name = getattr(fn, "__name__", None) or quote(fn)
-        raise ValueError(f"{name!s} is a {type(fn).__name__}, not a @triton.jit function{hint}")
+        kind = type(fn).__name__
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        raise ValueError(f"{name!s} is {article} {kind}, not a @triton.jit function{hint}")
     sig_where, const_where = where
     for mapping, name in ((signature, sig_where), (constexprs, const_where)):
         if not isinstance(mapping, Mapping):
             raise ValueError(f"{name} must map argument names to values, got {quote(mapping)}")
-        unknown = [arg for arg in mapping if arg not in fn.arg_names]
-        if unknown:
-            raise ValueError(f"{quote(unknown[0])} in {name} is not an argument of {_kernel_signature(fn)}")
+        check_argument_names(fn, mapping, name)
     for param in fn.params:
         name = param.name
         if name not in signature and name not in constexprs:
@@ -136,8 +145,7 @@ def check_compile_options(options: Mapping[str, Any], capability: int, where: st
         if key in _TARGET_OPTIONS:
             raise ValueError(f"{key!r} in {where} is set by the target; choose the target instead")
         if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = did_you_mean(key, known)
             raise ValueError(f"unknown key {quote(key)} in {where}{hint}; known keys: {', '.join(known)}")
         default = getattr(defaults, key)
         if isinstance(default, bool) and not isinstance(value, bool):

@@ -300,7 +300,8 @@ def test_pipeline_config_is_a_config_per_pipeline():
 def test_bad_arguments_name_the_problem():
     with pytest.raises(PipelineError, match="pipeline="):
         tritonpatch.jit(pipeline=["disable-lsr"])
-    with pytest.raises(PipelineError, match="keys are disable_lsr"):
+    with pytest.raises(PipelineError,
+                       match=r"the keywords are disable_lsr, .* did you mean disable_lsr \(for disable-lsr\)"):
         tritonpatch.jit(pipeline={"disable-lsr": True})
     with pytest.raises(TypeError, match="unknown keyword"):
         tritonpatch.jit(num_warps=4)
@@ -310,3 +311,18 @@ def test_bad_arguments_name_the_problem():
         tritonpatch.autotune([], key=["N"], pipelines=[])(tritonpatch.jit(strided_sum))
     with pytest.raises(PipelineError, match="list of Pipelines"):
         tritonpatch.autotune([], key=["N"], pipelines=LSR)
+
+
+def test_compile_for_target_under_the_interpreter_says_to_unset_it(monkeypatch):
+    """Under TRITON_INTERPRET=1 tritonpatch.jit returns Triton's interpreted function: its
+    compile_for_target and tritonpatch.targets.compile_for_target both say why nothing compiles."""
+    from tritonpatch.targets import compile_for_target
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kernel = tritonpatch.jit(pipeline=LSR)(strided_sum)
+    assert type(kernel).__name__ == "InterpretedFunction" and kernel.pipeline == LSR
+    expected = "strided_sum is an InterpretedFunction, not a @triton.jit function (TRITON_INTERPRET=1 is set"
+    for compile_it in (kernel.compile_for_target, lambda *args, **kwargs: compile_for_target(kernel, *args, **kwargs)):
+        with pytest.raises(ValueError) as error:
+            compile_it({"X": "*fp32", "Y": "*fp32", "N": "i32", "stride": "i32"}, {"BLOCK": 128}, target="sm_90")
+        assert expected in str(error.value) and "unset it to compile for a GPU target" in str(error.value)

@@ -200,3 +200,40 @@ def test_bench_writes_into_bench_out_of_the_working_directory(fake_benchmarks, t
     with pytest.raises(SystemExit):
         cli.main(["bench", "--help"])
     assert "(default: ./bench-out)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,usage", [
+    (["demo", "extra"], "usage: tritonpatch demo [-h] [--traceback]"),
+    (["llvm-options", "lsr", "extra"], "usage: tritonpatch llvm-options "),
+    (["demo", "--traceback", "extra"], "usage: tritonpatch demo [-h] [--traceback]"),
+])
+def test_extra_arguments_are_the_subcommands_error(capsys, argv, usage):
+    """An argument a subcommand does not take is reported with that subcommand's usage."""
+    with pytest.raises(SystemExit) as exit_status:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_status.value.code == 2 and err.startswith(usage), err
+    assert f"tritonpatch {argv[0]}: error: unrecognized arguments: extra" in err
+
+
+@pytest.mark.parametrize("argv,wanted", [
+    (["demo"], False), (["--traceback", "demo"], True), (["demo", "--traceback"], True),
+    (["--traceback", "compare", "spec.toml", "--traceback"], True),
+])
+def test_traceback_goes_before_or_after_the_subcommand(argv, wanted):
+    assert cli.build_parser().parse_args(argv).traceback is wanted
+
+
+def test_compare_table_shows_ptxas_warnings_as_text(tmp_path):
+    """The warnings row reads "none" (or the warnings), never a Python tuple."""
+    from tritonpatch import inspection
+
+    assert inspection.format_number(()) == "none"
+    assert inspection.format_number(("C7515 a", "C7510 b")) == "C7515 a; C7510 b"
+    spec = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "masked_attention.toml")
+    result = subprocess.run([os.path.join(os.path.dirname(sys.executable), "tritonpatch"), "compare", spec],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    (row,) = [line for line in result.stdout.splitlines() if line.startswith("warnings ")]
+    assert "()" not in row and row.split()[1:] == ["none", "none"], row

@@ -28,6 +28,11 @@ KERNELS = textwrap.dedent("""
         offs = tl.arange(0, BLOCK)
         tl.store(Y + offs, tl.load(X + offs) + undefined_name)
 
+    @triton.jit
+    def scale_kernel(X, Y, N, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(Y + offs, tl.load(X + offs, mask=offs < N) * 2, mask=offs < N)
+
     def plain_function(X, Y):
         pass
 """)
@@ -110,12 +115,61 @@ def test_bad_spec_files(spec_dir, capsys):
         assert_one_error(run_main(capsys, "compare", str(folder / name)), "compare", fragment)
 
 
+LAUNCH_SPEC = textwrap.dedent("""
+    kernel = "kernels.py:scale_kernel"
+    [signature]
+    X = "*fp32"
+    Y = "*fp32"
+    N = "i32"
+    [constexprs]
+    BLOCK = 128
+    [launch]
+    grid = [1]
+    {launch}
+    [launch.args]
+    {args}
+""")
+LAUNCH_ARGS = {"X": '{ shape = [128], dtype = "float32" }', "Y": '{ shape = [128], dtype = "float32" }', "N": "100"}
+
+
+@pytest.mark.parametrize("launch,args,fragments", [
+    ("gird = [1]", {}, ["unknown key 'gird' in [launch] (did you mean 'grid'?); known keys: grid, outputs, args"]),
+    ('outputs = "Y"', {}, ["outputs in [launch] must be a list of argument names, got 'Y'"]),
+    ("", {"Bogus": '{ shape = [4], dtype = "float16" }'},
+     ["'Bogus' in [launch.args] is not an argument of scale_kernel(X, Y, N, BLOCK)"]),
+    ("", {"NN": "100"}, ["'NN' in [launch.args] is not an argument", "(did you mean 'N'?)"]),
+    ("", {"Y": None}, ["argument 'Y' of scale_kernel is missing from [launch.args]"]),
+    ("", {"BLOCK": "128"}, ["'BLOCK' is in both [launch.args] and [constexprs]"]),
+    ("", {"X": "3"}, ["'X' is a pointer (*fp32 in [signature]); give a tensor in [launch.args]"]),
+    ("", {"N": '{ shape = [1], dtype = "int32" }'}, ["'N' is 'i32' in [signature], not a pointer; give a number"]),
+    ("", {"N": '"100"'}, ["'N' in [launch.args] must be a number"]),
+])
+def test_bad_launch_is_one_error_line_before_any_compile(spec_dir, capsys, launch, args, fragments):
+    """[launch] is checked against the kernel without a GPU too: on a GPU a wrong name or kind would
+    fail only at the launch, after both compiles."""
+    lines = [f"{name} = {value}" for name, value in {**LAUNCH_ARGS, **args}.items() if value is not None]
+    path = spec_dir.dir / "launch.toml"
+    path.write_text(LAUNCH_SPEC.format(launch=launch, args="\n".join(lines)))
+    result = run_main(capsys, "compare", str(path))
+    assert_one_error(result, "compare", *fragments)
+    assert "compiling" not in result[3]
+
+
+def test_the_examples_launch_fits_its_kernel():
+    from tritonpatch._cli_spec import check_launch_arguments, load_kernel_spec
+
+    spec = load_kernel_spec(os.path.join(os.path.dirname(__file__), "..", "..", "examples", "masked_attention.toml"))
+    check_launch_arguments(spec["kernel"], spec["signature"], spec["constexprs"], spec["launch"]["args"])
+
+
 def test_kernel_compile_error_shows_the_compiler_message_only(spec_dir, capsys):
     result = run_main(capsys, "compare", spec_dir(kernel="kernels.py:broken_kernel"))
     assert_one_error(result, "compare", "broken_kernel does not compile for sm_90 with A (plain Triton)",
                      "undefined_name", "--traceback or TRITONPATCH_LOG=debug")
     with_traceback = run_main(capsys, "compare", spec_dir(kernel="kernels.py:broken_kernel"), "--traceback")
     assert with_traceback[0] == 2 and "Traceback (most recent call last)" in with_traceback[3]
+    before_the_command = run_main(capsys, "--traceback", "compare", spec_dir(kernel="kernels.py:broken_kernel"))
+    assert before_the_command[0] == 2 and "Traceback (most recent call last)" in before_the_command[3]
 
 
 def test_ptxas_failure_is_ptxas_message_and_stdout_stays_clean(spec_dir, capsys):
@@ -145,6 +199,27 @@ def test_bad_compare_flags_are_one_error_line_before_any_compile(spec_dir, capsy
     result = run_main(capsys, "compare", spec_dir(), *argv)
     assert_one_error(result, "compare", *fragments)
     assert "compiling" not in result[3]  # refused before the first compile
+
+
+def test_bad_target_lists_every_capability_whatever_was_asked(spec_dir, capsys):
+    """Triton uses one ptxas for older GPUs and another for newer ones; the error lists the
+    capabilities of both (each one that compiles), not those of the ptxas the bad target chose."""
+    from tritonpatch import targets
+
+    listed = []
+    for target in ("sm_999", "sm_91", "sm_5"):
+        result = run_main(capsys, "compare", spec_dir(), "--target", target)
+        assert_one_error(result, "compare", f"--target '{target}': expected sm_NN")
+        listed.append(result[2][0].rsplit("compiles for: ", 1)[1])
+    assert listed[0] == listed[1] == listed[2], listed
+    capabilities = [int(n) for n in listed[0].split(", ")]
+    accepted = []
+    for n in range(50, 130):
+        try:
+            accepted.append(targets.parse_target(f"sm_{n}").arch)
+        except ValueError:
+            pass
+    assert capabilities == accepted
 
 
 def test_compare_cache_dir_must_exist(tmp_path, capsys):

@@ -596,8 +596,8 @@ def test_feature_filter_keeps_only_kernels_with_one_of_the_features(capsys, monk
     seeds = list(generate_kernels(range(400), wanted))
     assert seeds and all(set(wanted) & set(generate(seed).features) for seed in seeds)
     assert all(not set(wanted) & set(generate(seed).features) for seed in set(range(400)) - set(seeds))
-    assert main(["--seed", "0", "--kernels", "20", "--feature", "no-such-feature"]) == 2
-    assert "no kernel of seeds 0..19 has a feature" in capsys.readouterr().err
+    assert main(["--seed", "0", "--kernels", "20", "--feature", "carried-pointers"]) == 2
+    assert "no kernel of seeds 0..19 has a feature of ['carried-pointers']" in capsys.readouterr().err
 
     generator = importlib.import_module("tritonpatch.fuzz.generate")   # (the package's name is the function)
     generated = []
@@ -613,6 +613,46 @@ def test_command_line_rejects_an_unknown_pass(capsys):
     with pytest.raises(SystemExit):
         main(["--pipeline", "skip+fold"])
     assert "unknown pass 'fold'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--pipeline", "skipp"])
+    assert ("unknown pass 'skipp' in pipeline 'skipp' (did you mean 'skip'?); choose from skip, elide, hoist, "
+            "branch, elide-one-select, joined by '+'") in capsys.readouterr().err
+
+
+def test_every_pass_name_is_documented():
+    from tritonpatch.fuzz.pipelines import PASSES
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "fuzzing.md")) as f:
+        (row,) = [line for line in f if line.startswith("| `--pipeline P`")]
+    assert [name for name in PASSES if f"`{name}` (" not in row] == []
+
+
+def test_command_line_rejects_an_unknown_feature_before_any_kernel(capsys, monkeypatch):
+    """A misspelled --feature is named as unknown (with the closest name), not reported as a feature
+    that no kernel of the seeds has."""
+    import importlib
+
+    generator = importlib.import_module("tritonpatch.fuzz.generate")
+    monkeypatch.setattr(generator, "generate", lambda seed: pytest.fail("generated a kernel"))
+    with pytest.raises(SystemExit):
+        main(["--feature", "nosuchfeature"])
+    err = capsys.readouterr().err
+    assert "unknown feature 'nosuchfeature'; the features are 'attention_fwd', " in err
+    assert "'lower=tl.maximum(pid * BM - W, 0)'" in err
+    with pytest.raises(SystemExit):
+        main(["--feature", "masked_matmul", "--feature", "pre-select-trans"])
+    assert "unknown feature 'pre-select-trans' (did you mean 'pre-select-trans-scale'?)" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown feature 'select-neginf' \\(did you mean 'select-neg_inf'\\?\\)"):
+        run(range(3), ["skip"], features=["select-neginf"])
+
+
+def test_the_feature_list_is_what_the_generator_writes():
+    """FEATURES (what --feature takes) against the features of the kernels of every seed range."""
+    from tritonpatch.fuzz.generate import CARRIED_SEEDS, FEATURES
+
+    written = {f for start in (0, CARRIED_SEEDS, POINTER_SEEDS) for seed in range(start, start + 2000)
+               for f in generate(seed).features}
+    assert len(set(FEATURES)) == len(FEATURES) and set(FEATURES) == written, set(FEATURES) ^ written
 
 
 @pytest.mark.parametrize("jobs", ["0", "-5"])

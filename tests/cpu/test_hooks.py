@@ -245,19 +245,51 @@ def assert_at_the_compile_call(caught) -> None:
     assert [(w.filename, w.lineno) for w in caught] == [(pipeline_helpers.__file__, compile_line)] * len(caught)
 
 
-def test_a_register_cap_that_ptxas_ignores_is_reported():
+_REGISTER_CAP_CHILD = textwrap.dedent("""
+    import sys, warnings
+    sys.path.insert(0, {here!r})
+    warnings.simplefilter("always")
+    import tritonpatch
+    from tritonpatch import hooks
+    from pipeline_helpers import compile_kernel
+
+    compiles = []
+    real = hooks._wrap_stages
+    hooks._wrap_stages = lambda *args: compiles.append(args) or real(*args)
+    with tritonpatch.options(ptxas=["--maxrregcount=32"]):
+        kernel = compile_kernel()
+    print(len(compiles), ".reqntid" in kernel.asm["ptx"])
+""")
+
+
+def test_a_register_cap_that_ptxas_ignores_is_reported_on_a_cache_hit_too(tmp_path):
     """Triton's PTX declares launch bounds (.reqntid), which ptxas follows instead of
-    --maxrregcount: the flag gets a warning pointing to maxnreg; other flags get none."""
+    --maxrregcount: the Pipeline warns when it is made, so a process whose kernel comes from the
+    cache (nothing compiled) is told as well as the one that compiled it."""
+    import pipeline_helpers
+
+    environ = child_environment({"TRITON_CACHE_DIR": str(tmp_path / "shared-cache")})
+    del environ["TRITON_ALWAYS_COMPILE"]
+    runs = [subprocess.run([sys.executable, "-c", _REGISTER_CAP_CHILD.format(here=pipeline_helpers.HERE)],
+                           capture_output=True, text=True, env=environ, timeout=600) for _ in range(2)]
+    assert [run.stdout.split() for run in runs] == [["1", "True"], ["0", "True"]], [run.stderr for run in runs]
+    for run in runs:
+        assert run.stderr.count("does not cap registers with --maxrregcount=32") == 1, run.stderr
+
+
+def test_a_compile_with_a_register_cap_adds_no_warning_of_its_own(monkeypatch):
+    """The Pipeline warned when it was made; its compiles (this test file compiles for real) say nothing more."""
     import warnings
 
-    for flag in ("--maxrregcount=32", "-maxrregcount=40"):
-        with pytest.warns(RuntimeWarning, match=r"does not cap registers with .*maxrregcount.*maxnreg") as caught:
-            with tritonpatch.options(ptxas=[flag]):
-                compiled = compile_kernel()
-        assert ".reqntid" in compiled.asm["ptx"]
-        assert_at_the_compile_call(caught)
+    from tritonpatch import _ptxas
+
+    monkeypatch.setattr(_ptxas, "_warned", set())
+    with pytest.warns(RuntimeWarning, match="does not cap registers with --maxrregcount=48"):
+        block = tritonpatch.options(ptxas=["--maxrregcount=48"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        with block:
+            compile_kernel()
         with tritonpatch.options(ptxas=["-O1"]):
             compile_kernel()
 

@@ -346,6 +346,20 @@ def test_cache_entries_name_their_pipeline():
     assert pipeline_from_text(describe({"tritonpatch_pipeline": record})) == pipeline
 
 
+def test_compile_report_names_its_pipeline_parameter():
+    """A dict where a Pipeline belongs: the error names compile_report's parameter and how to build
+    the Pipeline, not an internal function."""
+    from tritonpatch import PipelineError
+
+    fn, signature, constexprs, options = KERNELS["fixed_trip_loop"]
+    with pytest.raises(PipelineError) as info:
+        inspection.compile_report(fn, signature, constexprs, {"disable_lsr": True}, **options)
+    assert str(info.value) == ("compile_report(pipeline=...) takes a tritonpatch.Pipeline (None: plain Triton), got "
+                               "{'disable_lsr': True}; build one with tritonpatch.Pipeline(**{'disable_lsr': True})")
+    with pytest.raises(PipelineError, match=r"got 'disable-lsr'; build one with .*Pipeline.parse\('disable-lsr'\)"):
+        inspection.compile_report(fn, signature, constexprs, pipeline="disable-lsr", **options)
+
+
 def test_compile_report_warms_up_and_takes_the_median(monkeypatch):
     """warm_up compiles once untimed; repeat=N times N compiles and keeps their median."""
     calls = []

@@ -185,6 +185,57 @@ def test_bad_input_raises_and_changes_nothing(settings, error, message):
         llvm.apply_options(settings)
 
 
+@pytest.mark.parametrize("call,message", [
+    (lambda: llvm.list_options(5), r"list_options\(\) takes a pattern string such as 'lsr' .*, got 5$"),
+    (lambda: llvm.apply_options("disable-lsr"),
+     r"apply_options\(\) takes a mapping of option name to value such as \{'disable-lsr': True\}, got 'disable-lsr'"),
+    (lambda: llvm.apply_options(["disable-lsr"]), r"apply_options\(\) takes a mapping .*, got \['disable-lsr'\]"),
+    (lambda: llvm.llvm_options(["disable-lsr"]), r"llvm_options\(\) takes a mapping .*, got \['disable-lsr'\]"),
+    (lambda: llvm.restore_options({"x": 1}),
+     r"restore_options\(\) takes the list apply_options\(\) returned, got \{'x': 1\}"),
+    (lambda: llvm.restore_options(None), r"restore_options\(\) takes the list apply_options\(\) returned, got None"),
+    (lambda: llvm.restore_options([1]), r"it holds 1 \(int\), which is no saved option state"),
+])
+def test_arguments_of_the_wrong_type_name_the_problem(call, message):
+    """Wrong argument types give an OptionTypeError (a TypeError) saying what the call takes, not an
+    AttributeError or a pybind11 signature from inside (the autouse fixture: nothing changed)."""
+    with pytest.raises(OptionTypeError, match=message):
+        call()
+
+
+def test_restore_checks_every_state_before_restoring_any():
+    saved = llvm.apply_options({"unroll-threshold": 7})
+    try:
+        with pytest.raises(OptionTypeError, match=r"it holds 'x' \(str\)"):
+            llvm.restore_options(["x"] + saved)  # newest first: saved's state would be restored before 'x'
+        assert llvm.get_option("unroll-threshold").value == 7
+    finally:
+        llvm.restore_options(saved)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: llvm.get_option(None),
+    lambda: llvm.set_option(None, 1),
+    lambda: llvm.set_option(None, None),
+    lambda: llvm.normalize_value(None, 1),
+    lambda: llvm.snapshot(None),
+    lambda: llvm.unsafe_reason(None),
+    lambda: llvm.apply_options({None: 1}),
+    lambda: llvm.llvm_options({None: 1}),
+])
+def test_a_name_that_is_not_a_string_is_an_option_type_error_everywhere(call):
+    """One behaviour for every call taking an option name: a non-string is a type problem
+    (OptionTypeError); an empty string is an unknown name (UnknownOptionError, below)."""
+    with pytest.raises(OptionTypeError, match=r"an LLVM option name is a string such as 'disable-lsr', got None"):
+        call()
+
+
+@pytest.mark.parametrize("call", [lambda: llvm.get_option(""), lambda: llvm.set_option("--", 1)])
+def test_an_empty_name_is_an_unknown_option(call):
+    with pytest.raises(UnknownOptionError, match="must not be empty"):
+        call()
+
+
 def test_value_parsing_accepts_common_spellings():
     assert llvm.normalize_value("disable-lsr", "TRUE") is True
     assert llvm.normalize_value("-disable-lsr", 0) is False

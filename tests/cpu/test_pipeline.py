@@ -16,6 +16,7 @@ import tritonpatch
 import tritonpatch.llvm as tllvm
 from tritonpatch import Pipeline, PipelineError, current_pipeline, options, use_pipeline
 from tritonpatch import _current
+from tritonpatch import _ptxas as ptxas_module
 from tritonpatch import pipeline as pipeline_module
 
 native = pytest.mark.skipif(not tllvm.available(), reason="tritonpatch._native is not usable here")
@@ -44,6 +45,7 @@ def test_empty_pipeline():
 
 
 @native
+@pytest.mark.filterwarnings("ignore:tritonpatch. ptxas does not cap registers")
 def test_canonical_form_and_equality():
     a = Pipeline(disable_lsr=True, llvm={"unroll-count": "2"})
     b = Pipeline(llvm={"--unroll-count": 2, "disable-lsr": "true"})
@@ -91,10 +93,132 @@ def test_fingerprint_stable_across_processes():
     ({"llvm": {"disable-lsr": True}, "disable_lsr": False}, PipelineError),
     ({"disable_lsr": "yes"}, PipelineError),
     ({"llvm": ["disable-lsr"]}, PipelineError),
+    ({"llvm": {None: 1}}, tritonpatch.OptionTypeError),   # a name that is no string: as llvm.get_option(None)
+    ({"llvm": {"--": 1}}, tritonpatch.UnknownOptionError),
 ])
 def test_bad_llvm_settings(kwargs, error):
     with pytest.raises(error):
         Pipeline(**kwargs)
+
+
+@pytest.mark.parametrize("make", [Pipeline, options])
+def test_a_misspelled_keyword_names_the_right_one(make):
+    """Pipeline(...) and options(...) answer the same slip alike: a TypeError listing the keywords
+    and naming the one meant."""
+    with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['dissable_lsr'\]; the keywords are disable_lsr, "
+                                        r"llvm, passes, ptxas .*; did you mean disable_lsr \(for dissable_lsr\)\?$"):
+        make(dissable_lsr=True)
+
+
+ptxas_help = pytest.mark.skipif(ptxas_module.listed_spellings() is None,
+                                reason="Triton's ptxas cannot be asked here")
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    """The ptxas warnings said once per process, said again in this test."""
+    monkeypatch.setattr(ptxas_module, "_warned", set())
+
+
+@pytest.mark.parametrize("flag,fragment", [
+    ("--list-version", "ptxas would list its PTX versions and compile nothing"),
+    ("-version-ls", "ptxas would list its PTX versions and compile nothing"),
+    ("--list-arch", "ptxas would list its GPU architectures and compile nothing"),
+    ("--entry=foo", "it restricts the entry functions ptxas compiles"),
+    ("-e", "it restricts the entry functions ptxas compiles"),
+    ("--apply-controls=controls.txt", "compiler controls read from a file cannot be checked"),
+])
+def test_ptxas_flags_that_compile_nothing_are_refused_without_asking_ptxas(monkeypatch, flag, fragment):
+    monkeypatch.setattr(ptxas_module, "ptxas_path", lambda capability: "/nonexistent/ptxas")
+    with pytest.raises(PipelineError, match=f"bad token '{flag}'; expected a flag tritonpatch can pass on \\({fragment}"):
+        Pipeline(ptxas=[flag])
+
+
+@ptxas_help
+@pytest.mark.parametrize("flag,fragment", [
+    ("--fmad", r"ptxas flag '--fmad': --fmad takes a value <true\|false> in the same token: --fmad=VALUE"),
+    ("-O", "ptxas flag '-O': --opt-level takes a value <N> in the same token: -O=VALUE"),
+    ("-efoo", "ptxas flag '-efoo': tritonpatch does not pass on --entry"),   # -e with its value attached
+])
+def test_ptxas_flags_missing_their_value_or_reserved_are_refused(flag, fragment):
+    with pytest.raises(PipelineError, match=fragment):
+        Pipeline(ptxas=[flag])
+
+
+@ptxas_help
+@pytest.mark.parametrize("flag,fragment", [
+    ("--no-such-flag", r"ptxas flag '--no-such-flag' is not among the options Triton's ptxas lists in its --help; "
+                       r"it is passed on as given"),
+    ("--dlcm=cg", r"'--dlcm=cg' is not among .* \(did you mean -dlcm"),
+    ("-def-load-cache=cg", r"'-def-load-cache=cg' is not among .* \(did you mean --def-load-cache"),
+])
+def test_ptxas_flags_the_help_does_not_list_warn_once_and_pass(fresh_warnings, flag, fragment):
+    """ptxas also takes switches its help does not show: such a flag is passed on, with a warning
+    that names the close listed ones (a typo then shows before ptxas fails at compile time)."""
+    import warnings
+
+    with pytest.warns(RuntimeWarning, match=fragment):
+        assert Pipeline(ptxas=[flag]).ptxas == (flag,)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Pipeline(ptxas=[flag])
+
+
+@ptxas_help
+def test_ptxas_flags_ptxas_knows_pass_and_its_help_is_read_once(monkeypatch):
+    import warnings
+
+    flags = ["-O3", "--opt-level=2", "-dlcm=cg", "--def-load-cache=cg", "-lineinfo", "--fmad=false", "-m64",
+             "-Werror", "--maxrregcount=64", "--override-directive-values"]
+    runs = []
+    real_run = ptxas_module.subprocess.run
+    monkeypatch.setattr(ptxas_module.subprocess, "run",
+                        lambda *args, **kwargs: runs.append(args) or real_run(*args, **kwargs))
+    ptxas_module.help_text.cache_clear()
+    ptxas_module._spellings.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Pipeline(ptxas=flags).ptxas == tuple(flags)
+    asked = len(runs)
+    assert 1 <= asked <= 2   # one ptxas for older GPUs, one for newer (the same file on some versions)
+    Pipeline(ptxas=flags)
+    assert len(runs) == asked
+
+
+@pytest.mark.parametrize("ptxas_path", ["/nonexistent/ptxas", "/bin/true"])
+def test_ptxas_flags_pass_unchecked_where_ptxas_cannot_be_asked(monkeypatch, fresh_warnings, ptxas_path):
+    """No ptxas, or a help without options: only the form and the refusals are checked (ptxas
+    reports the rest at compile time)."""
+    import warnings
+
+    monkeypatch.setattr(ptxas_module, "ptxas_path", lambda capability: ptxas_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Pipeline(ptxas=["--no-such-flag", "-O"]).ptxas == ("--no-such-flag", "-O")
+
+        def no_triton(capability):
+            raise ImportError("no module named triton")
+        monkeypatch.setattr(ptxas_module, "ptxas_path", no_triton)
+        assert Pipeline(ptxas=["--no-such-flag"]).ptxas == ("--no-such-flag",)
+
+
+def test_a_register_cap_warns_once_when_the_pipeline_is_made(fresh_warnings):
+    """ptxas follows the launch bounds of Triton's PTX instead of --maxrregcount: said when the
+    Pipeline is made (a cache hit compiles nothing), at the user's line, once per flag per process;
+    with --override-directive-values (ptxas then takes the flag over the directives) not at all."""
+    import warnings
+
+    message = (r"ptxas does not cap registers with --maxrregcount=32 on Triton's kernels: their PTX declares launch "
+               r"bounds .* use Triton's maxnreg launch option .* or add --override-directive-values")
+    with pytest.warns(RuntimeWarning, match=message) as caught:
+        Pipeline(ptxas=["--maxrregcount=32"])
+    assert [w.filename for w in caught] == [__file__]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Pipeline(ptxas=["--maxrregcount=32", "-O1"])
+        Pipeline(ptxas=["-maxrregcount=40", "--override-directive-values"])
+    with pytest.warns(RuntimeWarning, match="with -maxrregcount=40"):
+        options(ptxas=["-maxrregcount=40"])
 
 
 @pytest.mark.parametrize("kwargs,fragment", [
@@ -109,6 +233,7 @@ def test_bad_pass_and_ptxas_settings(kwargs, fragment):
 
 
 @native
+@pytest.mark.filterwarnings("ignore:tritonpatch. ptxas does not cap registers")
 def test_merge_key_by_key():
     outer = Pipeline(disable_lsr=True, llvm={"unroll-count": 2}, ptxas=["--maxrregcount=64", "-O1"])
     inner = Pipeline(llvm={"unroll-count": 4}, ptxas=["--maxrregcount=32", "-lineinfo"])

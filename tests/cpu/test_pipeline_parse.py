@@ -6,6 +6,7 @@ import pytest
 
 import tritonpatch.llvm as tllvm
 from tritonpatch import Pipeline, PipelineError, cli
+from tritonpatch import _ptxas as ptxas_module
 from tritonpatch import pipeline as pipeline_module
 from tritonpatch.pipeline import pipeline_from_environ
 
@@ -59,6 +60,50 @@ def test_an_unknown_llvm_option_names_the_text():
     assert str(info.value).startswith("--b 'llvm:no-such-option-xyz': unknown LLVM option 'no-such-option-xyz'")
 
 
+@native
+@pytest.mark.parametrize("name,expected", [
+    ("unroll-threshold", "LLVM option 'unroll-threshold' (unsigned) needs a value: write unroll-threshold=N"),
+    ("lsr-preferred-addressing-mode", "LLVM option 'lsr-preferred-addressing-mode' (enum) needs a value: write "
+                                      "lsr-preferred-addressing-mode=CHOICE (none, preindexed, postindexed, all)"),
+])
+def test_an_llvm_option_written_alone_that_needs_a_value_says_so(name, expected):
+    """A name alone reads as true, which only a bool option takes: the others say what to write
+    (not "expects an integer, got True" for a value nobody typed)."""
+    with pytest.raises(PipelineError) as info:
+        Pipeline.parse(f"llvm:{name}")
+    assert str(info.value).startswith(f"Pipeline.parse 'llvm:{name}': {expected}")
+    with pytest.raises(PipelineError) as info:
+        pipeline_from_environ({"TRITONPATCH_LLVM_OPTIONS": name})
+    assert str(info.value).startswith(f"TRITONPATCH_LLVM_OPTIONS='{name}': bad token '{name}': {expected}")
+    assert Pipeline.parse("llvm:disable-lsr,lsr-drop-solution") == \
+        Pipeline(llvm={"disable-lsr": True, "lsr-drop-solution": True})   # bool and boolOrDefault take it
+
+
+def test_ptxas_flags_of_the_text_form_and_the_environment_are_checked_as_pipeline_flags():
+    with pytest.raises(PipelineError) as info:
+        Pipeline.parse("ptxas:-O1 --entry=k", where="--b")
+    assert str(info.value).startswith("--b ptxas='-O1 --entry=k': bad token '--entry=k'; expected a flag tritonpatch "
+                                      "can pass on (it restricts the entry functions ptxas compiles")
+    with pytest.raises(PipelineError) as info:
+        pipeline_from_environ({"TRITONPATCH_PTXAS_OPTIONS": "-O1 --list-version"})
+    assert str(info.value).startswith("TRITONPATCH_PTXAS_OPTIONS='-O1 --list-version': bad token '--list-version'; "
+                                      "expected a flag tritonpatch can pass on (ptxas would list its PTX versions")
+
+
+@pytest.mark.skipif(ptxas_module.listed_spellings() is None, reason="Triton's ptxas cannot be asked here")
+def test_ptxas_flags_of_the_environment_are_checked_against_tritons_ptxas(monkeypatch):
+    """A value missing from its flag's token names the variable, the token and the fix; a flag the
+    help does not list warns with the close ones and is passed on."""
+    monkeypatch.setattr(ptxas_module, "_warned", set())
+    with pytest.raises(PipelineError) as info:
+        pipeline_from_environ({"TRITONPATCH_PTXAS_OPTIONS": "-O1 --fmad"})
+    assert str(info.value).startswith("TRITONPATCH_PTXAS_OPTIONS='-O1 --fmad': bad token '--fmad': ptxas flag "
+                                      "'--fmad': --fmad takes a value <true|false> in the same token: --fmad=VALUE")
+    with pytest.warns(RuntimeWarning, match=r"'--def-lod-cache=cg' is not among .* \(did you mean --def-load-cache"):
+        assert pipeline_from_environ({"TRITONPATCH_PTXAS_OPTIONS": "--def-lod-cache=cg"}).ptxas == \
+            ("--def-lod-cache=cg",)
+
+
 def test_only_text_is_parsed():
     with pytest.raises(PipelineError, match="Pipeline.parse takes the text form of a Pipeline, got None"):
         Pipeline.parse(None)
@@ -66,9 +111,9 @@ def test_only_text_is_parsed():
 
 def test_a_semicolon_inside_a_variable_stays_in_its_value():
     """Each variable is one section: its value is never split on ';' as the text form is."""
-    assert pipeline_from_environ({"TRITONPATCH_PTXAS_OPTIONS": "-Xa;b"}).ptxas == ("-Xa;b",)
+    assert pipeline_from_environ({"TRITONPATCH_PTXAS_OPTIONS": "-dlcm=a;b"}).ptxas == ("-dlcm=a;b",)
     with pytest.raises(PipelineError, match="bad item 'b'"):
-        Pipeline.parse("ptxas:-Xa;b")
+        Pipeline.parse("ptxas:-dlcm=a;b")
 
 
 def test_the_text_form_the_environment_and_the_command_line_share_one_reading(monkeypatch):

@@ -6,8 +6,8 @@ import shlex
 import sys
 
 from .checks import SAMPLES
-from .generate import CARRIED_SEEDS, POINTER_SEEDS
-from .pipelines import PIPELINES, REFERENCE, pass_names
+from .generate import CARRIED_SEEDS, POINTER_SEEDS, check_features
+from .pipelines import PASSES, PIPELINES, REFERENCE, pass_names
 from .report import summary, write_log
 from .run import NoKernelSelected, run
 
@@ -24,10 +24,11 @@ def parse_args(argv=None):
     parser.add_argument("--feature", action="append", metavar="F",
                         help="keep only the kernels of the seed range that have one of these features (repeatable), "
                              "e.g. masked_matmul, pre-select-trans-scale, select-neg_inf, tl.range; --show prints a "
-                             "kernel's features")
+                             "kernel's features, and an unknown name's error lists them all")
     parser.add_argument("--pipeline", action="append", metavar="P",
-                        help=f"a pass combination such as skip, elide+hoist, skip+elide+hoist (repeatable; "
-                             f"default: all {len(PIPELINES)}); the unpatched reference always runs")
+                        help=f"a pass combination: pass names ({', '.join(PASSES)}) joined by '+', such as skip or "
+                             f"elide+hoist (repeatable; default: the {len(PIPELINES)} combinations of skip, elide and "
+                             f"hoist); the unpatched reference always runs")
     parser.add_argument("--carried-offsets", action="store_true",
                         help="the kernels of the seeds in FlexAttention's loop shape: the tile position carried "
                              f"through the loop, jumping every JUMP_EVERY iterations (seeds {CARRIED_SEEDS:,} + SEED "
@@ -58,6 +59,10 @@ def parse_args(argv=None):
         except ValueError as exc:
             parser.error(str(exc))
     args.pipelines = pipelines
+    try:
+        check_features(args.feature or ())
+    except ValueError as exc:
+        parser.error(str(exc))
     return args
 
 

@@ -31,6 +31,8 @@ import random
 import re
 from dataclasses import replace
 
+from tritonpatch.env import did_you_mean
+
 from .families import FAMILIES, FAMILY_WEIGHTS
 from .kernel import Kernel
 from .pieces import TABLE_SIZE, Draft, mask_scalars
@@ -45,6 +47,39 @@ POINTERS_ONLY = {"SK"}              # and only the carried-pointer kernels
 CARRIED_SEEDS = 1_000_000           # seed CARRIED_SEEDS + n: kernel n with its tile position carried through the loop
 POINTER_SEEDS = 2_000_000           # seed POINTER_SEEDS + n: kernel n as attention forward with carried K/V pointers
 JUMP_EVERY = (1024, 4096, 2)        # 2: a block-mask-like walk the passes must refuse to version
+
+# Every name a kernel's ``features`` can hold, the names ``--feature`` takes, by the piece that adds
+# it (tests/cpu/test_fuzz_passes.py checks this list against the generated kernels both ways).
+FEATURES = (
+    # generate: the family, the input dtype, the width of the mask's index tensors
+    "attention_fwd", "attention_bwd", "masked_matmul", "row_reduce", "fp16", "bf16", "fp32", "index-i32",
+    "index-i64",
+    # families.py: the body's shape
+    "select-after-exp", "pre-select-none", "pre-select-scale", "pre-select-trans-scale", "pre-select-cast-scale",
+    "add-after-select", "reduce-max", "reduce-sum", "reduce-sum_exp", "reduce-max_and_sum_exp",
+    # pieces.py: the loop skeleton (over key tiles: rows BM, tile BN; over query tiles in attention_bwd: BN, BM)
+    "range", "tl.range", "bounds-i32", "bounds-i64",
+    "lower=0", "lower=LO", "lower=pid * BM", "lower=pid * BM - W", "lower=tl.maximum(pid * BM - W, 0)",
+    "lower=pid * BN", "lower=pid * BN - W", "lower=tl.maximum(pid * BN - W, 0)",
+    "upper=HI", "upper=N_KV", "upper=N_KV - W", "upper=(pid + 1) * BM", "upper=(pid + 1) * BM + W",
+    "upper=tl.minimum((pid + 1) * BM, N_KV)", "upper=N_Q", "upper=N_Q - W", "upper=(pid + 1) * BN",
+    "upper=(pid + 1) * BN + W", "upper=tl.minimum((pid + 1) * BN, N_Q)",
+    "step=BN", "step=2 * BN", "step=BN // 2", "step=BM", "step=2 * BM", "step=BM // 2", "step=STEP",
+    # pieces.py: carried positions and pointers, selects, scales, side effects
+    "carried-scalar", "carried-tensor", "carried-pointers",
+    "select-neg_inf", "select-negated", "select-zero", "select-constant",
+    "scale-none", "scale-constant", "scale-runtime",
+    "effect-counter", "effect-tile_log", "effect-iteration_bits", "effect-trip_count", "impure-asm-move",
+)
+
+
+def check_features(names) -> None:
+    """Raise ValueError for a name that is not in :data:`FEATURES`, with the closest one as a hint:
+    a misspelled ``--feature`` would otherwise select no kernel and read as a feature no seed has."""
+    for name in names:
+        if name not in FEATURES:
+            hint = did_you_mean(name, FEATURES)
+            raise ValueError(f"unknown feature {name!r}{hint}; the features are {', '.join(map(repr, FEATURES))}")
 
 
 def _reads(lines: list[str], name: str) -> bool:

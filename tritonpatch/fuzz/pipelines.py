@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 
+from tritonpatch.env import did_you_mean
+
 PASSES = {"skip": "skip-masked-blocks", "elide": "elide-uniform-masks", "hoist": "hoist-masks",
           "branch": "elide-uniform-masks(branch=true)",
           "elide-one-select": "elide-uniform-masks(same_mask_selects=false)"}
@@ -21,8 +23,9 @@ def pass_names(pipeline: str) -> list[str]:
     if pipeline == REFERENCE:
         return []
     names = pipeline.split("+")
-    unknown = [n for n in names if n not in PASSES]
-    if unknown:
-        raise ValueError(f"unknown pass {unknown[0]!r} in pipeline {pipeline!r}; use {'+'.join(PASSES)} "
-                         f"joined by '+', or {REFERENCE!r}")
+    for name in names:
+        if name not in PASSES:
+            hint = did_you_mean(name, PASSES)
+            raise ValueError(f"unknown pass {name!r} in pipeline {pipeline!r}{hint}; choose from "
+                             f"{', '.join(PASSES)}, joined by '+'")
     return [PASSES[n] for n in names]

@@ -36,7 +36,7 @@ from tritonpatch.passes import collect_reports
 
 from .checks import SAMPLES, static_findings
 from .compiling import compile_all, compile_case, worker_init
-from .generate import generate_kernels
+from .generate import check_features, generate_kernels
 from .gpu import compare, initial_tensors, launch
 from .kernel import Kernel
 from .pipelines import PIPELINES, REFERENCE, pass_names
@@ -60,7 +60,8 @@ def run(seeds, pipelines=PIPELINES, *, features: list[str] | None = None, gpu: b
         samples: int = SAMPLES, out=None, show: bool = False) -> RunResult:
     """Compile, check and (``gpu``) compare every case of the kernels of ``seeds`` x (reference +
     ``pipelines``); with ``features``, of only the kernels that have one of them (each kernel is
-    generated once; :class:`NoKernelSelected` when none has). Progress (and with ``show`` each
+    generated once; ValueError for a name not in :data:`~.generate.FEATURES`,
+    :class:`NoKernelSelected` when no kernel has one). Progress (and with ``show`` each
     kernel and case) goes to ``out`` (default: stdout)."""
     from triton.backends.compiler import GPUTarget
 
@@ -69,6 +70,7 @@ def run(seeds, pipelines=PIPELINES, *, features: list[str] | None = None, gpu: b
     seeds, pipelines = list(seeds), list(pipelines)
     for pipeline in pipelines:
         pass_names(pipeline)
+    check_features(features or ())
     jobs = max(1, jobs or os.cpu_count() or 1)
     start = time.perf_counter()
     kernels = generate_kernels(seeds, features)

@@ -76,7 +76,10 @@ def lower_is_better(metric: str) -> bool:
 
 def format_number(value) -> str:
     """An integer as an integer; a float with 4 significant digits in positional notation (never
-    ``1.2e+04``)."""
+    ``1.2e+04``); a tuple of texts (the ptxas warnings) as the texts joined by ``; ``, or ``none``;
+    None as ``-``."""
+    if isinstance(value, tuple):
+        return "; ".join(map(str, value)) or "none"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "-" if value is None else str(value)
     if isinstance(value, int) or not math.isfinite(value) or value == 0:

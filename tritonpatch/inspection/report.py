@@ -7,6 +7,7 @@ import statistics
 import time
 from typing import Any, Mapping
 
+from ..errors import PipelineError
 from ..pipeline import Pipeline
 from ..scope import use_pipeline
 from ..targets import compile_for_target, parse_target
@@ -75,9 +76,15 @@ def compile_report(kernel, signature: Mapping[str, str], constexprs: Mapping[str
     ``warm_up=True`` compiles once untimed first, so that ``compile_seconds`` leaves out what only
     the first compile in a process pays (imports, LLVM and pass set-up); two reports compare
     compile times fairly only when both were warmed up. ``repeat`` compiles that many times and
-    keeps the median time (one compile's time varies by tens of percent on a busy machine)."""
+    keeps the median time (one compile's time varies by tens of percent on a busy machine).
+    A ``pipeline`` that is no Pipeline raises :class:`PipelineError` before anything is compiled."""
     from ..passes import collect_reports
 
+    if pipeline is not None and not isinstance(pipeline, Pipeline):
+        build = (f"tritonpatch.Pipeline(**{pipeline!r})" if isinstance(pipeline, Mapping) else
+                 "tritonpatch.Pipeline(disable_lsr=True, ...) or tritonpatch.Pipeline.parse('disable-lsr')")
+        raise PipelineError(f"compile_report(pipeline=...) takes a tritonpatch.Pipeline (None: plain Triton), got "
+                            f"{pipeline!r}; build one with {build}")
     pipeline = pipeline if pipeline is not None else Pipeline()
     capability = parse_target(target).arch
     previous = os.environ.get("TRITON_ALWAYS_COMPILE")
