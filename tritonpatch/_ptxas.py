@@ -3,13 +3,14 @@ against it.
 
 Triton ships one ptxas for older GPUs and one for newer (the same file on some versions). Each binary's
 ``--help`` is read once per process. ptxas spells an option ``--long-name[=value]`` or
-``-short[=value]``, a one-letter short one also ``-O3``; an option whose help shows a value
-(``--fmad <true|false>``; some that take one show none, e.g. ``--def-load-cache``) needs it in the same
-token, because Triton splits ptxas flags at spaces and a separate value would be read as the next flag
-(or as Triton's ``--gpu-name``). Flags the help does not list are passed on with a warning: ptxas also
-takes switches its help does not show. Where no ptxas can be run or its help not read, nothing is
-checked here and ptxas reports what it does not take at compile time. (The flags tritonpatch never
-passes on, whatever ptxas lists, are refused by :func:`tritonpatch.env.parse_ptxas_options`.)
+``-short[=value]``, and ``-O`` and ``-m`` also with the value attached (``-O3``, ``-m64``). An option
+that takes a value (the help shows it, as ``--fmad <true|false>``; the cache options such as
+``--def-load-cache`` take one it does not show) needs it in the same token: Triton splits ptxas flags
+at spaces, so a separate value would be read as the next flag (or as Triton's ``--gpu-name``). Flags
+the help does not list are passed on with a warning: ptxas also takes switches its help does not show.
+Where no ptxas can be run or its help not read, nothing is checked here and ptxas reports what it
+does not take at compile time. (The flags tritonpatch never passes on, whatever ptxas lists, are
+refused by :func:`tritonpatch.env.parse_ptxas_options`.)
 """
 from __future__ import annotations
 
@@ -19,13 +20,16 @@ import re
 import subprocess
 
 from . import _user_warnings as user_warnings
-from .env import quote, reserved_ptxas_reason
+from .env import quote
 from .errors import PipelineError
 
 # One option of `ptxas --help`: "--long-name <value>   (-short)", the value part only where it shows one.
 _HELP_LINE = re.compile(r"^--([A-Za-z][\w-]*)( <[^>]*>)?[^\n(]*(?:\(-([A-Za-z][\w-]*)\))?", re.MULTILINE)
 _REGISTER_CAP_FLAGS = frozenset({"--maxrregcount", "-maxrregcount"})
 _OVERRIDE_DIRECTIVES_FLAGS = frozenset({"--override-directive-values", "-override-directive-values"})
+# The cache options take a value (cg, ca, ...) that ptxas --help does not show beside them.
+_UNSHOWN_VALUE = frozenset({"def-load-cache", "def-store-cache", "force-load-cache", "force-store-cache"})
+_ATTACHED_VALUE = ("-O", "-m")   # the options ptxas also takes with a number attached: -O3, -m64
 _warned: set = set()   # the flags warned about in this process
 
 
@@ -61,6 +65,7 @@ def _spellings(paths: tuple[str, ...]) -> dict[str, tuple[str, str | None]] | No
         if not any(long == "help" for long, _, _ in options):
             continue
         for long, short, placeholder in options:
+            placeholder = placeholder or ("<mode>" if long in _UNSHOWN_VALUE else None)
             spellings[f"--{long}"] = (long, placeholder)
             if short:
                 spellings[f"-{short}"] = (long, placeholder)
@@ -68,13 +73,15 @@ def _spellings(paths: tuple[str, ...]) -> dict[str, tuple[str, str | None]] | No
 
 
 def listed_spellings() -> dict[str, tuple[str, str | None]] | None:
-    """:func:`_spellings` of the ptxas binaries Triton runs; None when they cannot be asked (no Triton,
-    no ptxas, a help this does not read)."""
-    try:
-        paths = tuple(sorted({ptxas_path(capability) for capability in (80, 100)}))  # older GPUs', newer GPUs'
-    except (ImportError, RuntimeError, OSError):
-        return None
-    return _spellings(paths)
+    """:func:`_spellings` of the ptxas binaries Triton runs (for older GPUs and for newer) that can be
+    found; None when none can be asked (no Triton, no ptxas, a help this does not read)."""
+    paths = set()
+    for capability in (80, 100):
+        try:
+            paths.add(ptxas_path(capability))
+        except (ImportError, RuntimeError, OSError):   # no Triton, or no ptxas for these GPUs
+            continue
+    return _spellings(tuple(sorted(paths))) if paths else None
 
 
 def check_flags(tokens) -> None:
@@ -95,19 +102,14 @@ def check_flag(token: str) -> None:
     name, equals, _ = token.partition("=")
     option = spellings.get(name)
     has_value = bool(equals)
-    if option is None and len(name) > 2 and name[1] != "-":
-        attached = spellings.get(name[:2])   # a one-letter short option with its value attached: -O3
-        if attached is not None and attached[1]:
-            option, has_value = attached, True
+    if option is None and name[:2] in _ATTACHED_VALUE and name[2:].isdigit():
+        option, has_value = spellings.get(name[:2]), True
     if option is None:
         close = difflib.get_close_matches(name, spellings, n=3, cutoff=0.6)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         _warn_once(token, f"tritonpatch: ptxas flag {quote(token)} is not among the options Triton's ptxas "
                           f"lists in its --help{hint}; it is passed on as given, and ptxas reports it at "
                           "compile time if it does not take it")
-    elif reserved_ptxas_reason(option[0]):   # another spelling of a reserved option, e.g. -efoo for --entry
-        raise PipelineError(f"ptxas flag {quote(token)}: tritonpatch does not pass on --{option[0]}: "
-                            f"{reserved_ptxas_reason(option[0])}")
     elif option[1] and not has_value:
         raise PipelineError(f"ptxas flag {quote(token)}: --{option[0]} takes a value {option[1]} in the same "
                             f"token: {name}=VALUE (Triton splits ptxas flags at spaces, so a separate value "
@@ -120,7 +122,9 @@ def warn_on_ignored_register_cap(tokens) -> None:
     ``.maxnreg`` from its ``maxnreg`` option), and ptxas allocates registers by those directives (ptxas
     12.8, sm_90a: ``--maxrregcount=32`` leaves a 166-register kernel at 166; with
     ``--override-directive-values`` ptxas applies the cap), so the flag alone would do nothing without
-    a word. Said when the Pipeline is made, not in the compile: a cache hit compiles nothing."""
+    a word. Said when the Pipeline is made, not in the compile: a cache hit compiles nothing. Each
+    Pipeline is judged alone: an ``--override-directive-values`` in another layer of the blocks in
+    effect (an outer ``options()``, ``TRITONPATCH_PTXAS_OPTIONS``) does not silence it."""
     if any(token.split("=", 1)[0] in _OVERRIDE_DIRECTIVES_FLAGS for token in tokens):
         return
     for token in tokens:
@@ -134,6 +138,8 @@ def warn_on_ignored_register_cap(tokens) -> None:
 
 
 def _warn_once(token: str, message: str) -> None:
+    """Warn about ``token`` unless this process has already been told (a warning turned into an
+    error, or caught, counts only once it was given)."""
     if token not in _warned:
-        _warned.add(token)
         user_warnings.warn(message)
+        _warned.add(token)

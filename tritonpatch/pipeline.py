@@ -143,9 +143,10 @@ class Pipeline:
     (its ``--help``, read once; where no ptxas can be run, the form only, and ptxas reports the rest
     at compile time). Refused: flags for what Triton sets itself (target, input, output), flags that
     make ptxas compile nothing or only a named entry (``--help``, ``--version``, ``--list-version``,
-    ``--entry``), flags read from files, unknown flags (naming the close ones) and a value missing
-    from its flag's token. ``--maxrregcount`` without ``--override-directive-values`` warns here,
-    once per process: ptxas follows the launch bounds of Triton's PTX instead. The canonical form
+    ``--entry``), flags read from files, and a value missing from its flag's token. A flag the help
+    does not list warns, naming the close ones, and is passed on (ptxas takes switches its help does
+    not show); so does ``--maxrregcount`` without ``--override-directive-values`` (ptxas follows the
+    launch bounds of Triton's PTX instead), each once per process. The canonical form
     sorts LLVM options by name and keeps pass and ptxas order (order can matter there).
     ``Pipeline()`` changes nothing; an unknown keyword is a TypeError naming the close one.
     """

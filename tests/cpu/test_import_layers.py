@@ -22,7 +22,7 @@ PACKAGE = ROOT / "tritonpatch"
 HEAVY = ("triton", "torch")  # imported only where a compile or a command needs them
 OPTIONAL = {"tritonpatch._native"}  # the C++ extension: absent when tritonpatch was installed without it
 CORE = ["tritonpatch", "tritonpatch.errors", "tritonpatch.env", "tritonpatch._llvm_gate", "tritonpatch._llvm_values",
-        "tritonpatch._llvm_registry",
+        "tritonpatch._llvm_registry", "tritonpatch._ptxas",
         "tritonpatch._llvm_scope", "tritonpatch.pipeline", "tritonpatch._current", "tritonpatch.scope",
         "tritonpatch.hooks", "tritonpatch.llvm", "tritonpatch.cli"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ..targets import ptxas_path
+from .._ptxas import ptxas_path
 
 
 def tool_path(name: str, capability: int = 90) -> str:
