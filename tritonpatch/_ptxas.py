@@ -49,6 +49,7 @@ def help_text(path: str) -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=None)
 def gpu_capabilities(path: str) -> tuple[int, ...]:
     """The ``sm_NN`` that ``path --help`` lists for ``--gpu-name`` (empty if ptxas cannot be asked)."""
     return tuple(sorted({int(n) for n in re.findall(r"'sm_(\d+)a?'", help_text(path) or "")}))

@@ -28,8 +28,7 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.jit import JITFunction
 
 from .errors import PipelineError
-from .pipeline import KEYWORDS as PIPELINE_KEYWORDS
-from .pipeline import Pipeline, unknown_keywords_error
+from .pipeline import Pipeline, check_keywords
 from .scope import use_pipeline
 from .targets import compile_for_target
 
@@ -51,9 +50,10 @@ def as_pipeline(value: Any, where: str) -> Pipeline:
     if isinstance(value, Pipeline):
         return value
     if isinstance(value, Mapping):
-        unknown = set(value) - set(PIPELINE_KEYWORDS)
-        if unknown:
-            raise PipelineError(f"{where}: {unknown_keywords_error('a Pipeline dict', map(str, unknown))}")
+        try:
+            check_keywords(value, "a Pipeline dict")
+        except TypeError as exc:
+            raise PipelineError(f"{where}: {exc}") from exc
         return Pipeline(**value)
     raise PipelineError(f"{where} takes a tritonpatch.Pipeline or a dict of its keywords "
                         f"(disable_lsr=, llvm=, passes=, ptxas=), got {value!r}")

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 from ._current import set_process_llvm_option
 from ._llvm_registry import (SETTABLE_TYPES, LLVMOption, allow_unsafe_options, apply_options, available,
-                             check_settings, get_option, list_options, native_info, normalize_value, option_name,
+                             check_settings, get_option, list_options, native_info, normalize_value,
                              restore_options, snapshot, unsafe_reason)
 from .errors import NativeUnavailableError, OptionTypeError, UnknownOptionError, UnsafeOptionError
 from .scope import ensure_installed, options
@@ -56,7 +56,7 @@ def set_option(name: str, value: Any) -> Any:
     tell a given option from an untouched one. Returns the layer's previous value, ``None`` when
     it had none, so ``set_option(name, previous)`` undoes the call. Installs tritonpatch into Triton.
     A name that is not a string raises :class:`OptionTypeError`, as :func:`get_option` does."""
-    previous = set_process_llvm_option(option_name(name), value)
+    previous = set_process_llvm_option(name, value)
     ensure_installed()
     return previous
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import functools
 import hashlib
+import inspect
 import json
 import os
 from typing import Any, Iterable, Mapping
@@ -22,7 +23,7 @@ from .passes import registry as pass_registry
 from ._llvm_registry import get_option, normalize_value, option_name
 from .errors import NativeUnavailableError, OptionTypeError, PipelineError, UnknownOptionError
 
-__all__ = ["Pipeline", "pipeline_from_environ", "KEYWORDS", "unknown_keywords_error"]
+__all__ = ["Pipeline", "pipeline_from_environ", "KEYWORDS", "check_keywords"]
 
 _FINGERPRINT_VERSION = "tritonpatch-pipeline-1"
 # _strict_setting() is the raw TRITONPATCH_STRICT value (or None), which a memoized cache tag of a
@@ -110,18 +111,18 @@ def _normalize_ptxas(flags: Iterable[str]) -> tuple[str, ...]:
     return tuple(tokens)
 
 
-KEYWORDS = ("disable_lsr", "llvm", "passes", "ptxas")
-
-
-def unknown_keywords_error(where: str, unknown: Iterable[str]) -> TypeError:
-    """The TypeError for keywords ``where`` (a Pipeline, ``tritonpatch.options``) does not take: it
-    lists the keywords and names the one each unknown keyword is a misspelling of, if any."""
-    unknown = sorted(unknown)
+def check_keywords(given: Iterable, where: str) -> None:
+    """A TypeError when any of ``given`` is no Pipeline keyword (:data:`KEYWORDS`; ``where`` names what
+    took them: ``Pipeline``, ``tritonpatch.options``): it lists the keywords and names the one each
+    unknown keyword is a misspelling of, if any."""
+    unknown = sorted(str(name) for name in given if name not in KEYWORDS)
+    if not unknown:
+        return
     close = {name: difflib.get_close_matches(name, KEYWORDS, n=1, cutoff=0.6) for name in unknown}
     hints = [f"{match[0]} (for {name})" for name, match in close.items() if match]
     hint = f"; did you mean {', '.join(hints)}?" if hints else ""
-    return TypeError(f"{where} got unknown keyword(s) {unknown}; the keywords are {', '.join(KEYWORDS)} (an LLVM "
-                     f"option goes in llvm= by its name, e.g. llvm={{'disable-lsr': True}}){hint}")
+    raise TypeError(f"{where} got unknown keyword(s) {unknown}; the keywords are {', '.join(KEYWORDS)} (an LLVM "
+                    f"option goes in llvm= by its name, e.g. llvm={{'disable-lsr': True}}){hint}")
 
 
 def _merge_by_key(items: Iterable, key) -> tuple:
@@ -155,8 +156,7 @@ class Pipeline:
 
     def __init__(self, *, disable_lsr: bool | None = None, llvm: Mapping[str, Any] | None = None,
                  passes: Iterable[Any] | Mapping[str, Any] = (), ptxas: Iterable[str] = (), **unknown: Any):
-        if unknown:
-            raise unknown_keywords_error("Pipeline", unknown)
+        check_keywords(unknown, "Pipeline")
         if llvm is not None and not isinstance(llvm, Mapping):
             raise PipelineError(f"llvm= takes a mapping of option name to value, got {llvm!r}")
         settings = dict(llvm or {})
@@ -295,6 +295,9 @@ def _pass_text(spec) -> str:
     return repr(f"{name}({','.join(f'{k}={v}' for k, v in opts)})" if opts else name)
 
 
+# The keywords Pipeline(...) takes (tritonpatch.options(...) and the dicts jit/autotune take too).
+KEYWORDS = tuple(name for name, parameter in inspect.signature(Pipeline.__init__).parameters.items()
+                 if parameter.kind is inspect.Parameter.KEYWORD_ONLY)
 EMPTY = Pipeline._from_canonical((), (), ())
 
 

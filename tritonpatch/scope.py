@@ -13,7 +13,7 @@ from typing import Any
 from . import hooks
 from ._current import _effective, _Fixed, _forced, _Frame, _scoped
 from .errors import PipelineError
-from .pipeline import KEYWORDS, Pipeline, unknown_keywords_error
+from .pipeline import Pipeline, check_keywords
 
 __all__ = ["options", "use_pipeline", "ensure_installed"]
 
@@ -167,9 +167,7 @@ class options:
     """
 
     def __init__(self, **settings: Any):
-        unknown = set(settings) - set(KEYWORDS)
-        if unknown:
-            raise unknown_keywords_error("tritonpatch.options", unknown)
+        check_keywords(settings, "tritonpatch.options")
         self.layer = Pipeline(**settings)
         self._merged: dict = {}
 
