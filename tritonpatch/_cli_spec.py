@@ -9,7 +9,7 @@ import json
 import os
 from typing import Any, Mapping
 
-from . import env, targets
+from . import _triton_compat, env, targets
 from ._cli_common import TRACEBACK_HINT, CommandError
 from .inspection import check_launch
 
@@ -115,7 +115,9 @@ def check_launch_arguments(fn, signature: Mapping[str, Any], constexprs: Mapping
     The launch is ``fn[grid](**args, **constexprs, **options)``, so every name in ``args`` must be an
     argument of ``fn`` that ``constexprs`` does not give, every argument without a default must be
     in one of the two, a pointer in ``signature`` must be a tensor table and any other argument a
-    number. Checked before the compiles: on a GPU, a mismatch would fail only at the launch."""
+    number, and a tensor's dtype the pointer's element type. Checked before the compiles: on a GPU a
+    wrong name or kind would fail only at the launch, and a wrong dtype not at all (the launch would
+    compile and run another specialization than the one compared)."""
     targets.check_argument_names(fn, args, "[launch.args]")
     for name in args:
         if name in constexprs:
@@ -131,9 +133,23 @@ def check_launch_arguments(fn, signature: Mapping[str, Any], constexprs: Mapping
         if pointer and not isinstance(value, Mapping):
             raise ValueError(f"{name!r} is a pointer ({kind} in [signature]); give a tensor in [launch.args]: "
                              f"{name} = {{ shape = [...], dtype = \"float16\" }}, got {env.quote(value)}")
+        if pointer and isinstance(value, Mapping):
+            _check_tensor_type(name, kind, value)
         if not pointer and isinstance(value, Mapping):
             raise ValueError(f"{name!r} is {env.quote(kind)} in [signature], not a pointer; give a number in "
                              "[launch.args], not a tensor")
         if not pointer and not isinstance(value, (int, float)):
             raise ValueError(f"{name!r} in [launch.args] must be a number (true/false for a flag), "
                              f"got {env.quote(value)}")
+
+
+def _check_tensor_type(name: str, kind: str, tensor: Mapping) -> None:
+    """Raise ValueError when the ``dtype`` of ``[launch.args]``'s tensor ``name`` is not the element type
+    of its ``[signature]`` pointer ``kind`` (``*fp16``; ``*k`` marks a constant pointer)."""
+    element = kind[2:] if kind.startswith("*k") else kind[1:]
+    wanted = _triton_compat.element_type(element)
+    given = _triton_compat.element_type(str(tensor.get("dtype")))
+    if wanted is not None and given is not None and wanted != given:
+        raise ValueError(f"{name!r} is {kind} in [signature] but its [launch.args] tensor is "
+                         f"{tensor.get('dtype')} ({given}): the launch would compile and time a *{given} kernel, "
+                         "not the one compared; make the two agree")

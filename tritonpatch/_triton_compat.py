@@ -25,6 +25,8 @@ hooks depend on, in one place.
   and never calls it, so the binding change needs no adapter.
 - Gluon kernels (``@gluon.jit``) compile from ``triton.experimental.gluon._runtime.GluonASTSource``
   (3.6-3.9); :func:`ast_source` picks it for them.
+- Element type names (3.6-3.9): ``triton._utils.type_canonicalisation_dict`` maps torch dtype names and
+  signature spellings to the names a launch specializes a pointer with (:func:`element_type`).
 - Remote cache (3.6-3.9): Triton's ``RedisRemoteCacheBackend`` reads its settings from
   ``knobs.cache.redis``, but the Redis knobs (``TRITON_REDIS_HOST``, ``TRITON_REDIS_PORT``,
   ``TRITON_REDIS_KEY_FORMAT``) are ``knobs.redis``: every compile under that backend raises
@@ -165,6 +167,15 @@ def ast_source(fn, signature, constexprs, attrs):
 
         return GluonASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     return ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+
+
+def element_type(name: str) -> str | None:
+    """Triton's canonical name of an element type, from a torch dtype name (``"float16"``, ``"bool"``) or
+    a signature's element (``"fp16"``, ``"i1"``): ``"fp16"``, ``"u1"``; None for a name Triton does not
+    know. Read from the table Triton specializes launches with (``triton._utils``, 3.6-3.9)."""
+    from triton._utils import type_canonicalisation_dict
+
+    return type_canonicalisation_dict.get(name)
 
 
 def libtriton_path() -> str:

@@ -143,6 +143,8 @@ LAUNCH_ARGS = {"X": '{ shape = [128], dtype = "float32" }', "Y": '{ shape = [128
     ("", {"X": "3"}, ["'X' is a pointer (*fp32 in [signature]); give a tensor in [launch.args]"]),
     ("", {"N": '{ shape = [1], dtype = "int32" }'}, ["'N' is 'i32' in [signature], not a pointer; give a number"]),
     ("", {"N": '"100"'}, ["'N' in [launch.args] must be a number"]),
+    ("", {"Y": '{ shape = [128], dtype = "float16" }'},
+     ["'Y' is *fp32 in [signature] but its [launch.args] tensor is float16 (fp16)", "make the two agree"]),
 ])
 def test_bad_launch_is_one_error_line_before_any_compile(spec_dir, capsys, launch, args, fragments):
     """[launch] is checked against the kernel without a GPU too: on a GPU a wrong name or kind would
