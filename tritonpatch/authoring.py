@@ -28,7 +28,7 @@ from triton.runtime.autotuner import Autotuner, Config
 from triton.runtime.jit import JITFunction
 
 from .errors import PipelineError
-from .pipeline import Pipeline, check_keywords
+from .pipeline import Pipeline, as_pipeline
 from .scope import use_pipeline
 from .targets import compile_for_target
 
@@ -43,20 +43,6 @@ _JIT_KEYWORDS = frozenset(inspect.signature(triton.jit).parameters) - {"fn"}
 _AUTOTUNE_KEYWORDS = frozenset(inspect.signature(triton.autotune).parameters) - {"configs", "key"}
 # A sweep this long shows progress on an interactive stderr without being asked.
 PROGRESS_MIN_CONFIGS = 16
-
-
-def as_pipeline(value: Any, where: str) -> Pipeline:
-    """``value`` as a Pipeline: a Pipeline itself, or a dict of the Pipeline keywords."""
-    if isinstance(value, Pipeline):
-        return value
-    if isinstance(value, Mapping):
-        try:
-            check_keywords(value, "a Pipeline dict")
-        except TypeError as exc:
-            raise PipelineError(f"{where}: {exc}") from exc
-        return Pipeline(**value)
-    raise PipelineError(f"{where} takes a tritonpatch.Pipeline or a dict of its keywords "
-                        f"(disable_lsr=, llvm=, passes=, ptxas=), got {value!r}")
 
 
 def _check_keywords(given: Mapping, allowed: frozenset, where: str) -> None:

@@ -125,6 +125,22 @@ def check_keywords(given: Iterable, where: str) -> None:
                     f"option goes in llvm= by its name, e.g. llvm={{'disable-lsr': True}}){hint}")
 
 
+def as_pipeline(value: Any, where: str) -> "Pipeline":
+    """``value`` as a Pipeline: a Pipeline itself, or a dict of the Pipeline keywords; anything else is a
+    :class:`PipelineError` naming ``where`` (the parameter that took it) and how to build one."""
+    if isinstance(value, Pipeline):
+        return value
+    if isinstance(value, Mapping):
+        try:
+            check_keywords(value, "a Pipeline dict")
+        except TypeError as exc:
+            raise PipelineError(f"{where}: {exc}") from exc
+        return Pipeline(**value)
+    raise PipelineError(f"{where} takes a tritonpatch.Pipeline or a dict of its keywords (disable_lsr=, llvm=, "
+                        f"passes=, ptxas=), got {value!r}" + (f"; for the text form use tritonpatch.Pipeline.parse("
+                                                              f"{value!r})" if isinstance(value, str) else ""))
+
+
 def _merge_by_key(items: Iterable, key) -> tuple:
     """Later items replace earlier ones with the same key, keeping the first one's position."""
     merged: dict = {}

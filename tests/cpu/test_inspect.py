@@ -346,17 +346,23 @@ def test_cache_entries_name_their_pipeline():
     assert pipeline_from_text(describe({"tritonpatch_pipeline": record})) == pipeline
 
 
-def test_compile_report_names_its_pipeline_parameter():
-    """A dict where a Pipeline belongs: the error names compile_report's parameter and how to build
-    the Pipeline, not an internal function."""
+def test_compile_report_takes_a_pipeline_dict_as_jit_does():
+    """A dict of Pipeline keywords works as in ``tritonpatch.jit``: the same report as the Pipeline it
+    names; anything else is an error naming compile_report's parameter and how to build a Pipeline."""
     from tritonpatch import PipelineError
 
     fn, signature, constexprs, options = KERNELS["fixed_trip_loop"]
-    with pytest.raises(PipelineError) as info:
-        inspection.compile_report(fn, signature, constexprs, {"disable_lsr": True}, **options)
-    assert str(info.value) == ("compile_report(pipeline=...) takes a tritonpatch.Pipeline (None: plain Triton), got "
-                               "{'disable_lsr': True}; build one with tritonpatch.Pipeline(**{'disable_lsr': True})")
-    with pytest.raises(PipelineError, match=r"got 'disable-lsr'; build one with .*Pipeline.parse\('disable-lsr'\)"):
+    from_dict = inspection.compile_report(fn, signature, constexprs, {"disable_lsr": True}, **options)
+    from_pipeline = inspection.compile_report(fn, signature, constexprs, Pipeline(disable_lsr=True),
+                                              **options)
+    assert from_dict.pipeline == from_pipeline.pipeline == Pipeline(disable_lsr=True)
+    assert from_dict.asm["sass"] == from_pipeline.asm["sass"]
+    with pytest.raises(PipelineError, match=r"compile_report\(pipeline=...\): a Pipeline dict got unknown keyword"
+                                            r".*did you mean disable_lsr \(for dissable_lsr\)"):
+        inspection.compile_report(fn, signature, constexprs, {"dissable_lsr": True}, **options)
+    with pytest.raises(PipelineError, match=r"compile_report\(pipeline=...\) takes a tritonpatch.Pipeline or a dict "
+                                            r".*got 'disable-lsr'; for the text form use "
+                                            r"tritonpatch.Pipeline.parse\('disable-lsr'\)"):
         inspection.compile_report(fn, signature, constexprs, pipeline="disable-lsr", **options)
 
 

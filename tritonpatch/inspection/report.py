@@ -7,8 +7,7 @@ import statistics
 import time
 from typing import Any, Mapping
 
-from ..errors import PipelineError
-from ..pipeline import Pipeline
+from ..pipeline import Pipeline, as_pipeline
 from ..scope import use_pipeline
 from ..targets import compile_for_target, parse_target
 from .llir import LoopStats, llir_loops
@@ -64,7 +63,7 @@ def _pass_reports(collected) -> list[dict]:
 
 
 def compile_report(kernel, signature: Mapping[str, str], constexprs: Mapping[str, Any] | None = None,
-                   pipeline: Pipeline | None = None, target: str = "sm_90", warm_up: bool = False,
+                   pipeline: Pipeline | Mapping[str, Any] | None = None, target: str = "sm_90", warm_up: bool = False,
                    repeat: int = 1, aligned_pointers: bool = True, **compile_options) -> CompileReport:
     """Compile ``kernel`` for ``target`` with exactly ``pipeline`` (default: plain Triton) — a real
     compile, never a cache hit — and measure what came out.
@@ -77,15 +76,11 @@ def compile_report(kernel, signature: Mapping[str, str], constexprs: Mapping[str
     the first compile in a process pays (imports, LLVM and pass set-up); two reports compare
     compile times fairly only when both were warmed up. ``repeat`` compiles that many times and
     keeps the median time (one compile's time varies by tens of percent on a busy machine).
-    A ``pipeline`` that is no Pipeline raises :class:`PipelineError` before anything is compiled."""
+    ``pipeline``: a Pipeline or a dict of its keywords (as ``tritonpatch.jit`` takes); anything else raises
+    :class:`PipelineError` before anything is compiled."""
     from ..passes import collect_reports
 
-    if pipeline is not None and not isinstance(pipeline, Pipeline):
-        build = (f"tritonpatch.Pipeline(**{pipeline!r})" if isinstance(pipeline, Mapping) else
-                 "tritonpatch.Pipeline(disable_lsr=True, ...) or tritonpatch.Pipeline.parse('disable-lsr')")
-        raise PipelineError(f"compile_report(pipeline=...) takes a tritonpatch.Pipeline (None: plain Triton), got "
-                            f"{pipeline!r}; build one with {build}")
-    pipeline = pipeline if pipeline is not None else Pipeline()
+    pipeline = Pipeline() if pipeline is None else as_pipeline(pipeline, "compile_report(pipeline=...)")
     capability = parse_target(target).arch
     previous = os.environ.get("TRITON_ALWAYS_COMPILE")
     os.environ["TRITON_ALWAYS_COMPILE"] = "1"
