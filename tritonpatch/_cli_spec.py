@@ -127,9 +127,15 @@ def check_launch_arguments(fn, signature: Mapping[str, Any], constexprs: Mapping
         if param.name not in args and param.name not in constexprs and not param.has_default:
             raise ValueError(f"argument {param.name!r} of {fn.__name__} is missing from [launch.args] "
                              "(the launch passes [launch.args] and [constexprs])")
+    params = {param.name: param for param in fn.params}
     for name, value in args.items():
         kind = signature.get(name)
         pointer = isinstance(kind, str) and kind.startswith("*")
+        if pointer and kind.startswith("*k") != bool(params[name].is_const):
+            raise ValueError(f"{name!r} is {kind} in [signature], but the kernel's {name} is "
+                             + ("annotated const: write *k" + kind[1:] if params[name].is_const else
+                                "not annotated const: write *" + kind[2:])
+                             + " (a launch specializes the pointer as the kernel declares it)")
         if pointer and not isinstance(value, Mapping):
             raise ValueError(f"{name!r} is a pointer ({kind} in [signature]); give a tensor in [launch.args]: "
                              f"{name} = {{ shape = [...], dtype = \"float16\" }}, got {env.quote(value)}")
@@ -144,12 +150,19 @@ def check_launch_arguments(fn, signature: Mapping[str, Any], constexprs: Mapping
 
 
 def _check_tensor_type(name: str, kind: str, tensor: Mapping) -> None:
-    """Raise ValueError when the ``dtype`` of ``[launch.args]``'s tensor ``name`` is not the element type
-    of its ``[signature]`` pointer ``kind`` (``*fp16``; ``*k`` marks a constant pointer)."""
+    """Raise ValueError when the ``dtype`` of ``[launch.args]``'s tensor ``name`` (a torch dtype name, checked
+    by :func:`.inspection.check_launch`) is not the element type of its ``[signature]`` pointer ``kind``
+    (``*fp16``; ``*k`` marks a constant pointer), or has no Triton element type at all."""
+    import torch
+
+    dtype = getattr(torch, str(tensor.get("dtype")))
+    given = _triton_compat.element_type(str(dtype).split(".")[-1])   # torch.long -> "int64", as a launch names it
+    if given is None:
+        raise ValueError(f"{name!r} in [launch.args] has dtype {tensor.get('dtype')}, which Triton kernels cannot "
+                         "take; give the tensor the element type of its pointer in [signature]")
     element = kind[2:] if kind.startswith("*k") else kind[1:]
     wanted = _triton_compat.element_type(element)
-    given = _triton_compat.element_type(str(tensor.get("dtype")))
-    if wanted is not None and given is not None and wanted != given:
+    if wanted is not None and wanted != given:
         raise ValueError(f"{name!r} is {kind} in [signature] but its [launch.args] tensor is "
                          f"{tensor.get('dtype')} ({given}): the launch would compile and time a *{given} kernel, "
                          "not the one compared; make the two agree")

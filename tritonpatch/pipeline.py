@@ -21,9 +21,9 @@ from . import _ptxas as ptxas_flags
 from . import passes as ir_passes
 from .passes import registry as pass_registry
 from ._llvm_registry import get_option, normalize_value, option_name
-from .errors import NativeUnavailableError, OptionTypeError, PipelineError, UnknownOptionError
+from .errors import NativeUnavailableError, OptionTypeError, PipelineError, TritonpatchError, UnknownOptionError
 
-__all__ = ["Pipeline", "pipeline_from_environ", "KEYWORDS", "check_keywords"]
+__all__ = ["Pipeline", "pipeline_from_environ", "KEYWORDS", "check_keywords", "as_pipeline"]
 
 _FINGERPRINT_VERSION = "tritonpatch-pipeline-1"
 # _strict_setting() is the raw TRITONPATCH_STRICT value (or None), which a memoized cache tag of a
@@ -126,19 +126,22 @@ def check_keywords(given: Iterable, where: str) -> None:
 
 
 def as_pipeline(value: Any, where: str) -> "Pipeline":
-    """``value`` as a Pipeline: a Pipeline itself, or a dict of the Pipeline keywords; anything else is a
-    :class:`PipelineError` naming ``where`` (the parameter that took it) and how to build one."""
+    """``value`` as a Pipeline: a Pipeline itself, or a dict of the Pipeline keywords; anything else, and a
+    dict that does not make a Pipeline, is an error whose message starts with ``where`` (what took it)."""
     if isinstance(value, Pipeline):
         return value
     if isinstance(value, Mapping):
         try:
             check_keywords(value, "a Pipeline dict")
-        except TypeError as exc:
+            return Pipeline(**value)
+        except TritonpatchError as exc:   # a value Pipeline refuses: the same error, saying where it came from
+            raise type(exc)(f"{where}: {exc}") from exc
+        except TypeError as exc:   # an unknown keyword
             raise PipelineError(f"{where}: {exc}") from exc
-        return Pipeline(**value)
-    raise PipelineError(f"{where} takes a tritonpatch.Pipeline or a dict of its keywords (disable_lsr=, llvm=, "
-                        f"passes=, ptxas=), got {value!r}" + (f"; for the text form use tritonpatch.Pipeline.parse("
-                                                              f"{value!r})" if isinstance(value, str) else ""))
+    keywords = ", ".join(f"{name}=" for name in KEYWORDS)
+    raise PipelineError(f"{where} takes a tritonpatch.Pipeline or a dict of its keywords ({keywords}), got "
+                        f"{value!r}" + (f"; for the text form use tritonpatch.Pipeline.parse({value!r})"
+                                        if isinstance(value, str) else ""))
 
 
 def _merge_by_key(items: Iterable, key) -> tuple:

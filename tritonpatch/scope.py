@@ -12,8 +12,7 @@ from typing import Any
 
 from . import hooks
 from ._current import _effective, _Fixed, _forced, _Frame, _scoped
-from .errors import PipelineError
-from .pipeline import Pipeline, check_keywords
+from .pipeline import Pipeline, as_pipeline, check_keywords
 
 __all__ = ["options", "use_pipeline", "ensure_installed"]
 
@@ -140,9 +139,8 @@ class use_pipeline:
 
     __slots__ = ("pipeline", "fixed")
 
-    def __init__(self, pipeline: Pipeline):
-        if not isinstance(pipeline, Pipeline):
-            raise PipelineError(f"use_pipeline() takes a Pipeline, got {pipeline!r}")
+    def __init__(self, pipeline: Pipeline | dict):
+        pipeline = as_pipeline(pipeline, "use_pipeline()")   # a dict of Pipeline keywords, as tritonpatch.jit takes
         self.pipeline = pipeline
         self.fixed = _Fixed(pipeline)
 

@@ -10,6 +10,8 @@ import sys
 import textwrap
 
 import pytest
+import triton
+import triton.language as tl
 
 from test_cli import run_cli
 from tritonpatch import cli
@@ -155,6 +157,37 @@ def test_bad_launch_is_one_error_line_before_any_compile(spec_dir, capsys, launc
     result = run_main(capsys, "compare", str(path))
     assert_one_error(result, "compare", *fragments)
     assert "compiling" not in result[3]
+
+
+@triton.jit
+def _fill_kernel(X, N):
+    tl.store(X + tl.arange(0, 16), 0, mask=tl.arange(0, 16) < N)
+
+
+@pytest.mark.parametrize("kind,dtype", [("*fp32", "float32"), ("*fp32", "float"), ("*fp16", "half"),
+                                        ("*bf16", "bfloat16"), ("*i1", "bool"), ("*u1", "bool"), ("*i64", "long"),
+                                        ("*i16", "short"), ("*fp8e4nv", "float8_e4m3fn"), ("*fp8e5", "float8_e5m2")])
+def test_launch_tensors_of_their_pointers_element_type_are_taken(kind, dtype):
+    from tritonpatch._cli_spec import check_launch_arguments
+
+    check_launch_arguments(_fill_kernel, {"X": kind, "N": "i32"}, {}, {"X": {"shape": [16], "dtype": dtype}, "N": 4})
+
+
+@pytest.mark.parametrize("kind,dtype,fragment", [
+    ("*fp32", "long", "'X' is *fp32 in [signature] but its [launch.args] tensor is long (i64)"),
+    ("*fp16", "bfloat16", "tensor is bfloat16 (bf16): the launch would compile and time a *bf16 kernel"),
+    ("*fp32", "complex64", "'X' in [launch.args] has dtype complex64, which Triton kernels cannot take"),
+    ("*kfp32", "float32", "'X' is *kfp32 in [signature], but the kernel's X is not annotated const: write *fp32"),
+])
+def test_launch_tensors_of_another_type_are_refused(kind, dtype, fragment):
+    """A launch specializes the kernel by its tensors: a dtype other than the signature's would run and time
+    another specialization than the one compiled and compared."""
+    from tritonpatch._cli_spec import check_launch_arguments
+
+    with pytest.raises(ValueError) as info:
+        check_launch_arguments(_fill_kernel, {"X": kind, "N": "i32"}, {}, {"X": {"shape": [16], "dtype": dtype},
+                                                                           "N": 4})
+    assert fragment in str(info.value)
 
 
 def test_the_examples_launch_fits_its_kernel():

@@ -651,8 +651,10 @@ def test_precedence(monkeypatch):
             with options(ptxas=["-O2"]):
                 assert current_pipeline() is kernel_pipeline
         assert current_pipeline() == Pipeline(disable_lsr=False, ptxas=["-O1"])
-    with pytest.raises(PipelineError):
-        with use_pipeline({"disable_lsr": True}):
+    with use_pipeline({"disable_lsr": True}) as from_dict:   # a dict of Pipeline keywords, as tritonpatch.jit takes
+        assert current_pipeline() == from_dict == Pipeline(disable_lsr=True)
+    with pytest.raises(PipelineError, match=r"use_pipeline\(\) takes a tritonpatch.Pipeline or a dict .*Pipeline.parse"):
+        with use_pipeline("disable-lsr"):
             pass
 
 
