@@ -130,6 +130,10 @@ def check_launch_arguments(fn, signature: Mapping[str, Any], constexprs: Mapping
     params = {param.name: param for param in fn.params}
     for name, value in args.items():
         kind = signature.get(name)
+        if isinstance(kind, str) and kind.startswith("tensordesc"):
+            raise ValueError(f"{name!r} is {kind} in [signature]: compare launches only kernels whose arguments are "
+                             "tensors and numbers, not TMA tensor descriptors; leave out [launch] to compare the "
+                             "compiles only")
         pointer = isinstance(kind, str) and kind.startswith("*")
         if pointer and kind.startswith("*k") != bool(params[name].is_const):
             raise ValueError(f"{name!r} is {kind} in [signature], but the kernel's {name} is "

@@ -178,6 +178,7 @@ def test_launch_tensors_of_their_pointers_element_type_are_taken(kind, dtype):
     ("*fp16", "bfloat16", "tensor is bfloat16 (bf16): the launch would compile and time a *bf16 kernel"),
     ("*fp32", "complex64", "'X' in [launch.args] has dtype complex64, which Triton kernels cannot take"),
     ("*kfp32", "float32", "'X' is *kfp32 in [signature], but the kernel's X is not annotated const: write *fp32"),
+    ("tensordesc<fp32[16]>", "float32", "compare launches only kernels whose arguments are tensors and numbers"),
 ])
 def test_launch_tensors_of_another_type_are_refused(kind, dtype, fragment):
     """A launch specializes the kernel by its tensors: a dtype other than the signature's would run and time
