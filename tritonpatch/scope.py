@@ -140,9 +140,8 @@ class use_pipeline:
     __slots__ = ("pipeline", "fixed")
 
     def __init__(self, pipeline: Pipeline | dict):
-        pipeline = as_pipeline(pipeline, "use_pipeline()")   # a dict of Pipeline keywords, as tritonpatch.jit takes
-        self.pipeline = pipeline
-        self.fixed = _Fixed(pipeline)
+        self.pipeline = as_pipeline(pipeline, "use_pipeline()")   # a dict of Pipeline keywords, as tritonpatch.jit takes
+        self.fixed = _Fixed(self.pipeline)
 
     def __enter__(self) -> Pipeline:
         _push(_Entry(self, sys._getframe(1), fixed=self.fixed))

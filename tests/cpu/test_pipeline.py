@@ -653,7 +653,8 @@ def test_precedence(monkeypatch):
         assert current_pipeline() == Pipeline(disable_lsr=False, ptxas=["-O1"])
     with use_pipeline({"disable_lsr": True}) as from_dict:   # a dict of Pipeline keywords, as tritonpatch.jit takes
         assert current_pipeline() == from_dict == Pipeline(disable_lsr=True)
-    with pytest.raises(PipelineError, match=r"use_pipeline\(\) takes a tritonpatch.Pipeline or a dict .*Pipeline.parse"):
+    with pytest.raises(PipelineError, match=r"use_pipeline\(\) takes a tritonpatch.Pipeline or a dict "
+                                            r".*Pipeline.parse"):
         with use_pipeline("disable-lsr"):
             pass
 
