@@ -72,12 +72,6 @@ _PTXAS_RESERVED = {
 }
 
 
-def reserved_ptxas_reason(name: str) -> str | None:
-    """Why tritonpatch never passes on the ptxas option ``name`` (long or short, without dashes), None
-    where it may."""
-    return _PTXAS_RESERVED.get(name)
-
-
 def did_you_mean(name: Any, known) -> str:
     """`` (did you mean 'x'?)`` for the entry of ``known`` closest to ``name`` (a misspelling), or ``""``
     where none is close: the hint the errors for an unknown name end with."""
@@ -167,7 +161,7 @@ def parse_ptxas_options(value: str, variable: str = PTXAS_OPTIONS) -> list[str]:
     for token in tokens:
         if not token.startswith("-") or token in ("-", "--"):
             raise _bad(variable, value, token, "ptxas flags such as --def-load-cache=cg (one token each, no spaces)")
-        reason = reserved_ptxas_reason(token.lstrip("-").split("=", 1)[0])
+        reason = _PTXAS_RESERVED.get(token.lstrip("-").split("=", 1)[0])
         if reason:
             raise _bad(variable, value, token, f"a flag tritonpatch can pass on ({reason}); "
                                                 "code-generation flags such as --def-load-cache=cg or -O3")

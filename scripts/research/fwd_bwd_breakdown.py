@@ -50,10 +50,7 @@ def kernel_times(call, leaves, calls: int) -> dict:
         torch.cuda.synchronize()
     parts = dict.fromkeys(PART_NAMES, 0.0)
     for event in prof.key_averages():
-        device_us = getattr(event, "device_time_total", None)
-        if device_us is None:   # torch before 2.4 names it cuda_time_total
-            device_us = event.cuda_time_total
-        parts[part_of(event.key)] += device_us / calls / 1000
+        parts[part_of(event.key)] += event.device_time_total / calls / 1000
     return parts
 
 
